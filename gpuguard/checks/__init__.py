@@ -1,0 +1,97 @@
+"""Checks with real logic, registered by rule id; one module per rule family.
+
+A check is a plain function. Host-scope checks take `(ctx)`, GPU-scope checks
+take `(gpu, ctx)`; both return a `Finding`. A check reads only the snapshot
+(through `ctx` and `gpu`) and its rule's thresholds, never the host itself.
+Calling `.get()` on a reading that is not available raises `Unavailable`, which
+the engine turns into `skipped` (not supported) or `unknown` (read error), so a
+check only spells out the cases it judges.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gpuguard.results import Status
+
+if TYPE_CHECKING:
+    from gpuguard.profile import Profile
+    from gpuguard.ruleset import Rule
+    from gpuguard.snapshot import GpuSnapshot, Snapshot
+
+FAMILIES = (
+    "driver", "gpu", "vbios", "ecc", "memory", "pcie", "clocks", "power", "thermal",
+    "persistence", "recovery",
+)
+
+
+@dataclass
+class Finding:
+    status: Status
+    message: str
+    observed: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CheckContext:
+    rule: Rule
+    snapshot: Snapshot
+    profile: Profile
+
+    def threshold(self, name: str) -> Any:
+        return self.rule.thresholds[name]
+
+    def fail(self, message: str, **observed: Any) -> Finding:
+        """The rule's own severity (what the YAML or an override says)."""
+        return Finding(self.rule.severity, message, observed)
+
+
+def ok(message: str, **observed: Any) -> Finding:
+    return Finding(Status.OK, message, observed)
+
+
+def warning(message: str, **observed: Any) -> Finding:
+    return Finding(Status.WARNING, message, observed)
+
+
+def critical(message: str, **observed: Any) -> Finding:
+    return Finding(Status.CRITICAL, message, observed)
+
+
+def skipped(reason: str, **observed: Any) -> Finding:
+    return Finding(Status.SKIPPED, reason, observed)
+
+
+def unknown(reason: str, **observed: Any) -> Finding:
+    return Finding(Status.UNKNOWN, reason, observed)
+
+
+HostCheck = Callable[[CheckContext], Finding]
+GpuCheck = Callable[["GpuSnapshot", CheckContext], Finding]
+
+HOST_CHECKS: dict[str, HostCheck] = {}
+GPU_CHECKS: dict[str, GpuCheck] = {}
+
+
+def host_check(rule_id: str) -> Callable[[HostCheck], HostCheck]:
+    def register(fn: HostCheck) -> HostCheck:
+        HOST_CHECKS[rule_id] = fn
+        return fn
+
+    return register
+
+
+def gpu_check(rule_id: str) -> Callable[[GpuCheck], GpuCheck]:
+    def register(fn: GpuCheck) -> GpuCheck:
+        GPU_CHECKS[rule_id] = fn
+        return fn
+
+    return register
+
+
+def load_all() -> None:
+    for family in FAMILIES:
+        importlib.import_module(f"gpuguard.checks.{family}")

@@ -1,0 +1,53 @@
+"""clocks.*: clock event reasons that mean the GPU is being slowed down.
+
+Bit 0x1 (GPU idle), application clocks, sync boost and display clocks are normal
+and are never counted.
+"""
+
+from __future__ import annotations
+
+from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
+from gpuguard.snapshot import GpuSnapshot
+
+SW_POWER_CAP = 0x4
+HW_SLOWDOWN = 0x8
+SW_THERMAL = 0x20
+HW_THERMAL = 0x40
+HW_POWER_BRAKE = 0x80
+
+HW_REASONS = {HW_SLOWDOWN: "HW slowdown", HW_THERMAL: "HW thermal slowdown",
+              HW_POWER_BRAKE: "HW power brake"}
+
+
+@gpu_check("clocks.hw_slowdown")
+def hw_slowdown(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    mask = gpu.clock_event_reasons.get()
+    active = [name for bit, name in HW_REASONS.items() if mask & bit]
+    if active:
+        return ctx.fail(f"clocks held down by {', '.join(active)} (reasons 0x{mask:x})",
+                        reasons=f"0x{mask:x}")
+    return ok(f"no hardware slowdown (reasons 0x{mask:x})", reasons=f"0x{mask:x}")
+
+
+@gpu_check("clocks.sw_thermal")
+def sw_thermal(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    mask = gpu.clock_event_reasons.get()
+    if mask & SW_THERMAL:
+        return ctx.fail(f"the driver lowers clocks to stay under its temperature target "
+                        f"(reasons 0x{mask:x})", reasons=f"0x{mask:x}")
+    return ok("no software thermal slowdown", reasons=f"0x{mask:x}")
+
+
+@gpu_check("clocks.power_cap")
+def power_cap(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    mask = gpu.clock_event_reasons.get()
+    if not mask & SW_POWER_CAP:
+        return ok("not power capped", reasons=f"0x{mask:x}")
+    draw, limit = gpu.power_draw_w.get(), gpu.power_limit_enforced_w.get()
+    ratio = draw / limit if limit else 0.0
+    observed = {"reasons": f"0x{mask:x}", "power_draw_w": draw, "power_limit_w": limit}
+    if ratio >= ctx.threshold("min_draw_ratio"):
+        return warning(f"power capped at {draw:.0f} W of a {limit:.0f} W limit: the GPU runs at "
+                       "its TDP", **observed)
+    return ok(f"power-cap bit set at {draw:.0f} W of {limit:.0f} W: a transient, not TDP "
+              "throttling", **observed)

@@ -1,0 +1,90 @@
+"""driver.*: can we talk to the driver at all, does it answer in time, is it new enough."""
+
+from __future__ import annotations
+
+from gpuguard.checks import CheckContext, Finding, host_check, ok, skipped, unknown
+from gpuguard.profile import parse_version
+
+# What each NVML init error usually means on an inference host, in the words an SRE
+# searches for ("nvidia-smi has failed because it couldn't communicate ...").
+INIT_CAUSES = {
+    "NVMLError_LibraryNotFound": (
+        "the NVML library (libnvidia-ml.so.1) is not installed or not on the loader path: "
+        "no NVIDIA driver is installed on this host, or this container was started without "
+        "the NVIDIA runtime/CDI devices"
+    ),
+    "NVMLError_DriverNotLoaded": (
+        "the NVIDIA kernel module is not loaded: likely nouveau holds the GPU, the module was "
+        "not built for the running kernel after a kernel upgrade, or Secure Boot refused the "
+        "unsigned module"
+    ),
+    "NVMLError_LibRmVersionMismatch": (
+        "Driver/library version mismatch: the loaded kernel module and the user-space NVML "
+        "library come from different driver versions (a driver upgrade without a reboot)"
+    ),
+    "NVMLError_NoPermission": (
+        "no permission to open /dev/nvidiactl or /dev/nvidia*: run as root or a user in the "
+        "device's group, or allow the device nodes in the unit/container"
+    ),
+    "NVMLError_NotFound": "the driver found no NVIDIA GPU on this host",
+    "NVMLError_GpuIsLost": "a GPU has fallen off the bus; the driver lost it",
+}
+
+
+@host_check("driver.loaded")
+def loaded(ctx: CheckContext) -> Finding:
+    nvml = ctx.snapshot.nvml
+    if nvml.init_error is not None:
+        cause = INIT_CAUSES.get(nvml.init_error_kind or "", "NVML could not start")
+        return ctx.fail(
+            f"NVIDIA driver not usable: {cause} (NVML said: {nvml.init_error})",
+            error=nvml.init_error,
+            error_kind=nvml.init_error_kind,
+        )
+    if nvml.hung_call is not None and not ctx.snapshot.host.driver_version.is_ok:
+        return unknown(f"NVML did not answer during {nvml.hung_call}")
+    version = ctx.snapshot.host.driver_version.get()
+    return ok(f"driver {version} loaded", driver_version=version)
+
+
+@host_check("driver.responsive")
+def responsive(ctx: CheckContext) -> Finding:
+    nvml = ctx.snapshot.nvml
+    if nvml.hung_call is not None:
+        return ctx.fail(
+            f"NVML call {nvml.hung_call} did not return within {nvml.deadline_s:g} s: the driver "
+            "or a GPU is wedged",
+            hung_call=nvml.hung_call,
+            deadline_s=nvml.deadline_s,
+        )
+    if nvml.elapsed_s is None:
+        return skipped(f"not measured: replayed {ctx.snapshot.host.source or 'input'}")
+    if nvml.init_error is not None:
+        return skipped("NVML did not start (see driver.loaded)")
+    return ok(f"NVML answered in {nvml.elapsed_s:.3f} s", elapsed_s=nvml.elapsed_s)
+
+
+@host_check("driver.version")
+def version(ctx: CheckContext) -> Finding:
+    profile = ctx.profile
+    if profile.driver_min_version is None and profile.cuda_min_version is None:
+        return skipped("no driver.min_version or driver.min_cuda_version in the profile")
+    host = ctx.snapshot.host
+    problems = []
+    observed: dict[str, str] = {}
+    if profile.driver_min_version is not None:
+        have = host.driver_version.get()
+        observed["driver_version"] = have
+        if parse_version(have) < parse_version(profile.driver_min_version):
+            problems.append(f"driver {have} is older than the required {profile.driver_min_version}")
+    if profile.cuda_min_version is not None:
+        have_cuda = host.cuda_driver_version.get()
+        observed["cuda_driver_version"] = have_cuda
+        if parse_version(have_cuda) < parse_version(profile.cuda_min_version):
+            problems.append(
+                f"the driver supports CUDA {have_cuda}, the profile requires {profile.cuda_min_version}"
+            )
+    if problems:
+        return ctx.fail("; ".join(problems), **observed)
+    return ok("driver meets the profile: " + ", ".join(f"{k} {v}" for k, v in observed.items()),
+              **observed)

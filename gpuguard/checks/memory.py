@@ -1,0 +1,57 @@
+"""memory.*: retired pages, row remapping, and memory held with no process to own it."""
+
+from __future__ import annotations
+
+from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
+from gpuguard.snapshot import GpuSnapshot
+
+_GIB = 1024**3
+
+
+@gpu_check("memory.retired_pages")
+def retired_pages(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    # Hopper and newer answer NotSupported here (row remapping replaced page
+    # retirement): .get() turns that into "skipped", never a failure.
+    pending = gpu.retired_pages_pending.get()
+    total = gpu.retired_pages_sbe.get() + gpu.retired_pages_dbe.get()
+    observed = {"retired": total, "pending": pending}
+    if total >= ctx.threshold("max_retired"):
+        return ctx.fail(f"{total} pages retired (limit {ctx.threshold('max_retired')})", **observed)
+    if pending:
+        return warning(f"{total} pages retired and a retirement is pending: reset the GPU to "
+                       "apply it", **observed)
+    return ok(f"{total} pages retired, none pending", **observed)
+
+
+@gpu_check("memory.row_remap")
+def row_remap(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    failure = gpu.remapped_rows_failure.get()
+    pending = gpu.remapped_rows_pending.get()
+    unc = gpu.remapped_rows_uncorrectable.get_or(0)
+    corr = gpu.remapped_rows_correctable.get_or(0)
+    observed = {"failure": failure, "pending": pending, "uncorrectable": unc, "correctable": corr}
+    if failure:
+        return ctx.fail("row remapping failed: the GPU has run out of spare rows for a bad "
+                        "memory row", **observed)
+    if pending:
+        return warning("a row remap is pending: reset the GPU to apply it", **observed)
+    if unc >= ctx.threshold("warn_uncorrectable_rows"):
+        return warning(f"{unc} rows remapped for uncorrectable errors "
+                       f"(>= {ctx.threshold('warn_uncorrectable_rows')})", **observed)
+    return ok(f"rows remapped: {corr} correctable, {unc} uncorrectable; none pending", **observed)
+
+
+@gpu_check("memory.orphaned")
+def orphaned(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    processes = gpu.compute_processes.get()
+    used = gpu.memory_used_bytes.get()
+    reserved = gpu.memory_reserved_bytes.get_or(0)
+    limit = ctx.threshold("max_unowned_gib") * _GIB
+    observed = {"used_bytes": used, "reserved_bytes": reserved, "processes": len(processes)}
+    if processes:
+        names = ", ".join(f"{p.name or '(exited)'}[{p.pid}]" for p in processes[:5])
+        return ok(f"{len(processes)} compute process(es) hold the memory: {names}", **observed)
+    if used > limit:
+        return ctx.fail(f"{used / _GIB:.1f} GiB in use with no compute process: a leaked context "
+                        "or a zombie process", **observed)
+    return ok(f"{used / _GIB:.2f} GiB in use, no compute process", **observed)

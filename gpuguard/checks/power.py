@@ -1,0 +1,16 @@
+"""power.limit: the enforced power limit is not below the board's default."""
+
+from __future__ import annotations
+
+from gpuguard.checks import CheckContext, Finding, gpu_check, ok
+from gpuguard.snapshot import GpuSnapshot
+
+
+@gpu_check("power.limit")
+def limit(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    enforced, default = gpu.power_limit_enforced_w.get(), gpu.power_limit_default_w.get()
+    observed = {"enforced_w": enforced, "default_w": default}
+    if enforced < default - ctx.threshold("tolerance_w"):
+        return ctx.fail(f"power limit is {enforced:.0f} W, below the default {default:.0f} W",
+                        **observed)
+    return ok(f"power limit {enforced:.0f} W (default {default:.0f} W)", **observed)

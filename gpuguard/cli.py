@@ -1,0 +1,251 @@
+"""The `gpuguard` command line.
+
+Imports are local to each command: `gpuguard check --format table` must not pay
+for docker, prometheus_client or apscheduler, and the NVML child is forked before
+the rules are loaded so that both run at once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from gpuguard import __version__
+
+if TYPE_CHECKING:
+    from gpuguard.profile import Profile
+    from gpuguard.ruleset import RuleSet
+    from gpuguard.snapshot import Snapshot
+    from gpuguard.sources import Paths
+
+EXIT_UNKNOWN = 3
+
+
+def _path_options(fn: Any) -> Any:
+    for option in reversed([
+        click.option("--path.sysfs", "path_sysfs", default="/sys", show_default=True,
+                     type=click.Path(path_type=Path), help="sysfs mount point."),
+        click.option("--path.procfs", "path_procfs", default="/proc", show_default=True,
+                     type=click.Path(path_type=Path), help="procfs mount point."),
+        click.option("--path.rootfs", "path_rootfs", default="/", show_default=True,
+                     type=click.Path(path_type=Path), help="Host root filesystem (for /etc)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _rule_options(fn: Any) -> Any:
+    for option in reversed([
+        click.option("--profile", "profile_path", type=click.Path(path_type=Path),
+                     help="Host profile [default: /etc/gpuguard/profile.yaml if present]."),
+        click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path),
+                     help="Directory of extra rule files (repeatable) "
+                          "[default: /etc/gpuguard/rules.d if present]."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpuguard")
+def main() -> None:
+    """Hardware preflight and health checks for NVIDIA GPU inference hosts."""
+
+
+@main.command()
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]),
+              default="table", show_default=True)
+@click.option("--output", "-o", type=click.Path(path_type=Path),
+              help="Write here (atomically) instead of stdout.")
+@click.option("--only", multiple=True, metavar="RULE",
+              help="Run only these rules (ids or globs such as 'pcie.*'; repeatable).")
+@click.option("--skip", multiple=True, metavar="RULE", help="Do not run these rules (repeatable).")
+@click.option("--input", "input_path", type=click.Path(path_type=Path),
+              help="Check a saved snapshot or an `nvidia-smi -q -x` dump instead of this host.")
+@click.option("--timeout", type=click.FloatRange(min=0.2), default=10.0, show_default=True,
+              help="Seconds before a hung driver is reported (driver.responsive).")
+@click.option("--quiet", "-q", is_flag=True, help="Print only problems; nothing when all is well.")
+@_rule_options
+@_path_options
+def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str, ...],
+          input_path: Path | None, timeout: float, quiet: bool, profile_path: Path | None,
+          rules_dirs: tuple[Path, ...], path_sysfs: Path, path_procfs: Path,
+          path_rootfs: Path) -> None:
+    """Check this host (or a saved dump) and exit 0 ok, 1 warning, 2 critical, 3 unknown."""
+    started = time.monotonic()
+    paths = _paths(path_sysfs, path_procfs, path_rootfs)
+    probe = None
+    if input_path is None:
+        from gpuguard.sources.nvml import NvmlProbe
+
+        probe = NvmlProbe(paths.procfs, _nvml_deadline(timeout))
+    try:
+        profile, ruleset = _load_config(profile_path, rules_dirs)
+        snapshot = _replay(input_path) if input_path is not None else None
+    except click.ClickException:
+        if probe is not None:
+            probe.result()  # do not leave the worker behind
+        raise
+    if probe is not None:
+        snapshot = probe.result()
+    assert snapshot is not None
+
+    from gpuguard.engine import evaluate
+    from gpuguard.results import exit_code
+
+    results = evaluate(snapshot, ruleset, profile, only, skip)
+    code = exit_code(results)
+    if fmt == "json":
+        from gpuguard.outputs import json_out
+
+        text = json_out.render(snapshot, results)
+    elif fmt == "prometheus":
+        from gpuguard.outputs import prometheus
+
+        text = prometheus.render(snapshot, results, time.monotonic() - started)
+    else:
+        from gpuguard.outputs import table
+
+        colour = output is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+        text = "" if quiet and code == 0 else table.render(snapshot, results, colour, quiet)
+    _emit(text, output)
+    sys.exit(code)
+
+
+@main.command()
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here (atomically).")
+@click.option("--input", "input_path", type=click.Path(path_type=Path),
+              help="Convert an `nvidia-smi -q -x` dump into a snapshot instead of reading NVML.")
+@click.option("--timeout", type=click.FloatRange(min=0.2), default=10.0, show_default=True)
+@_path_options
+def snapshot(output: Path | None, input_path: Path | None, timeout: float, path_sysfs: Path,
+             path_procfs: Path, path_rootfs: Path) -> None:
+    """Record this host's snapshot as JSON (replay it with `check --input`)."""
+    import json
+
+    if input_path is not None:
+        snap = _replay(input_path)
+    else:
+        from gpuguard.sources.nvml import collect
+
+        paths = _paths(path_sysfs, path_procfs, path_rootfs)
+        snap = collect(paths.procfs, _nvml_deadline(timeout))
+    _emit(json.dumps(snap.to_json(), indent=2) + "\n", output)
+
+
+@main.group()
+def rules() -> None:
+    """Inspect the rules in force."""
+
+
+@rules.command("list")
+@_rule_options
+def rules_list(profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
+    """List every rule with its scope, severity and whether it is enabled."""
+    _, ruleset = _load_config(profile_path, rules_dirs)
+    rows = ruleset.ordered()
+    width = max(len(r.id) for r in rows)
+    click.echo(f"{'RULE':<{width}}  SCOPE  SEVERITY  ENABLED  SUMMARY")
+    for r in rows:
+        click.echo(f"{r.id:<{width}}  {r.scope:<5}  {r.severity.value:<8}  "
+                   f"{'yes' if r.enabled else 'no':<7}  {r.summary}")
+
+
+@rules.command("explain")
+@click.argument("rule_id")
+@_rule_options
+def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
+    """What RULE_ID checks, the thresholds in force, and what to do when it fails."""
+    _, ruleset = _load_config(profile_path, rules_dirs)
+    rule = ruleset.rules.get(rule_id)
+    if rule is None:
+        raise click.ClickException(f"no rule {rule_id!r}; see `gpuguard rules list`")
+    click.echo(f"{rule.id}  ({rule.scope} rule, severity {rule.severity.value}, "
+               f"{'enabled' if rule.enabled else 'disabled'})")
+    click.echo(f"  checks:      {rule.summary}")
+    if rule.when is not None:
+        click.echo(f"  when:        {rule.when.source}")
+    if rule.thresholds:
+        click.echo("  thresholds:  " + ", ".join(f"{k}={v}" for k, v in rule.thresholds.items()))
+    if rule.tags:
+        click.echo(f"  tags:        {', '.join(rule.tags)}")
+    click.echo(f"  defined at:  {rule.origin}")
+    for where in rule.overrides:
+        click.echo(f"  changed at:  {where}")
+    click.echo(f"  remediation: {rule.remediation or '-'}")
+
+
+@rules.command("fields")
+def rules_fields() -> None:
+    """Names that a rule's `when:` condition can use."""
+    from gpuguard.ruleset import GPU_CONDITION_NAMES, HOST_CONDITION_NAMES
+
+    click.echo("gpu scope:  " + ", ".join(GPU_CONDITION_NAMES))
+    click.echo("host scope: " + ", ".join(HOST_CONDITION_NAMES))
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+def _nvml_deadline(timeout: float) -> float:
+    # Leave a little of the budget for judging and printing.
+    return max(0.1, timeout - min(1.0, timeout * 0.1))
+
+
+def _paths(sysfs: Path, procfs: Path, rootfs: Path) -> Paths:
+    from gpuguard.sources import Paths
+
+    return Paths(sysfs=sysfs, procfs=procfs, rootfs=rootfs)
+
+
+def _load_config(profile_path: Path | None,
+                 rules_dirs: tuple[Path, ...]) -> tuple[Profile, RuleSet]:
+    from gpuguard.profile import DEFAULT_PROFILE, Profile, load_profile
+    from gpuguard.ruleset import DEFAULT_USER_RULES_DIR, load_ruleset
+    from gpuguard.yamlfile import ConfigError
+
+    try:
+        if profile_path is None and DEFAULT_PROFILE.exists():
+            profile_path = DEFAULT_PROFILE
+        profile = load_profile(profile_path) if profile_path is not None else Profile()
+        dirs = list(rules_dirs)
+        if not dirs and DEFAULT_USER_RULES_DIR.is_dir():
+            dirs = [DEFAULT_USER_RULES_DIR]
+        overrides = (profile.path, profile.rule_overrides) \
+            if profile.path is not None and profile.rule_overrides is not None else None
+        return profile, load_ruleset(dirs, overrides)
+    except ConfigError as exc:
+        raise ConfigProblem(str(exc)) from exc
+
+
+def _replay(path: Path) -> Snapshot:
+    from gpuguard.sources.replay import InputError, load
+
+    try:
+        return load(path)
+    except InputError as exc:
+        raise ConfigProblem(str(exc)) from exc
+
+
+def _emit(text: str, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    from gpuguard.atomic import write_text
+
+    write_text(output, text)
+
+
+class ConfigProblem(click.ClickException):
+    """Bad input or configuration: nothing was checked, so the verdict is UNKNOWN (3)."""
+
+    exit_code = EXIT_UNKNOWN
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"gpuguard: {self.format_message()}", err=True)

@@ -1,0 +1,131 @@
+"""Turn a snapshot into results: every enabled rule, for the host or for each GPU."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable
+from string import Template
+from typing import Any
+
+from gpuguard import checks
+from gpuguard.checks import CheckContext, Finding
+from gpuguard.expr import ConditionError
+from gpuguard.profile import Profile
+from gpuguard.results import GpuRef, Result, Status
+from gpuguard.ruleset import Rule, RuleSet
+from gpuguard.snapshot import (
+    GPU_READING_FIELDS,
+    HOST_READING_FIELDS,
+    GpuSnapshot,
+    Reading,
+    Snapshot,
+    Unavailable,
+)
+
+
+def selected(rule_id: str, only: Iterable[str], skip: Iterable[str]) -> bool:
+    only, skip = list(only), list(skip)
+    if only and not any(fnmatch.fnmatchcase(rule_id, pattern) for pattern in only):
+        return False
+    return not any(fnmatch.fnmatchcase(rule_id, pattern) for pattern in skip)
+
+
+def evaluate(
+    snapshot: Snapshot,
+    ruleset: RuleSet,
+    profile: Profile,
+    only: Iterable[str] = (),
+    skip: Iterable[str] = (),
+) -> list[Result]:
+    results: list[Result] = []
+    for rule in ruleset.ordered():
+        if not selected(rule.id, only, skip):
+            continue
+        if rule.scope == "host":
+            results.append(_run(rule, snapshot, profile, None))
+        else:
+            results.extend(_run(rule, snapshot, profile, gpu) for gpu in snapshot.gpus)
+    return results
+
+
+def _run(rule: Rule, snapshot: Snapshot, profile: Profile, gpu: GpuSnapshot | None) -> Result:
+    ref = _gpu_ref(gpu) if gpu is not None else None
+    if not rule.enabled:
+        where = rule.overrides[-1] if rule.overrides else rule.origin
+        return Result(rule.id, Status.SKIPPED, rule.severity, f"disabled ({where})", ref)
+    ctx = CheckContext(rule=rule, snapshot=snapshot, profile=profile)
+    try:
+        finding = _finding(rule, ctx, gpu)
+    except Unavailable as exc:
+        finding = _unavailable(exc, snapshot)
+    except Exception as exc:  # a broken check is a result, never a crash of the run
+        finding = Finding(Status.UNKNOWN, f"check failed: {type(exc).__name__}: {exc}")
+    status = finding.status
+    # A lowered severity caps every level a check can give (see docs/rules.md).
+    if status in (Status.WARNING, Status.CRITICAL) and status.rank > rule.severity.rank:
+        status = rule.severity
+    remediation = rule.remediation if status in (Status.WARNING, Status.CRITICAL,
+                                                 Status.UNKNOWN) else None
+    return Result(rule.id, status, rule.severity, finding.message, ref, remediation or None,
+                  finding.observed)
+
+
+def _finding(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Finding:
+    if rule.when is not None:
+        return _condition(rule, ctx, gpu)
+    if gpu is None:
+        return checks.HOST_CHECKS[rule.id](ctx)
+    return checks.GPU_CHECKS[rule.id](gpu, ctx)
+
+
+def _unavailable(exc: Unavailable, snapshot: Snapshot) -> Finding:
+    reading = exc.reading
+    if reading.state == "not_supported":
+        return Finding(Status.SKIPPED, f"{exc.field_name} is not supported here",
+                       {exc.field_name: reading.to_json()})
+    if reading.state == "absent" and not (snapshot.nvml.init_error or snapshot.nvml.hung_call):
+        return Finding(Status.SKIPPED, f"{exc.field_name} is not in this input")
+    if reading.error:
+        detail = reading.error
+    elif snapshot.nvml.init_error:
+        detail = "NVML is not available (see driver.loaded)"
+    else:
+        detail = "NVML did not answer in time (see driver.responsive)"
+    return Finding(Status.UNKNOWN, f"cannot read {exc.field_name}: {detail}",
+                   {exc.field_name: reading.to_json()})
+
+
+def condition_names(snapshot: Snapshot, gpu: GpuSnapshot | None) -> dict[str, Reading[Any]]:
+    names: dict[str, Reading[Any]] = {
+        name: getattr(snapshot.host, name) for name in HOST_READING_FIELDS
+    }
+    if gpu is not None:
+        names.update({name: getattr(gpu, name) for name in GPU_READING_FIELDS})
+        names["index"] = Reading.ok(gpu.index)
+    return names
+
+
+def _condition(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Finding:
+    assert rule.when is not None
+    readings = condition_names(ctx.snapshot, gpu)
+    for name in sorted(rule.when.names):
+        readings[name].get()  # raises Unavailable: skipped or unknown, never a false "ok"
+    values = {name: readings[name].value for name in rule.when.names}
+    try:
+        fired = bool(rule.when.evaluate(values))
+    except ConditionError as exc:
+        return Finding(Status.UNKNOWN, f"condition failed: {exc}", values)
+    if not fired:
+        return Finding(Status.OK, f"condition is false: {rule.when.source}", values)
+    text = Template(rule.message or rule.summary).safe_substitute(
+        {k: v.value for k, v in readings.items() if v.is_ok}
+    )
+    return ctx.fail(text, **values)
+
+
+def _gpu_ref(gpu: GpuSnapshot) -> GpuRef:
+    return GpuRef(
+        index=gpu.index,
+        uuid=gpu.uuid.value if gpu.uuid.is_ok else None,
+        pci_bus_id=gpu.pci_bus_id.value if gpu.pci_bus_id.is_ok else None,
+    )

@@ -1,0 +1,1 @@
+"""Renderers of results: terminal table, JSON, Prometheus text."""

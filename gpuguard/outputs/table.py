@@ -1,0 +1,75 @@
+"""The terminal table: problems first, one line each with what to do; all-ok rules folded."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from collections import defaultdict
+
+from gpuguard.results import Result, Status, exit_code, summary
+from gpuguard.snapshot import Snapshot
+
+_COLOURS = {
+    Status.CRITICAL: "\033[1;31m",
+    Status.WARNING: "\033[33m",
+    Status.UNKNOWN: "\033[35m",
+    Status.OK: "\033[32m",
+    Status.SKIPPED: "\033[2m",
+}
+_RESET = "\033[0m"
+
+
+def render(snapshot: Snapshot, results: list[Result], colour: bool, quiet: bool = False) -> str:
+    width = shutil.get_terminal_size((120, 24)).columns
+    lines: list[str] = []
+    host = snapshot.host
+    if not quiet:
+        driver = host.driver_version.value or "?"
+        cuda = host.cuda_driver_version.value or "?"
+        where = host.hostname or host.source
+        lines.append(f"gpuguard check: {where}  driver {driver}  CUDA {cuda}  "
+                     f"GPUs {len(snapshot.gpus)}  (source: {host.source})")
+        lines.append("")
+
+    def status(s: Status) -> str:
+        text = f"{s.value.upper():<8}"
+        return f"{_COLOURS[s]}{text}{_RESET}" if colour else text
+
+    shown: list[tuple[Status, str, str, str, str | None]] = []
+    by_rule: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        by_rule[r.rule].append(r)
+    for rule_id, rs in by_rule.items():
+        folded = [r for r in rs if r.status in (Status.OK, Status.SKIPPED)]
+        if len(rs) > 1 and len(folded) == len(rs) and len({r.status for r in rs}) == 1:
+            shown.append((rs[0].status, rule_id, f"all {len(rs)}", _fold_message(rs), None))
+            continue
+        for r in rs:
+            gpu = "host" if r.gpu is None else str(r.gpu.index)
+            shown.append((r.status, rule_id, gpu, r.message, r.remediation))
+
+    shown.sort(key=lambda row: (-row[0].rank, row[1], row[2]))
+    if quiet:
+        shown = [row for row in shown if row[0] not in (Status.OK, Status.SKIPPED)]
+    rule_w = max([len("RULE")] + [len(row[1]) for row in shown])
+    lines.append(f"{'STATUS':<8}  {'RULE':<{rule_w}}  {'GPU':<5}  MESSAGE")
+    indent = 8 + 2 + rule_w + 2 + 5 + 2
+    msg_w = max(40, width - indent)
+    for s, rule_id, gpu, message, remediation in shown:
+        wrapped = textwrap.wrap(message, msg_w) or [""]
+        lines.append(f"{status(s)}  {rule_id:<{rule_w}}  {gpu:<5}  {wrapped[0]}")
+        lines.extend(" " * indent + more for more in wrapped[1:])
+        if remediation and s in (Status.CRITICAL, Status.WARNING):
+            for i, fix in enumerate(textwrap.wrap(remediation, msg_w - 5)):
+                lines.append(" " * indent + ("fix: " if i == 0 else "     ") + fix)
+    counts = summary(results)
+    parts = [f"{counts[s.value]} {s.value}" for s in
+             (Status.CRITICAL, Status.WARNING, Status.UNKNOWN, Status.OK, Status.SKIPPED)]
+    lines.append("")
+    lines.append(f"{', '.join(parts)}  (exit {exit_code(results)})")
+    return "\n".join(lines) + "\n"
+
+
+def _fold_message(rs: list[Result]) -> str:
+    messages = {r.message for r in rs}
+    return rs[0].message if len(messages) == 1 else f"{rs[0].message} (GPU {rs[0].gpu.index if rs[0].gpu else '-'}; others alike)"

@@ -1,0 +1,288 @@
+"""The host snapshot: everything the rules may look at, and how each value was got.
+
+Every reading is a `Reading`: a value, `not_supported` (the GPU or driver does not
+offer it: never a failure), or `error` (the call failed; the rule becomes unknown).
+In JSON a successful reading is its plain value; the other two are objects with a
+`state` key, so a saved snapshot stays readable by eye.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+SCHEMA_VERSION = 1
+SNAPSHOT_KIND = "gpuguard-snapshot"
+
+T = TypeVar("T")
+ReadingState = Literal["ok", "not_supported", "error", "absent"]
+
+
+class Unavailable(Exception):
+    """Raised by `Reading.get()` so that a check need not test every reading it uses."""
+
+    def __init__(self, field_name: str, reading: Reading[Any]) -> None:
+        self.field_name = field_name
+        self.reading = reading
+        super().__init__(f"{field_name}: {reading.describe()}")
+
+
+@dataclass(frozen=True)
+class Reading(Generic[T]):
+    value: T | None = None
+    state: ReadingState = "absent"
+    error: str | None = None
+    # Set by the owning snapshot so that Unavailable can name the field.
+    name: str = field(default="", compare=False, repr=False)
+
+    @classmethod
+    def ok(cls, value: T) -> Reading[T]:
+        return cls(value=value, state="ok")
+
+    @classmethod
+    def not_supported(cls, detail: str | None = None) -> Reading[T]:
+        return cls(state="not_supported", error=detail)
+
+    @classmethod
+    def failed(cls, error: str) -> Reading[T]:
+        return cls(state="error", error=error)
+
+    @property
+    def is_ok(self) -> bool:
+        return self.state == "ok"
+
+    def get(self) -> T:
+        if self.state != "ok":
+            raise Unavailable(self.name, self)
+        return self.value  # type: ignore[return-value]
+
+    def get_or(self, default: T) -> T:
+        return self.value if self.state == "ok" else default  # type: ignore[return-value]
+
+    def describe(self) -> str:
+        if self.state == "ok":
+            return repr(self.value)
+        if self.state == "not_supported":
+            return "not supported" + (f" ({self.error})" if self.error else "")
+        if self.state == "absent":
+            return "not collected by this source"
+        return f"error: {self.error}"
+
+    def to_json(self) -> Any:
+        if self.state == "ok":
+            return self.value
+        out: dict[str, Any] = {"state": self.state}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Reading[Any]:
+        if isinstance(raw, dict) and "state" in raw:
+            state = raw["state"]
+            if state not in ("not_supported", "error", "absent"):
+                raise ValueError(f"unknown reading state {state!r}")
+            return cls(state=state, error=raw.get("error"))
+        return cls(value=raw, state="ok")
+
+
+def _absent() -> Reading[Any]:
+    return Reading()
+
+
+def reading_field() -> Any:
+    return field(default_factory=_absent)
+
+
+@dataclass
+class Process:
+    pid: int
+    used_memory_bytes: int | None
+    # None when the process exited between NVML listing it and us reading /proc.
+    name: str | None = None
+
+
+@dataclass
+class GpuSnapshot:
+    index: int
+    uuid: Reading[str] = reading_field()
+    name: Reading[str] = reading_field()
+    serial: Reading[str] = reading_field()
+    pci_bus_id: Reading[str] = reading_field()
+    vbios_version: Reading[str] = reading_field()
+    inforom_image_version: Reading[str] = reading_field()
+    persistence_mode: Reading[bool] = reading_field()
+    mig_mode_current: Reading[bool] = reading_field()
+    mig_mode_pending: Reading[bool] = reading_field()
+
+    ecc_mode_current: Reading[bool] = reading_field()
+    ecc_mode_pending: Reading[bool] = reading_field()
+    ecc_volatile_corrected: Reading[int] = reading_field()
+    ecc_volatile_uncorrected: Reading[int] = reading_field()
+    ecc_aggregate_corrected: Reading[int] = reading_field()
+    ecc_aggregate_uncorrected: Reading[int] = reading_field()
+    ecc_volatile_dram_corrected: Reading[int] = reading_field()
+    ecc_volatile_dram_uncorrected: Reading[int] = reading_field()
+    ecc_volatile_sram_corrected: Reading[int] = reading_field()
+    ecc_volatile_sram_uncorrected: Reading[int] = reading_field()
+    ecc_aggregate_dram_corrected: Reading[int] = reading_field()
+    ecc_aggregate_dram_uncorrected: Reading[int] = reading_field()
+    ecc_aggregate_sram_corrected: Reading[int] = reading_field()
+    ecc_aggregate_sram_uncorrected: Reading[int] = reading_field()
+
+    retired_pages_sbe: Reading[int] = reading_field()
+    retired_pages_dbe: Reading[int] = reading_field()
+    retired_pages_pending: Reading[bool] = reading_field()
+    remapped_rows_correctable: Reading[int] = reading_field()
+    remapped_rows_uncorrectable: Reading[int] = reading_field()
+    remapped_rows_pending: Reading[bool] = reading_field()
+    remapped_rows_failure: Reading[bool] = reading_field()
+
+    pcie_link_gen_current: Reading[int] = reading_field()
+    pcie_link_gen_max: Reading[int] = reading_field()
+    pcie_link_width_current: Reading[int] = reading_field()
+    pcie_link_width_max: Reading[int] = reading_field()
+    pcie_replay_counter: Reading[int] = reading_field()
+
+    temperature_c: Reading[int] = reading_field()
+    temperature_slowdown_c: Reading[int] = reading_field()
+    temperature_shutdown_c: Reading[int] = reading_field()
+    temperature_gpu_max_c: Reading[int] = reading_field()
+
+    power_draw_w: Reading[float] = reading_field()
+    power_limit_enforced_w: Reading[float] = reading_field()
+    power_limit_default_w: Reading[float] = reading_field()
+
+    clock_event_reasons: Reading[int] = reading_field()
+    clock_sm_mhz: Reading[int] = reading_field()
+    clock_mem_mhz: Reading[int] = reading_field()
+    clock_sm_max_mhz: Reading[int] = reading_field()
+    clock_mem_max_mhz: Reading[int] = reading_field()
+
+    utilization_gpu_percent: Reading[int] = reading_field()
+    utilization_memory_percent: Reading[int] = reading_field()
+    memory_total_bytes: Reading[int] = reading_field()
+    memory_used_bytes: Reading[int] = reading_field()
+    # Memory the driver keeps for itself; NVML's v1 "used" counts it, nvidia-smi does not.
+    memory_reserved_bytes: Reading[int] = reading_field()
+    compute_processes: Reading[list[Process]] = reading_field()
+
+    recovery_action: Reading[str] = reading_field()
+
+    def __post_init__(self) -> None:
+        _name_readings(self)
+
+    def label(self) -> str:
+        bus = self.pci_bus_id.get_or("?")
+        return f"GPU {self.index} ({bus})"
+
+
+@dataclass
+class HostInfo:
+    hostname: str = ""
+    collected_at: float = 0.0
+    # Which source produced the snapshot: nvml, nvidia-smi-xml, or a replayed snapshot's own.
+    source: str = ""
+    driver_version: Reading[str] = reading_field()
+    cuda_driver_version: Reading[str] = reading_field()
+    nvml_version: Reading[str] = reading_field()
+    gpu_count: Reading[int] = reading_field()
+
+    def __post_init__(self) -> None:
+        _name_readings(self)
+
+
+@dataclass
+class NvmlStatus:
+    """How the NVML sweep went, as facts the driver.* rules judge."""
+
+    # None when NVML initialised; otherwise the error name and text.
+    init_error: str | None = None
+    init_error_kind: str | None = None
+    # The NVML call still running when the deadline passed, with the GPU it was for.
+    hung_call: str | None = None
+    deadline_s: float | None = None
+    elapsed_s: float | None = None
+
+
+@dataclass
+class Snapshot:
+    host: HostInfo = field(default_factory=HostInfo)
+    nvml: NvmlStatus = field(default_factory=NvmlStatus)
+    gpus: list[GpuSnapshot] = field(default_factory=list)
+    schema: int = SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": SNAPSHOT_KIND,
+            "schema": self.schema,
+            "host": _dataclass_to_json(self.host),
+            "nvml": dataclasses.asdict(self.nvml),
+            "gpus": [_dataclass_to_json(g) for g in self.gpus],
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Snapshot:
+        if raw.get("kind") != SNAPSHOT_KIND:
+            raise ValueError(f"not a gpuguard snapshot (kind is {raw.get('kind')!r})")
+        schema = raw.get("schema")
+        if schema != SCHEMA_VERSION:
+            raise ValueError(
+                f"snapshot schema {schema!r} is not supported (this gpuguard reads {SCHEMA_VERSION})"
+            )
+        host = _dataclass_from_json(HostInfo, raw.get("host", {}))
+        nvml = NvmlStatus(**raw.get("nvml", {}))
+        gpus = [_dataclass_from_json(GpuSnapshot, g) for g in raw.get("gpus", [])]
+        return cls(host=host, nvml=nvml, gpus=gpus, schema=schema)
+
+
+GPU_READING_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(GpuSnapshot) if f.name != "index"
+)
+HOST_READING_FIELDS: tuple[str, ...] = tuple(
+    f.name
+    for f in dataclasses.fields(HostInfo)
+    if f.name not in ("hostname", "collected_at", "source")
+)
+
+
+def _name_readings(obj: Any) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, Reading) and value.name != f.name:
+            object.__setattr__(value, "name", f.name)
+
+
+def _dataclass_to_json(obj: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, Reading):
+            if f.name == "compute_processes" and value.is_ok:
+                out[f.name] = [dataclasses.asdict(p) for p in value.value or []]
+            else:
+                out[f.name] = value.to_json()
+        else:
+            out[f.name] = value
+    return out
+
+
+_T = TypeVar("_T")
+
+
+def _dataclass_from_json(cls: type[_T], raw: dict[str, Any]) -> _T:
+    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields: {', '.join(unknown)}")
+    kwargs: dict[str, Any] = {}
+    for name, raw_value in raw.items():
+        if name in ("index", "hostname", "collected_at", "source"):
+            kwargs[name] = raw_value
+            continue
+        reading = Reading.from_json(raw_value)
+        if name == "compute_processes" and reading.is_ok:
+            reading = Reading.ok([Process(**p) for p in reading.value or []])
+        kwargs[name] = reading
+    return cls(**kwargs)

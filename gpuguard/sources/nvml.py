@@ -1,0 +1,439 @@
+"""NVML source: one sweep of every reading the rules use, run under a hard deadline.
+
+A wedged GPU makes NVML block forever inside the kernel (D state). A ctypes call
+cannot be interrupted from Python, and a thread stuck in the kernel keeps the whole
+process from exiting, so the sweep runs in a forked child:
+
+- the child imports pynvml (the parent never does, so the parent's own start-up,
+  rule loading included, overlaps with the child's import and sweep),
+- it streams one JSON line for the host and one per GPU through a pipe, so GPUs
+  that answered are kept even when a later call hangs,
+- before every call it writes the call's name into a shared anonymous mmap, which
+  costs no syscall, so the parent can name the call that hung.
+
+The parent waits until the deadline, then gives up on the child (SIGKILL, no wait:
+a process in D state cannot be reaped until the kernel lets go of it).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import select
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpuguard.snapshot import GpuSnapshot, HostInfo, NvmlStatus, Reading, Snapshot
+
+_PROGRESS_SIZE = 256
+
+RECOVERY_ACTIONS = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
+
+
+class _Progress:
+    def __init__(self) -> None:
+        self.buf = mmap.mmap(-1, _PROGRESS_SIZE)
+
+    def set(self, text: str) -> None:
+        raw = text.encode()[: _PROGRESS_SIZE - 1]
+        self.buf[: len(raw) + 1] = raw + b"\0"
+
+    def get(self) -> str:
+        raw = bytes(self.buf[:_PROGRESS_SIZE])
+        return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+class NvmlProbe:
+    """A sweep started in a child process; `result()` collects it within the deadline."""
+
+    def __init__(self, procfs: Path, deadline_s: float) -> None:
+        self.deadline_s = deadline_s
+        self.started = time.monotonic()
+        self._progress = _Progress()
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            os.close(read_fd)
+            code = 0
+            try:
+                with os.fdopen(write_fd, "w", buffering=1) as out:
+                    _child_main(out, self._progress, procfs)
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        self.pid = pid
+        self._read_fd = read_fd
+
+    def result(self) -> Snapshot:
+        messages, finished = self._drain()
+        elapsed = time.monotonic() - self.started
+        snapshot = _assemble(messages)
+        snapshot.nvml.deadline_s = self.deadline_s
+        snapshot.nvml.elapsed_s = round(elapsed, 4)
+        if not finished:
+            snapshot.nvml.hung_call = self._progress.get() or "nvml sweep (no call started)"
+            _abandon(self.pid)
+        else:
+            _reap(self.pid)
+        return snapshot
+
+    def _drain(self) -> tuple[list[dict[str, Any]], bool]:
+        end = self.started + self.deadline_s
+        chunks: list[bytes] = []
+        finished = False
+        try:
+            while True:
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    break
+                ready, _, _ = select.select([self._read_fd], [], [], remaining)
+                if not ready:
+                    break
+                data = os.read(self._read_fd, 65536)
+                if not data:
+                    finished = True
+                    break
+                chunks.append(data)
+        finally:
+            os.close(self._read_fd)
+        messages = []
+        for line in b"".join(chunks).splitlines():
+            try:
+                messages.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut by the deadline
+        if finished and not any(m.get("t") in ("done", "init_error") for m in messages):
+            messages.append({"t": "fatal", "error": "NVML worker exited without a result"})
+        return messages, finished
+
+
+def collect(procfs: Path, deadline_s: float) -> Snapshot:
+    return NvmlProbe(procfs, deadline_s).result()
+
+
+def _abandon(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, os.WNOHANG)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
+    snapshot = Snapshot(
+        host=HostInfo(hostname=socket.gethostname(), collected_at=time.time(), source="nvml"),
+        nvml=NvmlStatus(),
+    )
+    for msg in messages:
+        kind = msg.pop("t")
+        if kind == "host":
+            for name, raw in msg.items():
+                setattr(snapshot.host, name, Reading.from_json(raw))
+            snapshot.host.__post_init__()
+        elif kind == "gpu":
+            index = msg.pop("index")
+            gpu = GpuSnapshot(index=index)
+            for name, raw in msg.items():
+                reading = Reading.from_json(raw)
+                if name == "compute_processes" and reading.is_ok:
+                    from gpuguard.snapshot import Process
+
+                    reading = Reading.ok([Process(**p) for p in reading.value or []])
+                setattr(gpu, name, reading)
+            gpu.__post_init__()
+            snapshot.gpus.append(gpu)
+        elif kind in ("init_error", "fatal"):
+            snapshot.nvml.init_error = msg.get("error")
+            snapshot.nvml.init_error_kind = msg.get("kind", "fatal")
+    return snapshot
+
+
+# --- the child side: everything below runs only in the forked worker ---------------
+
+
+def _child_main(out: Any, progress: _Progress, procfs: Path) -> None:
+    progress.set("import pynvml")
+    import pynvml
+
+    def emit(obj: dict[str, Any]) -> None:
+        out.write(json.dumps(obj) + "\n")
+
+    progress.set("nvmlInit")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        emit({"t": "init_error", "kind": type(exc).__name__, "error": str(exc)})
+        return
+    try:
+        _sweep(pynvml, emit, progress, procfs)
+    except Exception as exc:  # a result, never a crash of the parent
+        emit({"t": "fatal", "kind": type(exc).__name__, "error": str(exc)})
+        return
+    finally:
+        progress.set("nvmlShutdown")
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+    emit({"t": "done"})
+
+
+def _sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progress, procfs: Path) -> None:
+    def read(call: str, fn: Callable[[], Any], where: str = "") -> Any:
+        progress.set(call + where)
+        try:
+            return Reading.ok(fn()).to_json()
+        except nv.NVMLError_NotSupported:
+            return Reading.not_supported().to_json()
+        except nv.NVMLError_FunctionNotFound:
+            return Reading.not_supported("not in this driver's NVML").to_json()
+        except nv.NVMLError as exc:
+            return Reading.failed(f"{call}: {exc}").to_json()
+
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    count = read("nvmlDeviceGetCount", nv.nvmlDeviceGetCount)
+    emit(
+        {
+            "t": "host",
+            "driver_version": read(
+                "nvmlSystemGetDriverVersion", lambda: text(nv.nvmlSystemGetDriverVersion())
+            ),
+            "nvml_version": read(
+                "nvmlSystemGetNVMLVersion", lambda: text(nv.nvmlSystemGetNVMLVersion())
+            ),
+            "cuda_driver_version": read(
+                "nvmlSystemGetCudaDriverVersion",
+                lambda: _cuda_version(nv.nvmlSystemGetCudaDriverVersion()),
+            ),
+            "gpu_count": count,
+        }
+    )
+    if not isinstance(count, int):
+        return
+    for index in range(count):
+        where = f" (GPU {index})"
+        progress.set("nvmlDeviceGetHandleByIndex" + where)
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except nv.NVMLError as exc:
+            failed = Reading.failed(f"nvmlDeviceGetHandleByIndex: {exc}").to_json()
+            emit({"t": "gpu", "index": index, "uuid": failed, "pci_bus_id": failed})
+            continue
+        emit({"t": "gpu", "index": index, **_read_gpu(nv, handle, where, read, text, procfs)})
+
+
+def _cuda_version(raw: int) -> str:
+    return f"{raw // 1000}.{(raw % 1000) // 10}"
+
+
+def _read_gpu(
+    nv: Any,
+    h: Any,
+    where: str,
+    read: Callable[..., Any],
+    text: Callable[[Any], str],
+    procfs: Path,
+) -> dict[str, Any]:
+    g: dict[str, Any] = {}
+
+    def pair(call: str, fn: Callable[[], Any], first: str, second: str) -> None:
+        both = read(call, lambda: list(fn()), where)
+        if isinstance(both, list):
+            g[first], g[second] = bool(both[0]), bool(both[1])
+        else:
+            g[first] = g[second] = both
+
+    g["uuid"] = read("nvmlDeviceGetUUID", lambda: text(nv.nvmlDeviceGetUUID(h)), where)
+    g["name"] = read("nvmlDeviceGetName", lambda: text(nv.nvmlDeviceGetName(h)), where)
+    g["serial"] = read("nvmlDeviceGetSerial", lambda: text(nv.nvmlDeviceGetSerial(h)), where)
+    g["pci_bus_id"] = read(
+        "nvmlDeviceGetPciInfo", lambda: text(nv.nvmlDeviceGetPciInfo(h).busId), where
+    )
+    g["vbios_version"] = read(
+        "nvmlDeviceGetVbiosVersion", lambda: text(nv.nvmlDeviceGetVbiosVersion(h)), where
+    )
+    g["inforom_image_version"] = read(
+        "nvmlDeviceGetInforomImageVersion",
+        lambda: text(nv.nvmlDeviceGetInforomImageVersion(h)),
+        where,
+    )
+    g["persistence_mode"] = read(
+        "nvmlDeviceGetPersistenceMode", lambda: bool(nv.nvmlDeviceGetPersistenceMode(h)), where
+    )
+    pair("nvmlDeviceGetMigMode", lambda: nv.nvmlDeviceGetMigMode(h), "mig_mode_current",
+         "mig_mode_pending")
+    pair("nvmlDeviceGetEccMode", lambda: nv.nvmlDeviceGetEccMode(h), "ecc_mode_current",
+         "ecc_mode_pending")
+
+    corrected, uncorrected = nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    for counter_name, counter in (("volatile", nv.NVML_VOLATILE_ECC),
+                                  ("aggregate", nv.NVML_AGGREGATE_ECC)):
+        for kind_name, kind in (("corrected", corrected), ("uncorrected", uncorrected)):
+            g[f"ecc_{counter_name}_{kind_name}"] = read(
+                "nvmlDeviceGetTotalEccErrors",
+                lambda kind=kind, counter=counter: int(nv.nvmlDeviceGetTotalEccErrors(h, kind, counter)),
+                where,
+            )
+            for loc_name, loc in (("dram", nv.NVML_MEMORY_LOCATION_DRAM),
+                                  ("sram", nv.NVML_MEMORY_LOCATION_SRAM)):
+                g[f"ecc_{counter_name}_{loc_name}_{kind_name}"] = read(
+                    "nvmlDeviceGetMemoryErrorCounter",
+                    lambda kind=kind, counter=counter, loc=loc: int(
+                        nv.nvmlDeviceGetMemoryErrorCounter(h, kind, counter, loc)
+                    ),
+                    where,
+                )
+
+    g["retired_pages_sbe"] = read(
+        "nvmlDeviceGetRetiredPages",
+        lambda: len(nv.nvmlDeviceGetRetiredPages(
+            h, nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)),
+        where,
+    )
+    g["retired_pages_dbe"] = read(
+        "nvmlDeviceGetRetiredPages",
+        lambda: len(nv.nvmlDeviceGetRetiredPages(
+            h, nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)),
+        where,
+    )
+    g["retired_pages_pending"] = read(
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        lambda: bool(nv.nvmlDeviceGetRetiredPagesPendingStatus(h)),
+        where,
+    )
+    rows = read("nvmlDeviceGetRemappedRows", lambda: list(nv.nvmlDeviceGetRemappedRows(h)), where)
+    names = ("remapped_rows_correctable", "remapped_rows_uncorrectable",
+             "remapped_rows_pending", "remapped_rows_failure")
+    for i, name in enumerate(names):
+        if isinstance(rows, list):
+            g[name] = bool(rows[i]) if i >= 2 else int(rows[i])
+        else:
+            g[name] = rows
+
+    g["pcie_link_gen_current"] = read(
+        "nvmlDeviceGetCurrPcieLinkGeneration", lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(h), where)
+    g["pcie_link_gen_max"] = read(
+        "nvmlDeviceGetMaxPcieLinkGeneration", lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h), where)
+    g["pcie_link_width_current"] = read(
+        "nvmlDeviceGetCurrPcieLinkWidth", lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(h), where)
+    g["pcie_link_width_max"] = read(
+        "nvmlDeviceGetMaxPcieLinkWidth", lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h), where)
+    g["pcie_replay_counter"] = read(
+        "nvmlDeviceGetPcieReplayCounter", lambda: nv.nvmlDeviceGetPcieReplayCounter(h), where)
+
+    g["temperature_c"] = read(
+        "nvmlDeviceGetTemperature",
+        lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU), where)
+    for name, threshold in (("temperature_slowdown_c", nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+                            ("temperature_shutdown_c", nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+                            ("temperature_gpu_max_c", nv.NVML_TEMPERATURE_THRESHOLD_GPU_MAX)):
+        g[name] = read(
+            "nvmlDeviceGetTemperatureThreshold",
+            lambda threshold=threshold: nv.nvmlDeviceGetTemperatureThreshold(h, threshold),
+            where,
+        )
+
+    g["power_draw_w"] = read(
+        "nvmlDeviceGetPowerUsage", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0, where)
+    g["power_limit_enforced_w"] = read(
+        "nvmlDeviceGetEnforcedPowerLimit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
+        where)
+    g["power_limit_default_w"] = read(
+        "nvmlDeviceGetPowerManagementDefaultLimit",
+        lambda: nv.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000.0, where)
+
+    reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+        nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    g["clock_event_reasons"] = read(
+        "nvmlDeviceGetCurrentClocksEventReasons", lambda: int(reasons_fn(h)), where)
+    g["clock_sm_mhz"] = read(
+        "nvmlDeviceGetClockInfo", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), where)
+    g["clock_mem_mhz"] = read(
+        "nvmlDeviceGetClockInfo", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM), where)
+    g["clock_sm_max_mhz"] = read(
+        "nvmlDeviceGetMaxClockInfo", lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
+        where)
+    g["clock_mem_max_mhz"] = read(
+        "nvmlDeviceGetMaxClockInfo", lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM),
+        where)
+
+    util = read("nvmlDeviceGetUtilizationRates",
+                lambda: _util(nv.nvmlDeviceGetUtilizationRates(h)), where)
+    g["utilization_gpu_percent"] = util["gpu"] if "gpu" in util else util
+    g["utilization_memory_percent"] = util["memory"] if "memory" in util else util
+
+    mem = read("nvmlDeviceGetMemoryInfo", lambda: _memory(nv, h), where)
+    for key in ("total", "used", "reserved"):
+        g[f"memory_{key}_bytes"] = mem.get(key, mem) if "state" not in mem else mem
+
+    g["compute_processes"] = read(
+        "nvmlDeviceGetComputeRunningProcesses",
+        lambda: _processes(nv.nvmlDeviceGetComputeRunningProcesses(h), procfs),
+        where,
+    )
+    g["recovery_action"] = read("nvmlDeviceGetFieldValues", lambda: _recovery_action(nv, h), where)
+    return g
+
+
+def _util(raw: Any) -> dict[str, int]:
+    return {"gpu": int(raw.gpu), "memory": int(raw.memory)}
+
+
+def _memory(nv: Any, h: Any) -> dict[str, Any]:
+    try:
+        info = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+        return {"total": int(info.total), "used": int(info.used), "reserved": int(info.reserved)}
+    except nv.NVMLError_FunctionNotFound:
+        # Before v2 "used" includes the driver's reservation, which we cannot tell apart.
+        info = nv.nvmlDeviceGetMemoryInfo(h)
+        return {"total": int(info.total), "used": int(info.used),
+                "reserved": {"state": "not_supported", "error": "needs nvmlDeviceGetMemoryInfo_v2"}}
+
+
+def _processes(raw: list[Any], procfs: Path) -> list[dict[str, Any]]:
+    out = []
+    for proc in raw:
+        try:
+            name: str | None = (procfs / str(proc.pid) / "comm").read_text().strip()
+        except OSError:
+            name = None  # exited since NVML listed it: not a fault
+        used = proc.usedGpuMemory
+        out.append({"pid": int(proc.pid), "used_memory_bytes": None if used is None else int(used),
+                    "name": name})
+    return out
+
+
+def _recovery_action(nv: Any, h: Any) -> str:
+    field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+    if field_id is None:
+        raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+    value = nv.nvmlDeviceGetFieldValues(h, [field_id])[0]
+    if value.nvmlReturn != nv.NVML_SUCCESS:
+        raise nv.NVMLError(value.nvmlReturn)
+    code = int(value.value.uiVal)
+    return RECOVERY_ACTIONS.get(code, f"unknown({code})")
