@@ -202,6 +202,8 @@ class NvmlStatus:
     init_error_kind: str | None = None
     # The NVML call still running when the deadline passed, with the GPU it was for.
     hung_call: str | None = None
+    # The sweep stopped on an unexpected error after NVML started (GPUs after it are missing).
+    sweep_error: str | None = None
     deadline_s: float | None = None
     elapsed_s: float | None = None
 

@@ -61,6 +61,9 @@ def responsive(ctx: CheckContext) -> Finding:
         return skipped(f"not measured: replayed {ctx.snapshot.host.source or 'input'}")
     if nvml.init_error is not None:
         return skipped("NVML did not start (see driver.loaded)")
+    if nvml.sweep_error is not None:
+        return unknown(f"the NVML sweep stopped early: {nvml.sweep_error}",
+                       sweep_error=nvml.sweep_error)
     return ok(f"NVML answered in {nvml.elapsed_s:.3f} s", elapsed_s=nvml.elapsed_s)
 
 

@@ -73,7 +73,7 @@ class NvmlProbe:
                 with os.fdopen(write_fd, "w", buffering=1) as out:
                     _child_main(out, self._progress, procfs)
             except BaseException:
-                code = 1
+                code = 1  # the parent reports a worker that left without a result
             finally:
                 os._exit(code)
         os.close(write_fd)
@@ -118,7 +118,7 @@ class NvmlProbe:
                 messages.append(json.loads(line))
             except ValueError:
                 continue  # a line cut by the deadline
-        if finished and not any(m.get("t") in ("done", "init_error") for m in messages):
+        if finished and not any(m.get("t") in ("done", "init_error", "fatal") for m in messages):
             messages.append({"t": "fatal", "error": "NVML worker exited without a result"})
         return messages, finished
 
@@ -165,9 +165,11 @@ def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
                 setattr(gpu, name, reading)
             gpu.__post_init__()
             snapshot.gpus.append(gpu)
-        elif kind in ("init_error", "fatal"):
+        elif kind == "init_error":
             snapshot.nvml.init_error = msg.get("error")
-            snapshot.nvml.init_error_kind = msg.get("kind", "fatal")
+            snapshot.nvml.init_error_kind = msg.get("kind")
+        elif kind == "fatal":
+            snapshot.nvml.sweep_error = f"{msg.get('kind', 'error')}: {msg.get('error')}"
     return snapshot
 
 
@@ -208,7 +210,7 @@ def _sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progress,
             return Reading.ok(fn()).to_json()
         except nv.NVMLError_NotSupported:
             return Reading.not_supported().to_json()
-        except nv.NVMLError_FunctionNotFound:
+        except (nv.NVMLError_FunctionNotFound, nv.NVMLLibraryMismatchError):
             return Reading.not_supported("not in this driver's NVML").to_json()
         except nv.NVMLError as exc:
             return Reading.failed(f"{call}: {exc}").to_json()
