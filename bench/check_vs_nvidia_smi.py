@@ -34,11 +34,14 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--gpuguard", default=f"{sys.executable} -m gpuguard",
+                        help="how to run gpuguard (e.g. /opt/gpuguard/bin/gpuguard)")
     args = parser.parse_args()
 
-    gpuguard = [sys.executable, "-m", "gpuguard"]
+    gpuguard = shlex.split(args.gpuguard)
+    python = gpuguard[0] if gpuguard[0].endswith(("python", "python3")) else sys.executable
     commands: dict[str, list[str]] = {
-        "python_startup": [sys.executable, "-c", "pass"],
+        "python_startup": [python, "-c", "pass"],
         "gpuguard_check_table": [*gpuguard, "check", "--format", "table"],
         "gpuguard_check_json": [*gpuguard, "check", "--format", "json"],
         "gpuguard_check_prometheus": [*gpuguard, "check", "--format", "prometheus"],

@@ -1,3 +1,3 @@
-from gpuguard.cli import main
+from gpuguard.entry import main
 
 main()

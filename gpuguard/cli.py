@@ -81,9 +81,9 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
     probe = None
     if input_path is None:
-        from gpuguard.sources.nvml import NvmlProbe
+        from gpuguard.sources import nvml
 
-        probe = NvmlProbe(paths.procfs, _nvml_deadline(timeout))
+        probe = nvml.probe(paths.procfs, nvml.deadline_for(timeout))
     try:
         profile, ruleset = _load_config(profile_path, rules_dirs)
         snapshot = _replay(input_path) if input_path is not None else None
@@ -131,10 +131,10 @@ def snapshot(output: Path | None, input_path: Path | None, timeout: float, path_
     if input_path is not None:
         snap = _replay(input_path)
     else:
-        from gpuguard.sources.nvml import collect
+        from gpuguard.sources import nvml
 
         paths = _paths(path_sysfs, path_procfs, path_rootfs)
-        snap = collect(paths.procfs, _nvml_deadline(timeout))
+        snap = nvml.collect(paths.procfs, nvml.deadline_for(timeout))
     _emit(json.dumps(snap.to_json(), indent=2) + "\n", output)
 
 
@@ -190,11 +190,6 @@ def rules_fields() -> None:
 
 
 # --- helpers -----------------------------------------------------------------------
-
-
-def _nvml_deadline(timeout: float) -> float:
-    # Leave a little of the budget for judging and printing.
-    return max(0.1, timeout - min(1.0, timeout * 0.1))
 
 
 def _paths(sysfs: Path, procfs: Path, rootfs: Path) -> Paths:

@@ -23,6 +23,7 @@ import os
 import select
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,8 @@ from typing import Any
 
 from gpuguard.snapshot import GpuSnapshot, HostInfo, NvmlStatus, Reading, Snapshot
 
-_PROGRESS_SIZE = 256
+_SLOT_SIZE = 128
+_MAX_SLOTS = 1 + 64
 
 RECOVERY_ACTIONS = {
     0: "none",
@@ -45,16 +47,26 @@ RECOVERY_ACTIONS = {
 
 
 class _Progress:
+    """One slot per worker thread (slot 0: host calls, slot i+1: GPU i) in shared memory."""
+
     def __init__(self) -> None:
-        self.buf = mmap.mmap(-1, _PROGRESS_SIZE)
+        self.buf = mmap.mmap(-1, _SLOT_SIZE * _MAX_SLOTS)
 
-    def set(self, text: str) -> None:
-        raw = text.encode()[: _PROGRESS_SIZE - 1]
-        self.buf[: len(raw) + 1] = raw + b"\0"
+    def set(self, slot: int, text: str) -> None:
+        if slot >= _MAX_SLOTS:
+            return
+        raw = text.encode()[: _SLOT_SIZE - 1]
+        start = slot * _SLOT_SIZE
+        self.buf[start : start + len(raw) + 1] = raw + b"\0"
 
-    def get(self) -> str:
-        raw = bytes(self.buf[:_PROGRESS_SIZE])
-        return raw.split(b"\0", 1)[0].decode(errors="replace")
+    def active(self) -> list[str]:
+        calls = []
+        for slot in range(_MAX_SLOTS):
+            start = slot * _SLOT_SIZE
+            raw = bytes(self.buf[start : start + _SLOT_SIZE]).split(b"\0", 1)[0]
+            if raw:
+                calls.append(raw.decode(errors="replace"))
+        return calls
 
 
 class NvmlProbe:
@@ -87,7 +99,7 @@ class NvmlProbe:
         snapshot.nvml.deadline_s = self.deadline_s
         snapshot.nvml.elapsed_s = round(elapsed, 4)
         if not finished:
-            snapshot.nvml.hung_call = self._progress.get() or "nvml sweep (no call started)"
+            snapshot.nvml.hung_call = "; ".join(self._progress.active()) or "NVML worker start"
             _abandon(self.pid)
         else:
             _reap(self.pid)
@@ -121,6 +133,32 @@ class NvmlProbe:
         if finished and not any(m.get("t") in ("done", "init_error", "fatal") for m in messages):
             messages.append({"t": "fatal", "error": "NVML worker exited without a result"})
         return messages, finished
+
+
+def deadline_for(timeout: float) -> float:
+    """The NVML worker's share of `--timeout`: the rest is for judging and printing."""
+    return max(0.1, timeout - min(1.0, timeout * 0.1))
+
+
+_early: tuple[NvmlProbe, Path, float] | None = None
+
+
+def start_early(procfs: Path, deadline_s: float) -> None:
+    """Fork the worker before the CLI framework loads (see gpuguard/entry.py)."""
+    global _early
+    _early = (NvmlProbe(procfs, deadline_s), procfs, deadline_s)
+
+
+def probe(procfs: Path, deadline_s: float) -> NvmlProbe:
+    """The early worker if it was started with these settings, else a new one."""
+    global _early
+    early, _early = _early, None
+    if early is not None:
+        started, early_procfs, early_deadline = early
+        if early_procfs == procfs and early_deadline == deadline_s:
+            return started
+        _abandon(started.pid)
+    return NvmlProbe(procfs, deadline_s)
 
 
 def collect(procfs: Path, deadline_s: float) -> Snapshot:
@@ -170,6 +208,7 @@ def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
             snapshot.nvml.init_error_kind = msg.get("kind")
         elif kind == "fatal":
             snapshot.nvml.sweep_error = f"{msg.get('kind', 'error')}: {msg.get('error')}"
+    snapshot.gpus.sort(key=lambda g: g.index)  # worker threads finish in any order
     return snapshot
 
 
@@ -177,13 +216,17 @@ def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
 
 
 def _child_main(out: Any, progress: _Progress, procfs: Path) -> None:
-    progress.set("import pynvml")
+    progress.set(0, "import pynvml")
     import pynvml
 
-    def emit(obj: dict[str, Any]) -> None:
-        out.write(json.dumps(obj) + "\n")
+    lock = threading.Lock()
 
-    progress.set("nvmlInit")
+    def emit(obj: dict[str, Any]) -> None:
+        line = json.dumps(obj) + "\n"
+        with lock:
+            out.write(line)
+
+    progress.set(0, "nvmlInit")
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
@@ -195,17 +238,18 @@ def _child_main(out: Any, progress: _Progress, procfs: Path) -> None:
         emit({"t": "fatal", "kind": type(exc).__name__, "error": str(exc)})
         return
     finally:
-        progress.set("nvmlShutdown")
+        progress.set(0, "nvmlShutdown")
         try:
             pynvml.nvmlShutdown()
         except pynvml.NVMLError:
             pass
+    progress.set(0, "")
     emit({"t": "done"})
 
 
-def _sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progress, procfs: Path) -> None:
+def _reader(nv: Any, progress: _Progress, slot: int) -> Callable[..., Any]:
     def read(call: str, fn: Callable[[], Any], where: str = "") -> Any:
-        progress.set(call + where)
+        progress.set(slot, call + where)
         try:
             return Reading.ok(fn()).to_json()
         except nv.NVMLError_NotSupported:
@@ -215,18 +259,25 @@ def _sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progress,
         except nv.NVMLError as exc:
             return Reading.failed(f"{call}: {exc}").to_json()
 
-    def text(value: Any) -> str:
-        return value.decode() if isinstance(value, bytes) else str(value)
+    return read
 
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progress,
+           procfs: Path) -> None:
+    read = _reader(nv, progress, 0)
     count = read("nvmlDeviceGetCount", nv.nvmlDeviceGetCount)
     emit(
         {
             "t": "host",
             "driver_version": read(
-                "nvmlSystemGetDriverVersion", lambda: text(nv.nvmlSystemGetDriverVersion())
+                "nvmlSystemGetDriverVersion", lambda: _text(nv.nvmlSystemGetDriverVersion())
             ),
             "nvml_version": read(
-                "nvmlSystemGetNVMLVersion", lambda: text(nv.nvmlSystemGetNVMLVersion())
+                "nvmlSystemGetNVMLVersion", lambda: _text(nv.nvmlSystemGetNVMLVersion())
             ),
             "cuda_driver_version": read(
                 "nvmlSystemGetCudaDriverVersion",
@@ -235,18 +286,35 @@ def _sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progress,
             "gpu_count": count,
         }
     )
+    progress.set(0, "")
     if not isinstance(count, int):
         return
-    for index in range(count):
-        where = f" (GPU {index})"
-        progress.set("nvmlDeviceGetHandleByIndex" + where)
-        try:
-            handle = nv.nvmlDeviceGetHandleByIndex(index)
-        except nv.NVMLError as exc:
-            failed = Reading.failed(f"nvmlDeviceGetHandleByIndex: {exc}").to_json()
-            emit({"t": "gpu", "index": index, "uuid": failed, "pci_bus_id": failed})
-            continue
-        emit({"t": "gpu", "index": index, **_read_gpu(nv, handle, where, read, text, procfs)})
+    # One thread per GPU: NVML is thread-safe and most of a call's time is spent
+    # waiting on the GPU, so an 8-GPU host costs about what one GPU costs.
+    threads = [
+        threading.Thread(target=_sweep_gpu, args=(nv, emit, progress, procfs, index), daemon=True)
+        for index in range(count)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progress,
+               procfs: Path, index: int) -> None:
+    slot = index + 1
+    read = _reader(nv, progress, slot)
+    where = f" (GPU {index})"
+    progress.set(slot, "nvmlDeviceGetHandleByIndex" + where)
+    try:
+        handle = nv.nvmlDeviceGetHandleByIndex(index)
+    except nv.NVMLError as exc:
+        failed = Reading.failed(f"nvmlDeviceGetHandleByIndex: {exc}").to_json()
+        emit({"t": "gpu", "index": index, "uuid": failed, "pci_bus_id": failed})
+    else:
+        emit({"t": "gpu", "index": index, **_read_gpu(nv, handle, where, read, _text, procfs)})
+    progress.set(slot, "")
 
 
 def _cuda_version(raw: int) -> str:

@@ -1,0 +1,47 @@
+"""Console entry point: starts the NVML worker of `gpuguard check` before click loads.
+
+Importing click and the CLI costs tens of milliseconds, and so does importing
+pynvml in the worker; forking first lets the two overlap (docs/benchmarks.md).
+Only the options the worker needs are looked at here; click still parses the
+whole command line, and a worker started with other settings is discarded.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+DEFAULT_TIMEOUT = 10.0
+
+
+def _option(args: list[str], name: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _start_worker_early(args: list[str]) -> None:
+    if not args or args[0] != "check":
+        return
+    if any(a in ("-h", "--help") or a.startswith("--input") for a in args[1:]):
+        return
+    try:
+        timeout = float(_option(args, "--timeout") or DEFAULT_TIMEOUT)
+    except ValueError:
+        return  # click will explain the bad value
+    if timeout < 0.2:
+        return
+    procfs = Path(_option(args, "--path.procfs") or "/proc")
+    from gpuguard.sources import nvml
+
+    nvml.start_early(procfs, nvml.deadline_for(timeout))
+
+
+def main() -> None:
+    _start_worker_early(sys.argv[1:])
+    from gpuguard.cli import main as cli_main
+
+    cli_main()
