@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -91,28 +92,23 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
         if probe is not None:
             probe.result()  # do not leave the worker behind
         raise
-    if probe is not None:
-        snapshot = probe.result()
-    assert snapshot is not None
 
+    # Everything imported from here to probe.result() overlaps with the NVML worker.
     from gpuguard.engine import evaluate
     from gpuguard.results import exit_code
 
+    render = _renderer(fmt)
+    if probe is not None:
+        snapshot = probe.result()
+    assert snapshot is not None
     results = evaluate(snapshot, ruleset, profile, only, skip)
     code = exit_code(results)
-    if fmt == "json":
-        from gpuguard.outputs import json_out
-
-        text = json_out.render(snapshot, results)
-    elif fmt == "prometheus":
-        from gpuguard.outputs import prometheus
-
-        text = prometheus.render(snapshot, results, time.monotonic() - started)
+    if fmt == "table" and quiet and code == 0:
+        text = ""
     else:
-        from gpuguard.outputs import table
-
         colour = output is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
-        text = "" if quiet and code == 0 else table.render(snapshot, results, colour, quiet)
+        text = render(snapshot, results, duration_s=time.monotonic() - started, colour=colour,
+                      quiet=quiet)
     _emit(text, output)
     sys.exit(code)
 
@@ -190,6 +186,22 @@ def rules_fields() -> None:
 
 
 # --- helpers -----------------------------------------------------------------------
+
+
+def _renderer(fmt: str) -> Callable[..., str]:
+    if fmt == "json":
+        from gpuguard.outputs import json_out
+
+        return lambda snapshot, results, **_: json_out.render(snapshot, results)
+    if fmt == "prometheus":
+        from gpuguard.outputs import prometheus
+
+        return lambda snapshot, results, duration_s, **_: prometheus.render(
+            snapshot, results, duration_s)
+    from gpuguard.outputs import table
+
+    return lambda snapshot, results, colour, quiet, **_: table.render(
+        snapshot, results, colour, quiet)
 
 
 def _paths(sysfs: Path, procfs: Path, rootfs: Path) -> Paths:

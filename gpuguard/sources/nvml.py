@@ -11,6 +11,10 @@ process from exiting, so the sweep runs in a forked child:
 - before every call it writes the call's name into a shared anonymous mmap, which
   costs no syscall, so the parent can name the call that hung.
 
+This module imports only the standard library at the top: it is imported before
+the fork, on the critical path of `gpuguard check` (docs/benchmarks.md). The worker
+writes readings in the snapshot's JSON form (a value, or {"state": ...}).
+
 The parent waits until the deadline, then gives up on the child (SIGKILL, no wait:
 a process in D state cannot be reaped until the kernel lets go of it).
 """
@@ -27,9 +31,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpuguard.snapshot import GpuSnapshot, HostInfo, NvmlStatus, Reading, Snapshot
+if TYPE_CHECKING:
+    from gpuguard.snapshot import Snapshot
 
 _SLOT_SIZE = 128
 _MAX_SLOTS = 1 + 64
@@ -82,8 +87,8 @@ class NvmlProbe:
             os.close(read_fd)
             code = 0
             try:
-                with os.fdopen(write_fd, "w", buffering=1) as out:
-                    _child_main(out, self._progress, procfs)
+                out = os.fdopen(write_fd, "w", buffering=1)
+                _child_main(out, self._progress, procfs)
             except BaseException:
                 code = 1  # the parent reports a worker that left without a result
             finally:
@@ -174,13 +179,17 @@ def _abandon(pid: int) -> None:
 
 
 def _reap(pid: int) -> None:
+    # The worker closes its pipe before nvmlShutdown, so it may still be running;
+    # it exits on its own and init reaps it if we are gone first.
     try:
-        os.waitpid(pid, 0)
+        os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
 
 
 def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
+    from gpuguard.snapshot import GpuSnapshot, HostInfo, NvmlStatus, Process, Reading, Snapshot
+
     snapshot = Snapshot(
         host=HostInfo(hostname=socket.gethostname(), collected_at=time.time(), source="nvml"),
         nvml=NvmlStatus(),
@@ -197,8 +206,6 @@ def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
             for name, raw in msg.items():
                 reading = Reading.from_json(raw)
                 if name == "compute_processes" and reading.is_ok:
-                    from gpuguard.snapshot import Process
-
                     reading = Reading.ok([Process(**p) for p in reading.value or []])
                 setattr(gpu, name, reading)
             gpu.__post_init__()
@@ -234,30 +241,28 @@ def _child_main(out: Any, progress: _Progress, procfs: Path) -> None:
         return
     try:
         _sweep(pynvml, emit, progress, procfs)
+        emit({"t": "done"})
     except Exception as exc:  # a result, never a crash of the parent
         emit({"t": "fatal", "kind": type(exc).__name__, "error": str(exc)})
-        return
-    finally:
-        progress.set(0, "nvmlShutdown")
-        try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
-    progress.set(0, "")
-    emit({"t": "done"})
+    # Hand the result over before shutting NVML down: the parent stops waiting at EOF.
+    out.close()
+    try:
+        pynvml.nvmlShutdown()
+    except pynvml.NVMLError:
+        pass
 
 
 def _reader(nv: Any, progress: _Progress, slot: int) -> Callable[..., Any]:
     def read(call: str, fn: Callable[[], Any], where: str = "") -> Any:
         progress.set(slot, call + where)
         try:
-            return Reading.ok(fn()).to_json()
+            return fn()
         except nv.NVMLError_NotSupported:
-            return Reading.not_supported().to_json()
+            return {"state": "not_supported"}
         except (nv.NVMLError_FunctionNotFound, nv.NVMLLibraryMismatchError):
-            return Reading.not_supported("not in this driver's NVML").to_json()
+            return {"state": "not_supported", "error": "not in this driver's NVML"}
         except nv.NVMLError as exc:
-            return Reading.failed(f"{call}: {exc}").to_json()
+            return {"state": "error", "error": f"{call}: {exc}"}
 
     return read
 
@@ -310,7 +315,7 @@ def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progr
     try:
         handle = nv.nvmlDeviceGetHandleByIndex(index)
     except nv.NVMLError as exc:
-        failed = Reading.failed(f"nvmlDeviceGetHandleByIndex: {exc}").to_json()
+        failed = {"state": "error", "error": f"nvmlDeviceGetHandleByIndex: {exc}"}
         emit({"t": "gpu", "index": index, "uuid": failed, "pci_bus_id": failed})
     else:
         emit({"t": "gpu", "index": index, **_read_gpu(nv, handle, where, read, _text, procfs)})
