@@ -45,8 +45,9 @@ def load_profile(path: Path) -> Profile:
     extra = set(doc) - PROFILE_KEYS
     if extra:
         key = sorted(extra)[0]
+        allowed = ", ".join(sorted(PROFILE_KEYS))
         raise ConfigError(path, doc.line_of(key),
-                          f"unknown profile key {key!r} (allowed: {', '.join(sorted(PROFILE_KEYS))})")
+                          f"unknown profile key {key!r} (allowed: {allowed})")
 
     if "gpu_count" in doc:
         count = doc["gpu_count"]

@@ -231,7 +231,8 @@ class Snapshot:
         schema = raw.get("schema")
         if schema != SCHEMA_VERSION:
             raise ValueError(
-                f"snapshot schema {schema!r} is not supported (this gpuguard reads {SCHEMA_VERSION})"
+                f"snapshot schema {schema!r} is not supported "
+                f"(this gpuguard reads {SCHEMA_VERSION})"
             )
         host = _dataclass_from_json(HostInfo, raw.get("host", {}))
         nvml = NvmlStatus(**raw.get("nvml", {}))

@@ -78,15 +78,16 @@ def version(ctx: CheckContext) -> Finding:
     if profile.driver_min_version is not None:
         have = host.driver_version.get()
         observed["driver_version"] = have
-        if parse_version(have) < parse_version(profile.driver_min_version):
-            problems.append(f"driver {have} is older than the required {profile.driver_min_version}")
+        wanted = profile.driver_min_version
+        if parse_version(have) < parse_version(wanted):
+            problems.append(f"driver {have} is older than the required {wanted}")
     if profile.cuda_min_version is not None:
         have_cuda = host.cuda_driver_version.get()
         observed["cuda_driver_version"] = have_cuda
-        if parse_version(have_cuda) < parse_version(profile.cuda_min_version):
-            problems.append(
-                f"the driver supports CUDA {have_cuda}, the profile requires {profile.cuda_min_version}"
-            )
+        wanted_cuda = profile.cuda_min_version
+        if parse_version(have_cuda) < parse_version(wanted_cuda):
+            problems.append(f"the driver supports CUDA {have_cuda}, the profile requires "
+                            f"{wanted_cuda}")
     if problems:
         return ctx.fail("; ".join(problems), **observed)
     return ok("driver meets the profile: " + ", ".join(f"{k} {v}" for k, v in observed.items()),

@@ -52,9 +52,11 @@ class CheckCollector(Collector):
         for name, n in summary(self.results).items():
             counts.add_metric([name], n)
         yield counts
-        yield GaugeMetricFamily("gpuguard_check_exit_code",
-                                "Exit code of the last check (Nagios: 0 ok, 1 warn, 2 crit, 3 unknown).",
-                                value=exit_code(self.results))
+        yield GaugeMetricFamily(
+            "gpuguard_check_exit_code",
+            "Exit code of the last check: 0 ok, 1 warning, 2 critical, 3 unknown.",
+            value=exit_code(self.results),
+        )
         yield GaugeMetricFamily("gpuguard_check_duration_seconds",
                                 "Wall time of the last check.", value=self.duration_s)
         yield GaugeMetricFamily("gpuguard_check_timestamp_seconds",

@@ -71,5 +71,7 @@ def render(snapshot: Snapshot, results: list[Result], colour: bool, quiet: bool 
 
 
 def _fold_message(rs: list[Result]) -> str:
-    messages = {r.message for r in rs}
-    return rs[0].message if len(messages) == 1 else f"{rs[0].message} (GPU {rs[0].gpu.index if rs[0].gpu else '-'}; others alike)"
+    first = rs[0]
+    if len({r.message for r in rs}) == 1:
+        return first.message
+    return f"{first.message} (GPU {first.gpu.index if first.gpu else '-'}; others alike)"

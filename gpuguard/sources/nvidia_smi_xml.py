@@ -148,9 +148,8 @@ def _gpu(index: int, g: ET.Element) -> GpuSnapshot:
     _temperatures(gpu, g)
 
     power = ["gpu_power_readings/", "power_readings/"]
-    gpu.power_draw_w = _reading(
-        g, [p + k for p in power for k in ("instant_power_draw", "power_draw", "average_power_draw")],
-        _number)
+    draw = ("instant_power_draw", "power_draw", "average_power_draw")
+    gpu.power_draw_w = _reading(g, [p + k for p in power for k in draw], _number)
     gpu.power_limit_enforced_w = _reading(
         g, [p + k for p in power for k in ("current_power_limit", "enforced_power_limit")], _number)
     gpu.power_limit_default_w = _reading(g, [p + "default_power_limit" for p in power], _number)

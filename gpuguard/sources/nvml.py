@@ -21,6 +21,7 @@ a process in D state cannot be reaped until the kernel lets go of it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -181,10 +182,8 @@ def _abandon(pid: int) -> None:
 def _reap(pid: int) -> None:
     # The worker closes its pipe before nvmlShutdown, so it may still be running;
     # it exits on its own and init reaps it if we are gone first.
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
@@ -246,10 +245,8 @@ def _child_main(out: Any, progress: _Progress, procfs: Path) -> None:
         emit({"t": "fatal", "kind": type(exc).__name__, "error": str(exc)})
     # Hand the result over before shutting NVML down: the parent stops waiting at EOF.
     out.close()
-    try:
+    with contextlib.suppress(pynvml.NVMLError):
         pynvml.nvmlShutdown()
-    except pynvml.NVMLError:
-        pass
 
 
 def _reader(nv: Any, progress: _Progress, slot: int) -> Callable[..., Any]:
@@ -336,131 +333,85 @@ def _read_gpu(
 ) -> dict[str, Any]:
     g: dict[str, Any] = {}
 
-    def pair(call: str, fn: Callable[[], Any], first: str, second: str) -> None:
-        both = read(call, lambda: list(fn()), where)
-        if isinstance(both, list):
-            g[first], g[second] = bool(both[0]), bool(both[1])
-        else:
-            g[first] = g[second] = both
+    def dev(name: str, call: str, *args: Any, convert: Callable[[Any], Any] = lambda v: v) -> Any:
+        fn = getattr(nv, call)
+        g[name] = read(call, lambda: convert(fn(h, *args)), where)
+        return g[name]
 
-    g["uuid"] = read("nvmlDeviceGetUUID", lambda: text(nv.nvmlDeviceGetUUID(h)), where)
-    g["name"] = read("nvmlDeviceGetName", lambda: text(nv.nvmlDeviceGetName(h)), where)
-    g["serial"] = read("nvmlDeviceGetSerial", lambda: text(nv.nvmlDeviceGetSerial(h)), where)
-    g["pci_bus_id"] = read(
-        "nvmlDeviceGetPciInfo", lambda: text(nv.nvmlDeviceGetPciInfo(h).busId), where
-    )
-    g["vbios_version"] = read(
-        "nvmlDeviceGetVbiosVersion", lambda: text(nv.nvmlDeviceGetVbiosVersion(h)), where
-    )
-    g["inforom_image_version"] = read(
-        "nvmlDeviceGetInforomImageVersion",
-        lambda: text(nv.nvmlDeviceGetInforomImageVersion(h)),
-        where,
-    )
-    g["persistence_mode"] = read(
-        "nvmlDeviceGetPersistenceMode", lambda: bool(nv.nvmlDeviceGetPersistenceMode(h)), where
-    )
-    pair("nvmlDeviceGetMigMode", lambda: nv.nvmlDeviceGetMigMode(h), "mig_mode_current",
-         "mig_mode_pending")
-    pair("nvmlDeviceGetEccMode", lambda: nv.nvmlDeviceGetEccMode(h), "ecc_mode_current",
-         "ecc_mode_pending")
+    def split(value: Any, names: tuple[str, ...],
+              converts: tuple[Callable[[Any], Any], ...]) -> None:
+        # One NVML call that returns several fields: an error applies to each of them.
+        for i, name in enumerate(names):
+            g[name] = converts[i](value[i]) if isinstance(value, list) else value
 
-    corrected, uncorrected = nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-    for counter_name, counter in (("volatile", nv.NVML_VOLATILE_ECC),
-                                  ("aggregate", nv.NVML_AGGREGATE_ECC)):
-        for kind_name, kind in (("corrected", corrected), ("uncorrected", uncorrected)):
-            g[f"ecc_{counter_name}_{kind_name}"] = read(
-                "nvmlDeviceGetTotalEccErrors",
-                lambda kind=kind, counter=counter: int(nv.nvmlDeviceGetTotalEccErrors(h, kind, counter)),
-                where,
-            )
-            for loc_name, loc in (("dram", nv.NVML_MEMORY_LOCATION_DRAM),
-                                  ("sram", nv.NVML_MEMORY_LOCATION_SRAM)):
-                g[f"ecc_{counter_name}_{loc_name}_{kind_name}"] = read(
-                    "nvmlDeviceGetMemoryErrorCounter",
-                    lambda kind=kind, counter=counter, loc=loc: int(
-                        nv.nvmlDeviceGetMemoryErrorCounter(h, kind, counter, loc)
-                    ),
-                    where,
-                )
+    dev("uuid", "nvmlDeviceGetUUID", convert=text)
+    dev("name", "nvmlDeviceGetName", convert=text)
+    dev("serial", "nvmlDeviceGetSerial", convert=text)
+    dev("pci_bus_id", "nvmlDeviceGetPciInfo", convert=lambda info: text(info.busId))
+    dev("vbios_version", "nvmlDeviceGetVbiosVersion", convert=text)
+    dev("inforom_image_version", "nvmlDeviceGetInforomImageVersion", convert=text)
+    dev("persistence_mode", "nvmlDeviceGetPersistenceMode", convert=bool)
+    split(read("nvmlDeviceGetMigMode", lambda: list(nv.nvmlDeviceGetMigMode(h)), where),
+          ("mig_mode_current", "mig_mode_pending"), (bool, bool))
+    split(read("nvmlDeviceGetEccMode", lambda: list(nv.nvmlDeviceGetEccMode(h)), where),
+          ("ecc_mode_current", "ecc_mode_pending"), (bool, bool))
 
-    g["retired_pages_sbe"] = read(
-        "nvmlDeviceGetRetiredPages",
-        lambda: len(nv.nvmlDeviceGetRetiredPages(
-            h, nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)),
-        where,
-    )
-    g["retired_pages_dbe"] = read(
-        "nvmlDeviceGetRetiredPages",
-        lambda: len(nv.nvmlDeviceGetRetiredPages(
-            h, nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)),
-        where,
-    )
-    g["retired_pages_pending"] = read(
-        "nvmlDeviceGetRetiredPagesPendingStatus",
-        lambda: bool(nv.nvmlDeviceGetRetiredPagesPendingStatus(h)),
-        where,
-    )
-    rows = read("nvmlDeviceGetRemappedRows", lambda: list(nv.nvmlDeviceGetRemappedRows(h)), where)
-    names = ("remapped_rows_correctable", "remapped_rows_uncorrectable",
-             "remapped_rows_pending", "remapped_rows_failure")
-    for i, name in enumerate(names):
-        if isinstance(rows, list):
-            g[name] = bool(rows[i]) if i >= 2 else int(rows[i])
-        else:
-            g[name] = rows
+    kinds = (("corrected", nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+             ("uncorrected", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED))
+    counters = (("volatile", nv.NVML_VOLATILE_ECC), ("aggregate", nv.NVML_AGGREGATE_ECC))
+    locations = (("dram", nv.NVML_MEMORY_LOCATION_DRAM), ("sram", nv.NVML_MEMORY_LOCATION_SRAM))
+    for counter_name, counter in counters:
+        for kind_name, kind in kinds:
+            dev(f"ecc_{counter_name}_{kind_name}", "nvmlDeviceGetTotalEccErrors", kind, counter,
+                convert=int)
+            for loc_name, loc in locations:
+                dev(f"ecc_{counter_name}_{loc_name}_{kind_name}",
+                    "nvmlDeviceGetMemoryErrorCounter", kind, counter, loc, convert=int)
 
-    g["pcie_link_gen_current"] = read(
-        "nvmlDeviceGetCurrPcieLinkGeneration", lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(h), where)
-    g["pcie_link_gen_max"] = read(
-        "nvmlDeviceGetMaxPcieLinkGeneration", lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(h), where)
-    g["pcie_link_width_current"] = read(
-        "nvmlDeviceGetCurrPcieLinkWidth", lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(h), where)
-    g["pcie_link_width_max"] = read(
-        "nvmlDeviceGetMaxPcieLinkWidth", lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(h), where)
-    g["pcie_replay_counter"] = read(
-        "nvmlDeviceGetPcieReplayCounter", lambda: nv.nvmlDeviceGetPcieReplayCounter(h), where)
+    dev("retired_pages_sbe", "nvmlDeviceGetRetiredPages",
+        nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, convert=len)
+    dev("retired_pages_dbe", "nvmlDeviceGetRetiredPages",
+        nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, convert=len)
+    dev("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", convert=bool)
+    split(read("nvmlDeviceGetRemappedRows", lambda: list(nv.nvmlDeviceGetRemappedRows(h)), where),
+          ("remapped_rows_correctable", "remapped_rows_uncorrectable",
+           "remapped_rows_pending", "remapped_rows_failure"), (int, int, bool, bool))
 
-    g["temperature_c"] = read(
-        "nvmlDeviceGetTemperature",
-        lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU), where)
-    for name, threshold in (("temperature_slowdown_c", nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
-                            ("temperature_shutdown_c", nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
-                            ("temperature_gpu_max_c", nv.NVML_TEMPERATURE_THRESHOLD_GPU_MAX)):
-        g[name] = read(
-            "nvmlDeviceGetTemperatureThreshold",
-            lambda threshold=threshold: nv.nvmlDeviceGetTemperatureThreshold(h, threshold),
-            where,
-        )
+    dev("pcie_link_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration")
+    dev("pcie_link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration")
+    dev("pcie_link_width_current", "nvmlDeviceGetCurrPcieLinkWidth")
+    dev("pcie_link_width_max", "nvmlDeviceGetMaxPcieLinkWidth")
+    dev("pcie_replay_counter", "nvmlDeviceGetPcieReplayCounter")
 
-    g["power_draw_w"] = read(
-        "nvmlDeviceGetPowerUsage", lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0, where)
-    g["power_limit_enforced_w"] = read(
-        "nvmlDeviceGetEnforcedPowerLimit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0,
-        where)
-    g["power_limit_default_w"] = read(
-        "nvmlDeviceGetPowerManagementDefaultLimit",
-        lambda: nv.nvmlDeviceGetPowerManagementDefaultLimit(h) / 1000.0, where)
+    dev("temperature_c", "nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU)
+    dev("temperature_slowdown_c", "nvmlDeviceGetTemperatureThreshold",
+        nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+    dev("temperature_shutdown_c", "nvmlDeviceGetTemperatureThreshold",
+        nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+    dev("temperature_gpu_max_c", "nvmlDeviceGetTemperatureThreshold",
+        nv.NVML_TEMPERATURE_THRESHOLD_GPU_MAX)
 
-    reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-        nv.nvmlDeviceGetCurrentClocksThrottleReasons
-    g["clock_event_reasons"] = read(
-        "nvmlDeviceGetCurrentClocksEventReasons", lambda: int(reasons_fn(h)), where)
-    g["clock_sm_mhz"] = read(
-        "nvmlDeviceGetClockInfo", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), where)
-    g["clock_mem_mhz"] = read(
-        "nvmlDeviceGetClockInfo", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM), where)
-    g["clock_sm_max_mhz"] = read(
-        "nvmlDeviceGetMaxClockInfo", lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
-        where)
-    g["clock_mem_max_mhz"] = read(
-        "nvmlDeviceGetMaxClockInfo", lambda: nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM),
-        where)
+    def watts(milliwatts: int) -> float:
+        return milliwatts / 1000.0
+
+    dev("power_draw_w", "nvmlDeviceGetPowerUsage", convert=watts)
+    dev("power_limit_enforced_w", "nvmlDeviceGetEnforcedPowerLimit", convert=watts)
+    dev("power_limit_default_w", "nvmlDeviceGetPowerManagementDefaultLimit", convert=watts)
+
+    # The "throttle" name is the pre-12.x spelling of the same call.
+    reasons = "nvmlDeviceGetCurrentClocksEventReasons"
+    if not hasattr(nv, reasons):
+        reasons = "nvmlDeviceGetCurrentClocksThrottleReasons"
+    dev("clock_event_reasons", reasons, convert=int)
+    dev("clock_sm_mhz", "nvmlDeviceGetClockInfo", nv.NVML_CLOCK_SM)
+    dev("clock_mem_mhz", "nvmlDeviceGetClockInfo", nv.NVML_CLOCK_MEM)
+    dev("clock_sm_max_mhz", "nvmlDeviceGetMaxClockInfo", nv.NVML_CLOCK_SM)
+    dev("clock_mem_max_mhz", "nvmlDeviceGetMaxClockInfo", nv.NVML_CLOCK_MEM)
 
     util = read("nvmlDeviceGetUtilizationRates",
                 lambda: _util(nv.nvmlDeviceGetUtilizationRates(h)), where)
-    g["utilization_gpu_percent"] = util["gpu"] if "gpu" in util else util
-    g["utilization_memory_percent"] = util["memory"] if "memory" in util else util
+    g["utilization_gpu_percent"] = util.get("gpu", util)
+    g["utilization_memory_percent"] = util.get("memory", util)
 
     mem = read("nvmlDeviceGetMemoryInfo", lambda: _memory(nv, h), where)
     for key in ("total", "used", "reserved"):
