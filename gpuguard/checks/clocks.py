@@ -6,7 +6,7 @@ and are never counted.
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
+from gpuguard.checks import CheckContext, Finding, gpu_check, ok
 from gpuguard.snapshot import GpuSnapshot
 
 SW_POWER_CAP = 0x4
@@ -47,7 +47,7 @@ def power_cap(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     ratio = draw / limit if limit else 0.0
     observed = {"reasons": f"0x{mask:x}", "power_draw_w": draw, "power_limit_w": limit}
     if ratio >= ctx.threshold("min_draw_ratio"):
-        return warning(f"power capped at {draw:.0f} W of a {limit:.0f} W limit: the GPU runs at "
+        return ctx.fail(f"power capped at {draw:.0f} W of a {limit:.0f} W limit: the GPU runs at "
                        "its TDP", **observed)
     return ok(f"power-cap bit set at {draw:.0f} W of {limit:.0f} W: a transient, not TDP "
               "throttling", **observed)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
+from gpuguard.checks import CheckContext, Finding, gpu_check, ok
 from gpuguard.snapshot import GpuSnapshot
 
 
@@ -56,6 +56,6 @@ def corrected(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
         if total > ctx.threshold("max_total"):
             over.append(f"total {total} > {ctx.threshold('max_total'):g}")
     if over:
-        return warning("corrected ECC errors since the driver loaded above threshold: "
+        return ctx.fail("corrected ECC errors since the driver loaded above threshold: "
                        + ", ".join(over), **observed)
     return ok("corrected ECC errors within bounds", **observed)

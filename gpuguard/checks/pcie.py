@@ -6,7 +6,7 @@ save power, so current-versus-max is judged only while the GPU is busy.
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
+from gpuguard.checks import CheckContext, Finding, gpu_check, ok
 from gpuguard.snapshot import GpuSnapshot
 
 
@@ -46,5 +46,5 @@ def replays(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     count = gpu.pcie_replay_counter.get()
     limit = ctx.threshold("max_replays")
     if count > limit:
-        return warning(f"{count} PCIe replays since the driver loaded (> {limit})", replays=count)
+        return ctx.fail(f"{count} PCIe replays since the driver loaded (> {limit})", replays=count)
     return ok(f"{count} PCIe replays", replays=count)
