@@ -246,7 +246,10 @@ def _emit(text: str, output: Path | None) -> None:
         return
     from gpuguard.atomic import write_text
 
-    write_text(output, text)
+    try:
+        write_text(output, text)
+    except OSError as exc:
+        raise ConfigProblem(f"cannot write {output}: {exc.strerror or exc}") from exc
 
 
 class ConfigProblem(click.ClickException):

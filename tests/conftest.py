@@ -95,3 +95,84 @@ def fake_env(fake_nvml: Path) -> Iterator[Callable[..., dict[str, str]]]:
         return env
 
     yield make
+
+
+def _probe_value(raw: Any, convert: Callable[[Any], Any] = lambda v: v) -> Any:
+    """A value of nvml-probe.json in snapshot JSON form: errors were recorded as '<NVMLError_...>'."""
+    if isinstance(raw, str) and raw.startswith("<NVMLError_NotSupported"):
+        return {"state": "not_supported"}
+    if isinstance(raw, str) and raw.startswith("<"):
+        return {"state": "error", "error": raw}
+    return convert(raw)
+
+
+def _struct_field(text: str, name: str) -> int:
+    import re
+
+    match = re.search(rf"\b{name}: (\d+)", text)
+    assert match, (name, text)
+    return int(match.group(1))
+
+
+def snapshot_from_probe(probe: dict[str, Any]) -> dict[str, Any]:
+    host = probe["host"]
+    gpus = []
+    for g in probe["gpus"]:
+        rows = g["remapped_rows"]
+        gpus.append({
+            "index": g["index"], "name": g["name"], "uuid": g["uuid"], "serial": g["serial"],
+            "pci_bus_id": g["pci_bus_id"], "vbios_version": g["vbios"],
+            "inforom_image_version": g["inforom_image"],
+            "persistence_mode": bool(g["persistence_mode"]),
+            "mig_mode_current": bool(g["mig_mode"][0]), "mig_mode_pending": bool(g["mig_mode"][1]),
+            "ecc_mode_current": bool(g["ecc_mode"][0]), "ecc_mode_pending": bool(g["ecc_mode"][1]),
+            "ecc_volatile_corrected": g["ecc_volatile_corrected"],
+            "ecc_volatile_uncorrected": g["ecc_volatile_uncorrected"],
+            "ecc_aggregate_corrected": g["ecc_aggregate_corrected"],
+            "ecc_aggregate_uncorrected": g["ecc_aggregate_uncorrected"],
+            "retired_pages_pending": _probe_value(g["retired_pages_pending"]),
+            "retired_pages_dbe": _probe_value(g["retired_pages_dbe"], len),
+            "retired_pages_sbe": _probe_value(g["retired_pages_dbe"], len),
+            "remapped_rows_correctable": rows[0], "remapped_rows_uncorrectable": rows[1],
+            "remapped_rows_pending": bool(rows[2]), "remapped_rows_failure": bool(rows[3]),
+            "pcie_link_gen_current": g["pcie_link_gen_curr"],
+            "pcie_link_gen_max": g["pcie_link_gen_max"],
+            "pcie_link_width_current": g["pcie_link_width_curr"],
+            "pcie_link_width_max": g["pcie_link_width_max"],
+            "pcie_replay_counter": g["pcie_replay_counter"],
+            "temperature_c": g["temperature"], "temperature_slowdown_c": g["temp_slowdown"],
+            "temperature_shutdown_c": g["temp_shutdown"], "temperature_gpu_max_c": g["temp_gpu_max"],
+            "power_draw_w": g["power_usage_mw"] / 1000,
+            "power_limit_enforced_w": g["power_enforced_mw"] / 1000,
+            "power_limit_default_w": g["power_default_mw"] / 1000,
+            "clock_event_reasons": int(g["clock_event_reasons"], 16),
+            "clock_sm_mhz": g["clock_sm"], "clock_mem_mhz": g["clock_mem"],
+            "clock_sm_max_mhz": g["clock_sm_max"], "clock_mem_max_mhz": g["clock_mem_max"],
+            "utilization_gpu_percent": _struct_field(g["utilization"], "gpu"),
+            "utilization_memory_percent": _struct_field(g["utilization"], "memory"),
+            "memory_total_bytes": _struct_field(g["memory"], "total"),
+            # the probe used nvmlDeviceGetMemoryInfo v1, whose "used" includes the reservation
+            "memory_used_bytes": _struct_field(g["memory"], "used"),
+            "compute_processes": [],
+        })
+    return {
+        "kind": "gpuguard-snapshot", "schema": 1,
+        "host": {"hostname": "h200-probe", "collected_at": 0.0, "source": "nvml",
+                 "driver_version": host["driver_version"], "nvml_version": host["nvml_version"],
+                 "cuda_driver_version": f"{host['cuda_driver_version'] // 1000}."
+                                        f"{host['cuda_driver_version'] % 1000 // 10}",
+                 "gpu_count": host["device_count"]},
+        "nvml": {"elapsed_s": probe["timings_ms"]["full_sweep_runs"][0] / 1000, "deadline_s": 9.0},
+        "gpus": gpus,
+    }
+
+
+@pytest.fixture
+def h200_from_probe(tmp_path: Path) -> Path:
+    """The recorded NVML probe of the real H200 as a gpuguard snapshot file."""
+    import json
+
+    probe = json.loads((FIXTURES / "h200" / "nvml-probe.json").read_text())
+    path = tmp_path / "h200-probe-snapshot.json"
+    path.write_text(json.dumps(snapshot_from_probe(probe)))
+    return path

@@ -1,0 +1,62 @@
+import pytest
+
+from gpuguard.sources import nvidia_smi_xml
+from tests.conftest import FIXTURES, H200_XML
+
+V11 = FIXTURES / "nvidia-smi-v11-two-gpus.xml"
+
+
+def test_h200_v13_values(h200):
+    assert h200.host.driver_version.get() == "580.159.04"
+    assert h200.host.cuda_driver_version.get() == "13.0"
+    [gpu] = h200.gpus
+    assert gpu.uuid.get() == "GPU-ecdbf726-cbc4-c900-ba50-458e4ab5db48"
+    assert gpu.pci_bus_id.get() == "00000000:00:06.0"
+    assert gpu.vbios_version.get() == "96.00.A5.00.1A"
+    assert gpu.pcie_link_width_max.get() == 16 and gpu.pcie_link_gen_current.get() == 5
+    # T.Limit-relative thresholds turned into the absolute ones NVML gives (89/95/87 C).
+    assert gpu.temperature_slowdown_c.get() == 89
+    assert gpu.temperature_shutdown_c.get() == 95
+    assert gpu.temperature_gpu_max_c.get() == 87
+    assert gpu.clock_event_reasons.get() == 0x1  # "Active" idle, all else "Not Active"
+    assert gpu.power_limit_default_w.get() == 700.0
+    assert gpu.memory_reserved_bytes.get() == 616 * 1024 * 1024
+    assert gpu.recovery_action.get() == "none"
+    assert gpu.retired_pages_pending.state == "not_supported"  # "N/A" on Hopper
+    assert gpu.ecc_volatile_sram_uncorrected.get() == 0  # parity + secded summed
+    assert gpu.compute_processes.get() == []
+
+
+def test_v11_layout_and_faults():
+    snap = nvidia_smi_xml.parse(V11.read_text(), str(V11))
+    ok, bad = snap.gpus
+    assert ok.temperature_slowdown_c.get() == 89  # absolute threshold of the old DTD
+    assert ok.clock_event_reasons.get() == 0x1
+    assert ok.ecc_aggregate_corrected.get() == 12
+    assert ok.memory_reserved_bytes.state == "not_supported"
+    assert bad.pcie_link_width_current.get() == 8
+    assert bad.clock_event_reasons.get() == 0x8
+    assert bad.ecc_volatile_uncorrected.get() == 1
+    assert bad.retired_pages_pending.get() is True
+    assert bad.power_draw_w.get() == pytest.approx(395.1)
+    assert bad.temperature_c.state == "error"
+    assert "[Unknown Error]" in (bad.temperature_c.error or "")
+    [proc] = bad.compute_processes.get()
+    assert (proc.pid, proc.name, proc.used_memory_bytes) == (4242, "python3", 39990 * 1024**2)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("<nvidia_smi_log><gpu>", "not well-formed XML"),
+        ("<html></html>", "root element is <html>"),
+    ],
+)
+def test_bad_xml(text, words):
+    with pytest.raises(nvidia_smi_xml.XmlDumpError, match=words):
+        nvidia_smi_xml.parse(text, "dump.xml")
+
+
+def test_h200_dump_is_the_shared_fixture():
+    # The copy in tests/ must stay the real dump from ../shared (no hand edits).
+    assert "nvsmi_device_v13.dtd" in H200_XML.read_text()
