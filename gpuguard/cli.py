@@ -19,10 +19,10 @@ import click
 from gpuguard import __version__
 
 if TYPE_CHECKING:
+    from gpuguard.paths import Paths
     from gpuguard.profile import Profile
     from gpuguard.ruleset import RuleSet
     from gpuguard.snapshot import Snapshot
-    from gpuguard.sources import Paths
 
 EXIT_UNKNOWN = 3
 
@@ -205,7 +205,7 @@ def _renderer(fmt: str) -> Callable[..., str]:
 
 
 def _paths(sysfs: Path, procfs: Path, rootfs: Path) -> Paths:
-    from gpuguard.sources import Paths
+    from gpuguard.paths import Paths
 
     return Paths(sysfs=sysfs, procfs=procfs, rootfs=rootfs)
 

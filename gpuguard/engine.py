@@ -9,7 +9,6 @@ from typing import Any
 
 from gpuguard import checks
 from gpuguard.checks import CheckContext, Finding
-from gpuguard.expr import ConditionError
 from gpuguard.profile import Profile
 from gpuguard.results import GpuRef, Result, Status
 from gpuguard.ruleset import Rule, RuleSet
@@ -106,6 +105,8 @@ def condition_names(snapshot: Snapshot, gpu: GpuSnapshot | None) -> dict[str, Re
 
 
 def _condition(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Finding:
+    from gpuguard.expr import ConditionError
+
     assert rule.when is not None
     readings = condition_names(ctx.snapshot, gpu)
     for name in sorted(rule.when.names):

@@ -12,13 +12,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuguard import checks
-from gpuguard.expr import Condition, ConditionError
 from gpuguard.results import SEVERITIES, Status
 from gpuguard.snapshot import GPU_READING_FIELDS, HOST_READING_FIELDS
 from gpuguard.yamlfile import ConfigError, Mapping, load
+
+if TYPE_CHECKING:
+    from gpuguard.expr import Condition
 
 RULE_ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
 RULE_KEYS = {"id", "scope", "severity", "summary", "message", "remediation", "thresholds",
@@ -167,6 +169,9 @@ def _parse_rule(path: Path, entry: Any, list_line: int, default_pack: bool) -> R
             raise fail("when", f"{rule_id}: has Python logic already; it takes no `when:`")
         if not isinstance(entry["when"], str):
             raise fail("when", f"{rule_id}: `when` must be an expression in quotes")
+        # simpleeval is imported only when some rule has a condition (none in the pack).
+        from gpuguard.expr import Condition, ConditionError
+
         names = GPU_CONDITION_NAMES if scope == "gpu" else HOST_CONDITION_NAMES
         try:
             condition = Condition(entry["when"], names)

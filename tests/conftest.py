@@ -98,7 +98,7 @@ def fake_env(fake_nvml: Path) -> Iterator[Callable[..., dict[str, str]]]:
 
 
 def _probe_value(raw: Any, convert: Callable[[Any], Any] = lambda v: v) -> Any:
-    """A value of nvml-probe.json in snapshot JSON form: errors were recorded as '<NVMLError_...>'."""
+    """A value of nvml-probe.json in snapshot JSON form (errors were kept as '<NVMLError_...>')."""
     if isinstance(raw, str) and raw.startswith("<NVMLError_NotSupported"):
         return {"state": "not_supported"}
     if isinstance(raw, str) and raw.startswith("<"):
@@ -141,7 +141,8 @@ def snapshot_from_probe(probe: dict[str, Any]) -> dict[str, Any]:
             "pcie_link_width_max": g["pcie_link_width_max"],
             "pcie_replay_counter": g["pcie_replay_counter"],
             "temperature_c": g["temperature"], "temperature_slowdown_c": g["temp_slowdown"],
-            "temperature_shutdown_c": g["temp_shutdown"], "temperature_gpu_max_c": g["temp_gpu_max"],
+            "temperature_shutdown_c": g["temp_shutdown"],
+            "temperature_gpu_max_c": g["temp_gpu_max"],
             "power_draw_w": g["power_usage_mw"] / 1000,
             "power_limit_enforced_w": g["power_enforced_mw"] / 1000,
             "power_limit_default_w": g["power_default_mw"] / 1000,

@@ -154,7 +154,8 @@ def test_rules_list_and_explain(tmp_path):
     assert listed.returncode == 0
     assert len([li for li in listed.stdout.splitlines()[1:] if li.strip()]) == 22
     profile = tmp_path / "profile.yaml"
-    profile.write_text("rules:\n  pcie.link_width:\n    thresholds: {busy_utilization_percent: 50}\n")
+    profile.write_text("rules:\n  pcie.link_width:\n"
+                       "    thresholds: {busy_utilization_percent: 50}\n")
     explained = gpuguard("rules", "explain", "pcie.link_width", "--profile", str(profile))
     assert explained.returncode == 0
     assert "busy_utilization_percent=50" in explained.stdout

@@ -27,7 +27,6 @@ import mmap
 import os
 import select
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -187,6 +186,8 @@ def _reap(pid: int) -> None:
 
 
 def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
+    import socket
+
     from gpuguard.snapshot import GpuSnapshot, HostInfo, NvmlStatus, Process, Reading, Snapshot
 
     snapshot = Snapshot(
