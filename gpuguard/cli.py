@@ -84,7 +84,7 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     if input_path is None:
         from gpuguard.sources import nvml
 
-        probe = nvml.probe(paths.procfs, nvml.deadline_for(timeout))
+        probe = nvml.probe(str(paths.procfs), nvml.deadline_for(timeout))
     try:
         profile, ruleset = _load_config(profile_path, rules_dirs)
         snapshot = _replay(input_path) if input_path is not None else None
@@ -130,7 +130,7 @@ def snapshot(output: Path | None, input_path: Path | None, timeout: float, path_
         from gpuguard.sources import nvml
 
         paths = _paths(path_sysfs, path_procfs, path_rootfs)
-        snap = nvml.collect(paths.procfs, nvml.deadline_for(timeout))
+        snap = nvml.collect(str(paths.procfs), nvml.deadline_for(timeout))
     _emit(json.dumps(snap.to_json(), indent=2) + "\n", output)
 
 

@@ -9,7 +9,6 @@ whole command line, and a worker started with other settings is discarded.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -34,7 +33,7 @@ def _start_worker_early(args: list[str]) -> None:
         return  # click will explain the bad value
     if timeout < 0.2:
         return
-    procfs = Path(_option(args, "--path.procfs") or "/proc")
+    procfs = _option(args, "--path.procfs") or "/proc"
     from gpuguard.sources import nvml
 
     nvml.start_early(procfs, nvml.deadline_for(timeout))

@@ -29,11 +29,13 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
+# No `typing` or `pathlib` at run time: both cost milliseconds before the fork.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
     from gpuguard.snapshot import Snapshot
 
 _SLOT_SIZE = 128
@@ -77,7 +79,7 @@ class _Progress:
 class NvmlProbe:
     """A sweep started in a child process; `result()` collects it within the deadline."""
 
-    def __init__(self, procfs: Path, deadline_s: float) -> None:
+    def __init__(self, procfs: str, deadline_s: float) -> None:
         self.deadline_s = deadline_s
         self.started = time.monotonic()
         self._progress = _Progress()
@@ -145,16 +147,16 @@ def deadline_for(timeout: float) -> float:
     return max(0.1, timeout - min(1.0, timeout * 0.1))
 
 
-_early: tuple[NvmlProbe, Path, float] | None = None
+_early: tuple[NvmlProbe, str, float] | None = None
 
 
-def start_early(procfs: Path, deadline_s: float) -> None:
+def start_early(procfs: str, deadline_s: float) -> None:
     """Fork the worker before the CLI framework loads (see gpuguard/entry.py)."""
     global _early
     _early = (NvmlProbe(procfs, deadline_s), procfs, deadline_s)
 
 
-def probe(procfs: Path, deadline_s: float) -> NvmlProbe:
+def probe(procfs: str, deadline_s: float) -> NvmlProbe:
     """The early worker if it was started with these settings, else a new one."""
     global _early
     early, _early = _early, None
@@ -166,7 +168,7 @@ def probe(procfs: Path, deadline_s: float) -> NvmlProbe:
     return NvmlProbe(procfs, deadline_s)
 
 
-def collect(procfs: Path, deadline_s: float) -> Snapshot:
+def collect(procfs: str, deadline_s: float) -> Snapshot:
     return NvmlProbe(procfs, deadline_s).result()
 
 
@@ -222,7 +224,7 @@ def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
 # --- the child side: everything below runs only in the forked worker ---------------
 
 
-def _child_main(out: Any, progress: _Progress, procfs: Path) -> None:
+def _child_main(out: Any, progress: _Progress, procfs: str) -> None:
     progress.set(0, "import pynvml")
     import pynvml
 
@@ -270,7 +272,7 @@ def _text(value: Any) -> str:
 
 
 def _sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progress,
-           procfs: Path) -> None:
+           procfs: str) -> None:
     read = _reader(nv, progress, 0)
     count = read("nvmlDeviceGetCount", nv.nvmlDeviceGetCount)
     emit(
@@ -305,7 +307,7 @@ def _sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progress,
 
 
 def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progress,
-               procfs: Path, index: int) -> None:
+               procfs: str, index: int) -> None:
     slot = index + 1
     read = _reader(nv, progress, slot)
     where = f" (GPU {index})"
@@ -330,7 +332,7 @@ def _read_gpu(
     where: str,
     read: Callable[..., Any],
     text: Callable[[Any], str],
-    procfs: Path,
+    procfs: str,
 ) -> dict[str, Any]:
     g: dict[str, Any] = {}
 
@@ -442,11 +444,12 @@ def _memory(nv: Any, h: Any) -> dict[str, Any]:
                 "reserved": {"state": "not_supported", "error": "needs nvmlDeviceGetMemoryInfo_v2"}}
 
 
-def _processes(raw: list[Any], procfs: Path) -> list[dict[str, Any]]:
+def _processes(raw: list[Any], procfs: str) -> list[dict[str, Any]]:
     out = []
     for proc in raw:
         try:
-            name: str | None = (procfs / str(proc.pid) / "comm").read_text().strip()
+            with open(os.path.join(procfs, str(proc.pid), "comm")) as comm:
+                name: str | None = comm.read().strip()
         except OSError:
             name = None  # exited since NVML listed it: not a fault
         used = proc.usedGpuMemory

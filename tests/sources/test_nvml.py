@@ -12,7 +12,7 @@ def test_process_names_from_procfs(tmp_path):
     (tmp_path / "4242" / "comm").write_text("vllm\n")
     listed = [SimpleNamespace(pid=4242, usedGpuMemory=1 << 30),
               SimpleNamespace(pid=77, usedGpuMemory=None)]  # exited since NVML listed it
-    assert nvml._processes(listed, tmp_path) == [
+    assert nvml._processes(listed, str(tmp_path)) == [
         {"pid": 4242, "used_memory_bytes": 1 << 30, "name": "vllm"},
         {"pid": 77, "used_memory_bytes": None, "name": None},
     ]
