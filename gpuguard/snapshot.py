@@ -146,6 +146,9 @@ class GpuSnapshot:
     pcie_replay_counter: Reading[int] = reading_field()
 
     temperature_c: Reading[int] = reading_field()
+    # Degrees left before T.Limit, the driver's own limit on its hottest sensor: it governs
+    # throttling on current GPUs and is not temperature_c's distance to any threshold.
+    temperature_tlimit_margin_c: Reading[int] = reading_field()
     temperature_slowdown_c: Reading[int] = reading_field()
     temperature_shutdown_c: Reading[int] = reading_field()
     temperature_gpu_max_c: Reading[int] = reading_field()

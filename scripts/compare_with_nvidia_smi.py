@@ -24,6 +24,7 @@ _MIB = 1024 * 1024
 # field -> absolute tolerance for values sampled at slightly different instants
 TOLERANCE: dict[str, float] = {
     "temperature_c": 3,
+    "temperature_tlimit_margin_c": 3,
     "power_draw_w": 60,
     "clock_sm_mhz": 2000,
     "clock_mem_mhz": 50,

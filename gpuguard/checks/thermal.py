@@ -1,4 +1,9 @@
-"""thermal.margin: distance between the GPU temperature and where it starts slowing down."""
+"""thermal.margin: how far the GPU is from the temperature where it starts slowing down.
+
+Current drivers judge against T.Limit, measured on the GPU's hottest sensor; when the
+driver reports that margin it is used. Otherwise the GPU temperature is compared with
+the absolute slowdown threshold (older GPUs and drivers).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,18 @@ from gpuguard.snapshot import GpuSnapshot
 
 @gpu_check("thermal.margin")
 def margin(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    warn_at = ctx.threshold("warn_margin_c")
+    if gpu.temperature_tlimit_margin_c.is_ok:
+        left = gpu.temperature_tlimit_margin_c.get()
+        observed = {"tlimit_margin_c": left, "temperature_c": gpu.temperature_c.value}
+        if left <= 0:
+            return ctx.fail(f"at T.Limit ({-left} C past it): the GPU slows its clocks to cool",
+                            **observed)
+        if left <= warn_at:
+            return warning(f"{left} C below T.Limit, where the GPU starts slowing down",
+                           **observed)
+        return ok(f"{left} C below T.Limit", **observed)
+
     temp = gpu.temperature_c.get()
     if gpu.temperature_slowdown_c.is_ok:
         limit, which = gpu.temperature_slowdown_c.get(), "slowdown"
@@ -17,6 +34,6 @@ def margin(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     observed = {"temperature_c": temp, "limit_c": limit, "limit": which}
     if left <= 0:
         return ctx.fail(f"{temp} C is at or over the {which} temperature {limit} C", **observed)
-    if left <= ctx.threshold("warn_margin_c"):
+    if left <= warn_at:
         return warning(f"{temp} C is {left} C from the {which} temperature {limit} C", **observed)
     return ok(f"{temp} C, {left} C below {which} ({limit} C)", **observed)

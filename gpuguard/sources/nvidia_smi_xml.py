@@ -209,29 +209,14 @@ def _sum(*readings: Reading[int]) -> Reading[int]:
 
 def _temperatures(gpu: GpuSnapshot, g: ET.Element) -> None:
     gpu.temperature_c = _reading(g, ["temperature/gpu_temp"], _int)
-    # Older DTDs give absolute thresholds.
-    slowdown = _reading(g, ["temperature/gpu_temp_slow_threshold"], _int)
-    shutdown = _reading(g, ["temperature/gpu_temp_max_threshold"], _int)
-    gpu_max = _reading(g, ["temperature/gpu_temp_max_gpu_threshold"], _int)
-    # v13 gives them relative to T.Limit: the current margin (gpu_temp_tlimit) plus the
-    # current temperature is T.Limit, and each threshold is T.Limit minus its value.
-    margin = _reading(g, ["temperature/gpu_temp_tlimit"], _int)
-    if gpu.temperature_c.is_ok and margin.is_ok:
-        tlimit = gpu.temperature_c.get() + margin.get()
-        rel = {
-            "slow": _reading(g, ["temperature/gpu_temp_slow_tlimit_threshold"], _int),
-            "max": _reading(g, ["temperature/gpu_temp_max_tlimit_threshold"], _int),
-            "gpu": _reading(g, ["temperature/gpu_temp_max_gpu_tlimit_threshold"], _int),
-        }
-        if slowdown.state == "absent" and rel["slow"].is_ok:
-            slowdown = Reading.ok(tlimit - rel["slow"].get())
-        if shutdown.state == "absent" and rel["max"].is_ok:
-            shutdown = Reading.ok(tlimit - rel["max"].get())
-        if gpu_max.state == "absent" and rel["gpu"].is_ok:
-            gpu_max = Reading.ok(tlimit - rel["gpu"].get())
-    gpu.temperature_slowdown_c = slowdown
-    gpu.temperature_shutdown_c = shutdown
-    gpu.temperature_gpu_max_c = gpu_max
+    # Older DTDs give absolute thresholds. v13 gives them relative to T.Limit instead,
+    # and T.Limit is measured on another, hotter sensor than gpu_temp: temperature plus
+    # margin is no fixed limit (on one H200 it read 87 C idle and 81 C under load), so
+    # no absolute threshold is derived from a v13 dump; the margin is kept as it is.
+    gpu.temperature_slowdown_c = _reading(g, ["temperature/gpu_temp_slow_threshold"], _int)
+    gpu.temperature_shutdown_c = _reading(g, ["temperature/gpu_temp_max_threshold"], _int)
+    gpu.temperature_gpu_max_c = _reading(g, ["temperature/gpu_temp_max_gpu_threshold"], _int)
+    gpu.temperature_tlimit_margin_c = _reading(g, ["temperature/gpu_temp_tlimit"], _int)
 
 
 def _clock_event_reasons(g: ET.Element) -> Reading[int]:

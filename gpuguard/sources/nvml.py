@@ -387,6 +387,11 @@ def _read_gpu(
     dev("pcie_replay_counter", "nvmlDeviceGetPcieReplayCounter")
 
     dev("temperature_c", "nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU)
+    if hasattr(nv, "nvmlDeviceGetMarginTemperature"):
+        dev("temperature_tlimit_margin_c", "nvmlDeviceGetMarginTemperature")
+    else:
+        g["temperature_tlimit_margin_c"] = {"state": "not_supported",
+                                            "error": "needs nvidia-ml-py 12.550 or newer"}
     dev("temperature_slowdown_c", "nvmlDeviceGetTemperatureThreshold",
         nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
     dev("temperature_shutdown_c", "nvmlDeviceGetTemperatureThreshold",

@@ -3,10 +3,23 @@ from gpuguard.snapshot import Reading
 from tests.conftest import set_gpu
 
 
-def test_margin_levels(h200, run_rule):
+def test_tlimit_margin_levels(h200, run_rule):
     [result] = run_rule("thermal.margin", h200)
     assert result.status is Status.OK
-    assert result.observed["limit_c"] == 89  # derived from the T.Limit-relative XML
+    assert result.observed["tlimit_margin_c"] == 48
+    set_gpu(h200, temperature_tlimit_margin_c=4)
+    assert run_rule("thermal.margin", h200)[0].status is Status.WARNING
+    set_gpu(h200, temperature_tlimit_margin_c=-2)
+    [result] = run_rule("thermal.margin", h200)
+    assert result.status is Status.CRITICAL
+    assert "2 C past" in result.message
+
+
+def test_absolute_thresholds_when_no_tlimit(h200, run_rule):
+    set_gpu(h200, temperature_tlimit_margin_c=Reading.not_supported(),
+            temperature_slowdown_c=89, temperature_gpu_max_c=87, temperature_c=40)
+    [result] = run_rule("thermal.margin", h200)
+    assert result.status is Status.OK and result.observed["limit_c"] == 89
     set_gpu(h200, temperature_c=85)
     assert run_rule("thermal.margin", h200)[0].status is Status.WARNING
     set_gpu(h200, temperature_c=89)
@@ -16,7 +29,15 @@ def test_margin_levels(h200, run_rule):
 
 
 def test_falls_back_to_gpu_max_when_slowdown_unknown(h200, run_rule):
-    set_gpu(h200, temperature_slowdown_c=Reading.not_supported(), temperature_c=86)
+    set_gpu(h200, temperature_tlimit_margin_c=Reading.not_supported(),
+            temperature_slowdown_c=Reading.not_supported(), temperature_gpu_max_c=87,
+            temperature_c=86)
     [result] = run_rule("thermal.margin", h200)
     assert result.status is Status.WARNING
     assert result.observed["limit"] == "GPU max"
+
+
+def test_no_temperature_at_all_is_skipped(h200, run_rule):
+    set_gpu(h200, temperature_tlimit_margin_c=Reading.not_supported(),
+            temperature_c=Reading.not_supported())
+    assert run_rule("thermal.margin", h200)[0].status is Status.SKIPPED
