@@ -148,7 +148,9 @@ def _gpu(index: int, g: ET.Element) -> GpuSnapshot:
     _temperatures(gpu, g)
 
     power = ["gpu_power_readings/", "power_readings/"]
-    draw = ("instant_power_draw", "power_draw", "average_power_draw")
+    # nvmlDeviceGetPowerUsage averages over one second on Ampere and newer: match it, so a
+    # replayed dump judges what a live check would (instant draw swings past the limit).
+    draw = ("average_power_draw", "power_draw", "instant_power_draw")
     gpu.power_draw_w = _reading(g, [p + k for p in power for k in draw], _number)
     gpu.power_limit_enforced_w = _reading(
         g, [p + k for p in power for k in ("current_power_limit", "enforced_power_limit")], _number)
