@@ -31,7 +31,7 @@ def margin(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     else:
         limit, which = gpu.temperature_gpu_max_c.get(), "GPU max"
     left = limit - temp
-    observed = {"temperature_c": temp, "limit_c": limit, "limit": which}
+    observed: dict[str, int | str] = {"temperature_c": temp, "limit_c": limit, "limit": which}
     if left <= 0:
         return ctx.fail(f"{temp} C is at or over the {which} temperature {limit} C", **observed)
     if left <= warn_at:
