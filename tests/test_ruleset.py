@@ -219,3 +219,11 @@ def test_broken_check_is_unknown_not_a_crash(h200, default_rules):
     assert thermal[0].status is Status.UNKNOWN
     assert "check failed" in thermal[0].message
     assert len({r.rule for r in results}) == len(default_rules.rules)
+
+
+def test_docs_list_every_rule(default_rules):
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "rules.md").read_text()
+    missing = [rule_id for rule_id in default_rules.rules if f"`{rule_id}`" not in text]
+    assert not missing, f"docs/rules.md does not list {missing}"

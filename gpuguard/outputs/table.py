@@ -24,11 +24,13 @@ def render(snapshot: Snapshot, results: list[Result], colour: bool, quiet: bool 
     lines: list[str] = []
     host = snapshot.host
     if not quiet:
-        driver = host.driver_version.value or "?"
-        cuda = host.cuda_driver_version.value or "?"
         where = host.hostname or host.source
-        lines.append(f"gpuguard check: {where}  driver {driver}  CUDA {cuda}  "
-                     f"GPUs {len(snapshot.gpus)}  (source: {host.source})")
+        if host.driver_version.is_ok:
+            stack = (f"driver {host.driver_version.value}  "
+                     f"CUDA {host.cuda_driver_version.get_or('?')}  GPUs {len(snapshot.gpus)}")
+        else:
+            stack = "no usable NVIDIA driver"
+        lines.append(f"gpuguard check: {where}  {stack}  (source: {host.source})")
         lines.append("")
 
     def status(s: Status) -> str:
