@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from gpuguard.profile import Profile
     from gpuguard.ruleset import RuleSet
     from gpuguard.snapshot import Snapshot
+    from gpuguard.sources.host import HostOptions
 
 EXIT_UNKNOWN = 3
 
@@ -35,6 +36,22 @@ def _path_options(fn: Any) -> Any:
                      type=click.Path(path_type=Path), help="procfs mount point."),
         click.option("--path.rootfs", "path_rootfs", default="/", show_default=True,
                      type=click.Path(path_type=Path), help="Host root filesystem (for /etc)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _host_source_options(fn: Any) -> Any:
+    for option in reversed([
+        click.option("--kmsg-file", type=click.Path(path_type=Path),
+                     help="Read the kernel log from this file (dmesg, dmesg -r or /dev/kmsg "
+                          "records) instead of /dev/kmsg."),
+        click.option("--state-dir", type=click.Path(path_type=Path),
+                     default="/var/lib/gpuguard", show_default=True,
+                     help="Where `gpuguard xid ack` keeps the acknowledged Xid sequence."),
+        click.option("--probe-image", metavar="IMAGE",
+                     help="Also run nvidia-smi in a throwaway container of IMAGE with all GPUs "
+                          "and compare its driver version with the host's (off by default)."),
     ]):
         fn = option(fn)
     return fn
@@ -71,15 +88,21 @@ def main() -> None:
 @click.option("--timeout", type=click.FloatRange(min=0.2), default=10.0, show_default=True,
               help="Seconds before a hung driver is reported (driver.responsive).")
 @click.option("--quiet", "-q", is_flag=True, help="Print only problems; nothing when all is well.")
+@click.option("--xid-window", metavar="SPAN",
+              help="Count Xids of the last SPAN (90s, 15m, 2h, 1d) or `boot` "
+                   "[default: the profile's xid_window, else boot].")
 @_rule_options
+@_host_source_options
 @_path_options
 def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str, ...],
-          input_path: Path | None, timeout: float, quiet: bool, profile_path: Path | None,
-          rules_dirs: tuple[Path, ...], path_sysfs: Path, path_procfs: Path,
+          input_path: Path | None, timeout: float, quiet: bool, xid_window: str | None,
+          profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
+          state_dir: Path, probe_image: str | None, path_sysfs: Path, path_procfs: Path,
           path_rootfs: Path) -> None:
     """Check this host (or a saved dump) and exit 0 ok, 1 warning, 2 critical, 3 unknown."""
     started = time.monotonic()
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
+    host_opts = _host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout)
     probe = None
     if input_path is None:
         from gpuguard.sources import nvml
@@ -87,11 +110,19 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
         probe = nvml.probe(str(paths.procfs), nvml.deadline_for(timeout))
     try:
         profile, ruleset = _load_config(profile_path, rules_dirs)
+        if xid_window is not None:
+            profile.xid_window_s = _window(xid_window)
         snapshot = _replay(input_path) if input_path is not None else None
     except click.ClickException:
         if probe is not None:
             probe.result()  # do not leave the worker behind
         raise
+
+    from gpuguard.snapshot import Snapshot
+    from gpuguard.sources import host as host_sources
+
+    host_facts = Snapshot()
+    host_sources.collect_host(host_facts, host_opts)  # while the NVML worker runs
 
     # Everything imported from here to probe.result() overlaps with the NVML worker.
     from gpuguard.engine import evaluate
@@ -101,6 +132,8 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     if probe is not None:
         snapshot = probe.result()
     assert snapshot is not None
+    host_sources.merge(snapshot, host_facts)
+    host_sources.collect_gpus(snapshot, host_opts)
     results = evaluate(snapshot, ruleset, profile, only, skip)
     code = exit_code(results)
     if fmt == "table" and quiet and code == 0:
@@ -118,20 +151,62 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
 @click.option("--input", "input_path", type=click.Path(path_type=Path),
               help="Convert an `nvidia-smi -q -x` dump into a snapshot instead of reading NVML.")
 @click.option("--timeout", type=click.FloatRange(min=0.2), default=10.0, show_default=True)
+@_host_source_options
 @_path_options
-def snapshot(output: Path | None, input_path: Path | None, timeout: float, path_sysfs: Path,
-             path_procfs: Path, path_rootfs: Path) -> None:
+def snapshot(output: Path | None, input_path: Path | None, timeout: float,
+             kmsg_file: Path | None, state_dir: Path, probe_image: str | None,
+             path_sysfs: Path, path_procfs: Path, path_rootfs: Path) -> None:
     """Record this host's snapshot as JSON (replay it with `check --input`)."""
     import json
 
+    from gpuguard.sources import host as host_sources
+
+    paths = _paths(path_sysfs, path_procfs, path_rootfs)
+    host_opts = _host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout)
     if input_path is not None:
         snap = _replay(input_path)
     else:
         from gpuguard.sources import nvml
 
-        paths = _paths(path_sysfs, path_procfs, path_rootfs)
-        snap = nvml.collect(str(paths.procfs), nvml.deadline_for(timeout))
+        probe = nvml.probe(str(paths.procfs), nvml.deadline_for(timeout))
+        from gpuguard.snapshot import Snapshot
+
+        facts = Snapshot()
+        host_sources.collect_host(facts, host_opts)
+        snap = probe.result()
+        host_sources.merge(snap, facts)
+    if input_path is not None:
+        host_sources.collect_host(snap, host_opts)
+    host_sources.collect_gpus(snap, host_opts)
     _emit(json.dumps(snap.to_json(), indent=2) + "\n", output)
+
+
+@main.group()
+def xid() -> None:
+    """Kernel-log Xids."""
+
+
+@xid.command("ack")
+@click.option("--state-dir", type=click.Path(path_type=Path), default="/var/lib/gpuguard",
+              show_default=True)
+@click.option("--path.procfs", "path_procfs", default="/proc", type=click.Path(path_type=Path))
+def xid_ack(state_dir: Path, path_procfs: Path) -> None:
+    """Stop the Xids logged so far (this boot) from counting in xid.recent."""
+    from gpuguard.sources import host as host_sources
+    from gpuguard.sources import kmsg
+
+    log = kmsg.read_device()
+    if not log.is_ok or log.value is None:
+        raise ConfigProblem(log.describe())
+    seqs = [e["seq"] for e in log.value["xids"] if e.get("seq") is not None]
+    if not seqs:
+        click.echo("no Xid in the kernel log: nothing to acknowledge")
+        return
+    try:
+        host_sources.write_xid_ack(state_dir, path_procfs, max(seqs))
+    except OSError as exc:
+        raise ConfigProblem(f"cannot write {state_dir}: {exc.strerror or exc}") from exc
+    click.echo(f"acknowledged {len(seqs)} Xid line(s) up to kmsg sequence {max(seqs)}")
 
 
 @main.group()
@@ -186,6 +261,39 @@ def rules_fields() -> None:
 
 
 # --- helpers -----------------------------------------------------------------------
+
+
+def _host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,
+                  state_dir: Path, probe_image: str | None, timeout: float) -> HostOptions:
+    from gpuguard.sources.host import HostOptions
+
+    opts = HostOptions(paths=paths, kmsg_file=kmsg_file, state_dir=state_dir,
+                       probe_image=probe_image, probe_timeout=max(timeout, 5.0))
+    if input_path is not None:
+        # A replay reads only the host sources the user pointed at.
+        given = _given_options()
+        opts.kernel_log = kmsg_file is not None
+        opts.procfs = "path_procfs" in given
+        opts.sysfs = "path_sysfs" in given
+        opts.rootfs = "path_rootfs" in given or probe_image is not None
+    return opts
+
+
+def _given_options() -> set[str]:
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    return {name for name in ctx.params
+            if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
+
+
+def _window(text: str) -> float | None:
+    from gpuguard.profile import parse_window
+
+    try:
+        return parse_window(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--xid-window") from exc
 
 
 def _renderer(fmt: str) -> Callable[..., str]:

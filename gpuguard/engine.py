@@ -41,18 +41,19 @@ def evaluate(
         if not selected(rule.id, only, skip):
             continue
         if rule.scope == "host":
-            results.append(_run(rule, snapshot, profile, None))
+            results.append(_run(rule, ruleset, snapshot, profile, None))
         else:
-            results.extend(_run(rule, snapshot, profile, gpu) for gpu in snapshot.gpus)
+            results.extend(_run(rule, ruleset, snapshot, profile, gpu) for gpu in snapshot.gpus)
     return results
 
 
-def _run(rule: Rule, snapshot: Snapshot, profile: Profile, gpu: GpuSnapshot | None) -> Result:
+def _run(rule: Rule, ruleset: RuleSet, snapshot: Snapshot, profile: Profile,
+         gpu: GpuSnapshot | None) -> Result:
     ref = _gpu_ref(gpu) if gpu is not None else None
     if not rule.enabled:
         where = rule.overrides[-1] if rule.overrides else rule.origin
         return Result(rule.id, Status.SKIPPED, rule.severity, f"disabled ({where})", ref)
-    ctx = CheckContext(rule=rule, snapshot=snapshot, profile=profile)
+    ctx = CheckContext(rule=rule, snapshot=snapshot, profile=profile, ruleset=ruleset)
     try:
         finding = _finding(rule, ctx, gpu)
     except Unavailable as exc:

@@ -41,6 +41,19 @@ def _start_worker_early(args: list[str]) -> None:
 
 def main() -> None:
     _start_worker_early(sys.argv[1:])
+    import click
+
     from gpuguard.cli import main as cli_main
 
-    cli_main()
+    # click exits 2 on a usage error, which a Nagios-style caller reads as CRITICAL;
+    # nothing was checked, so it is UNKNOWN (3).
+    try:
+        cli_main(standalone_mode=False)
+    except click.UsageError as exc:
+        exc.show()
+        sys.exit(3)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        sys.exit(3)

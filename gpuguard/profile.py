@@ -8,6 +8,8 @@
       allowed:
         NVIDIA H200: ["96.00.A5.00.1A"]
     ecc: enabled
+    xid_window: 2h         # or boot (the default)
+    docker: required       # toolkit.docker is critical when the daemon is down
     rules:                 # overrides, same shape as a rule file's `overrides:`
       pcie.replays:
         thresholds: {max_replays: 500}
@@ -21,7 +23,7 @@ from pathlib import Path
 from gpuguard.yamlfile import ConfigError, Mapping, load
 
 DEFAULT_PROFILE = Path("/etc/gpuguard/profile.yaml")
-PROFILE_KEYS = {"gpu_count", "driver", "vbios", "ecc", "rules"}
+PROFILE_KEYS = {"gpu_count", "driver", "vbios", "ecc", "rules", "xid_window", "docker"}
 
 
 @dataclass
@@ -32,6 +34,9 @@ class Profile:
     cuda_min_version: str | None = None
     vbios_allowed: dict[str, list[str]] = field(default_factory=dict)
     ecc_expected: bool | None = None
+    # Seconds of kernel log in which an Xid counts; None: since boot.
+    xid_window_s: float | None = None
+    docker_required: bool = False
     rule_overrides: Mapping | None = None
 
 
@@ -84,6 +89,18 @@ def load_profile(path: Path) -> Profile:
             raise ConfigError(path, doc.line_of("ecc"),
                               f"ecc must be `enabled` or `disabled`, not {ecc!r}")
 
+    if "xid_window" in doc:
+        try:
+            profile.xid_window_s = parse_window(doc["xid_window"])
+        except ValueError as exc:
+            raise ConfigError(path, doc.line_of("xid_window"), str(exc)) from exc
+
+    if "docker" in doc:
+        if doc["docker"] not in ("required", "optional"):
+            raise ConfigError(path, doc.line_of("docker"),
+                              f"docker must be `required` or `optional`, not {doc['docker']!r}")
+        profile.docker_required = doc["docker"] == "required"
+
     if "rules" in doc:
         if not isinstance(doc["rules"], Mapping):
             raise ConfigError(path, doc.line_of("rules"), "rules: must map rule ids to overrides")
@@ -125,3 +142,21 @@ def parse_version(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.strip().split("."))
     except ValueError:
         raise ValueError(f"{text!r} is not a dotted version such as 570.86.15") from None
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_window(text: object) -> float | None:
+    """`boot` (None: since boot), or a span such as 90s, 15m, 2h, 1d."""
+    if text == "boot":
+        return None
+    if isinstance(text, str) and len(text) > 1 and text[-1] in _UNITS:
+        try:
+            value = float(text[:-1])
+        except ValueError:
+            value = -1
+        if value > 0:
+            return value * _UNITS[text[-1]]
+    raise ValueError(f"xid window must be `boot` or a span such as 90s, 15m, 2h, 1d, "
+                     f"not {text!r}")

@@ -26,6 +26,9 @@ RULE_ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
 RULE_KEYS = {"id", "scope", "severity", "summary", "message", "remediation", "thresholds",
              "enabled", "tags", "when"}
 OVERRIDE_KEYS = {"severity", "enabled", "thresholds", "remediation"}
+TOP_LEVEL_KEYS = {"rules", "overrides", "xid_catalog"}
+XID_SEVERITIES = ("critical", "warning", "ignore")
+XID_ACTIONS = ("restart_app", "reset_gpu", "reboot", "contact_vendor", "ignore", "follow_text")
 DEFAULT_USER_RULES_DIR = Path("/etc/gpuguard/rules.d")
 
 GPU_CONDITION_NAMES = (*GPU_READING_FIELDS, "index", *HOST_READING_FIELDS)
@@ -49,9 +52,18 @@ class Rule:
 
 
 @dataclass
+class XidEntry:
+    severity: str
+    actions: tuple[str, ...]
+    meaning: str
+    origin: str
+
+
+@dataclass
 class RuleSet:
     rules: dict[str, Rule] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
+    xid_catalog: dict[int, XidEntry] = field(default_factory=dict)
 
     def ordered(self) -> list[Rule]:
         return [self.rules[k] for k in sorted(self.rules)]
@@ -97,11 +109,12 @@ def _load_file(ruleset: RuleSet, path: Path, default_pack: bool) -> None:
         return
     if not isinstance(doc, Mapping):
         raise ConfigError(path, 1, "expected a mapping with `rules:` and/or `overrides:`")
-    extra = set(doc) - {"rules", "overrides"}
+    extra = set(doc) - TOP_LEVEL_KEYS
     if extra:
         key = sorted(extra)[0]
         raise ConfigError(path, doc.line_of(key),
-                          f"unknown top-level key {key!r} (expected `rules` or `overrides`)")
+                          f"unknown top-level key {key!r} (expected "
+                          f"{', '.join(f'`{k}`' for k in sorted(TOP_LEVEL_KEYS))})")
     entries = doc.get("rules", [])
     if not isinstance(entries, list):
         raise ConfigError(path, doc.line_of("rules"), "`rules` must be a list")
@@ -120,7 +133,48 @@ def _load_file(ruleset: RuleSet, path: Path, default_pack: bool) -> None:
             raise ConfigError(path, doc.line_of("overrides"),
                               "`overrides` must map rule ids to changes")
         _apply_overrides(ruleset, path, overrides)
+    if "xid_catalog" in doc:
+        _load_xid_catalog(ruleset, path, doc["xid_catalog"], doc.line_of("xid_catalog"))
     ruleset.files.append(path)
+
+
+def _load_xid_catalog(ruleset: RuleSet, path: Path, catalog: Any, line: int) -> None:
+    if not isinstance(catalog, Mapping):
+        raise ConfigError(path, line, "xid_catalog maps an Xid number to its grading")
+    for key, entry in catalog.items():
+        key_line = catalog.line_of(key)
+        try:
+            xid = int(key)
+        except ValueError:
+            raise ConfigError(path, key_line, f"xid_catalog key {key!r} is not a number") from None
+        if not isinstance(entry, Mapping):
+            raise ConfigError(path, key_line, f"xid_catalog[{xid}] must be a mapping")
+        extra = set(entry) - {"severity", "action", "meaning"}
+        if extra:
+            raise ConfigError(path, entry.line_of(sorted(extra)[0]),
+                              f"xid_catalog[{xid}]: unknown key {sorted(extra)[0]!r} "
+                              "(allowed: severity, action, meaning)")
+        old = ruleset.xid_catalog.get(xid)
+        if old is None and not {"severity", "action", "meaning"} <= set(entry):
+            raise ConfigError(path, key_line, f"xid_catalog[{xid}] is new here: it needs "
+                              "severity, action and meaning")
+        severity = entry.get("severity", old.severity if old else None)
+        if severity not in XID_SEVERITIES:
+            raise ConfigError(path, entry.line_of("severity"),
+                              f"xid_catalog[{xid}]: severity must be one of "
+                              f"{', '.join(XID_SEVERITIES)}, not {severity!r}")
+        raw_actions = entry.get("action", list(old.actions) if old else [])
+        actions = tuple(raw_actions) if isinstance(raw_actions, list) else (raw_actions,)
+        bad = [a for a in actions if a not in XID_ACTIONS]
+        if bad or not actions:
+            raise ConfigError(path, entry.line_of("action"),
+                              f"xid_catalog[{xid}]: action must be one or a list of "
+                              f"{', '.join(XID_ACTIONS)}, not {raw_actions!r}")
+        meaning = entry.get("meaning", old.meaning if old else "")
+        if not isinstance(meaning, str):
+            raise ConfigError(path, entry.line_of("meaning"), f"xid_catalog[{xid}]: meaning "
+                              "must be text")
+        ruleset.xid_catalog[xid] = XidEntry(severity, actions, meaning, f"{path}:{key_line}")
 
 
 def _parse_rule(path: Path, entry: Any, list_line: int, default_pack: bool) -> Rule:

@@ -16,6 +16,7 @@ SCHEMA_VERSION = 1
 SNAPSHOT_KIND = "gpuguard-snapshot"
 
 T = TypeVar("T")
+D = TypeVar("D")
 ReadingState = Literal["ok", "not_supported", "error", "absent"]
 
 
@@ -57,7 +58,7 @@ class Reading(Generic[T]):
             raise Unavailable(self.name, self)
         return self.value  # type: ignore[return-value]
 
-    def get_or(self, default: T) -> T:
+    def get_or(self, default: D) -> T | D:
         return self.value if self.state == "ok" else default  # type: ignore[return-value]
 
     def describe(self) -> str:
@@ -173,6 +174,10 @@ class GpuSnapshot:
 
     recovery_action: Reading[str] = reading_field()
 
+    # From sysfs: AER counters of the GPU and of each bridge above it up to the root port,
+    # [{"address", "role": gpu|bridge|root_port, "correctable"|"fatal"|"nonfatal": {name: n}}].
+    pcie_aer: Reading[list[dict[str, Any]]] = reading_field()
+
     def __post_init__(self) -> None:
         _name_readings(self)
 
@@ -191,6 +196,24 @@ class HostInfo:
     cuda_driver_version: Reading[str] = reading_field()
     nvml_version: Reading[str] = reading_field()
     gpu_count: Reading[int] = reading_field()
+
+    # Kernel log summary (sources/kmsg.py): {"source", "records", "now_usec", "xids": [...],
+    # "unsigned_module_rejected", "acked_seq"}.
+    kernel_log: Reading[dict[str, Any]] = reading_field()
+    # procfs: the "NVRM version" of the loaded kernel module, and which of nvidia,
+    # nvidia_uvm, nvidia_drm, nvidia_modeset, nouveau are loaded.
+    kernel_module_version: Reading[str] = reading_field()
+    kernel_modules: Reading[list[str]] = reading_field()
+    # rootfs: /dev/nvidia* nodes present; sysfs: UEFI Secure Boot on.
+    device_nodes: Reading[list[str]] = reading_field()
+    secure_boot: Reading[bool] = reading_field()
+    persistenced_running: Reading[bool] = reading_field()
+    # Container toolkit (sources/toolkit.py): CDI specs, nvidia-container-cli, nvidia-ctk, docker.
+    cdi_specs: Reading[list[dict[str, Any]]] = reading_field()
+    container_cli: Reading[dict[str, Any]] = reading_field()
+    ctk_version: Reading[str] = reading_field()
+    docker: Reading[dict[str, Any]] = reading_field()
+    probe_image: Reading[dict[str, Any]] = reading_field()
 
     def __post_init__(self) -> None:
         _name_readings(self)

@@ -24,16 +24,16 @@ class ConfigError(ValueError):
         super().__init__(f"{where}: {problem}")
 
 
-class Mapping(dict[str, Any]):
+class Mapping(dict[Any, Any]):
     """A dict that knows the line of its own start and of each of its keys (1-based)."""
 
     line: int = 0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.key_lines: dict[str, int] = {}
+        self.key_lines: dict[str | int, int] = {}
 
-    def line_of(self, key: str) -> int:
+    def line_of(self, key: str | int) -> int:
         return self.key_lines.get(key, self.line)
 
 
@@ -48,8 +48,9 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Mappi
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
-        if not isinstance(key, str):
-            raise ConfigError(loader.name, line, f"key {key!r} must be a string")
+        # Numbers are allowed as keys for tables such as xid_catalog.
+        if not isinstance(key, str | int) or isinstance(key, bool):
+            raise ConfigError(loader.name, line, f"key {key!r} must be text or a number")
         if key in out:
             raise ConfigError(
                 loader.name, line, f"duplicate key {key!r} (first at line {out.key_lines[key]})"

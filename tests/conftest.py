@@ -177,3 +177,63 @@ def h200_from_probe(tmp_path: Path) -> Path:
     path = tmp_path / "h200-probe-snapshot.json"
     path.write_text(json.dumps(snapshot_from_probe(probe)))
     return path
+
+
+def with_gpus(snapshot: Snapshot, bus_ids: list[str]) -> Snapshot:
+    """Copies of the snapshot's first GPU at other PCI addresses (an n-GPU host)."""
+    base = snapshot.gpus[0]
+    snapshot.gpus = []
+    for index, bus in enumerate(bus_ids):
+        gpu = copy.deepcopy(base)
+        gpu.index = index
+        gpu.pci_bus_id = Reading.ok(bus)
+        gpu.uuid = Reading.ok(f"GPU-00000000-0000-0000-0000-{index:012d}")
+        gpu.__post_init__()
+        snapshot.gpus.append(gpu)
+    snapshot.host.gpu_count = Reading.ok(len(bus_ids))
+    snapshot.host.__post_init__()
+    return snapshot
+
+
+@pytest.fixture(scope="session")
+def docker_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real, private Docker engine (scripts/dockerd-private.sh), stopped at the end."""
+    if shutil.which("dockerd") is None:
+        pytest.fail("dockerd is missing: ./scripts/test.sh installs Debian's docker.io")
+    state = tmp_path_factory.mktemp("dockerd")
+    script = REPO / "scripts" / "dockerd-private.sh"
+    started = subprocess.run([str(script), "start", str(state)], capture_output=True, text=True,
+                             check=False)
+    assert started.returncode == 0, started.stderr
+    try:
+        yield started.stdout.strip()
+    finally:
+        subprocess.run([str(script), "stop", str(state)], check=False)
+
+
+@pytest.fixture(scope="session")
+def busybox_image(docker_host: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An image made with `docker import` from a root filesystem of busybox-static."""
+    import io
+    import tarfile
+
+    import docker
+
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.fail("busybox is missing: ./scripts/test.sh installs Debian's busybox-static")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(busybox, arcname="bin/busybox")
+        for applet in ("sh", "echo", "cat", "sleep", "httpd", "wget"):
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type = tarfile.SYMTYPE
+            link.linkname = "busybox"
+            tar.addfile(link)
+    client = docker.DockerClient(base_url=docker_host)
+    try:
+        client.api.import_image_from_data(buf.getvalue(), repository="gpuguard-test/busybox",
+                                          tag="1")
+    finally:
+        client.close()
+    return "gpuguard-test/busybox:1"

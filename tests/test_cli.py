@@ -152,7 +152,7 @@ def test_profile_on_the_command_line(tmp_path):
 def test_rules_list_and_explain(tmp_path):
     listed = gpuguard("rules", "list")
     assert listed.returncode == 0
-    assert len([li for li in listed.stdout.splitlines()[1:] if li.strip()]) == 22
+    assert len([li for li in listed.stdout.splitlines()[1:] if li.strip()]) == 29
     profile = tmp_path / "profile.yaml"
     profile.write_text("rules:\n  pcie.link_width:\n"
                        "    thresholds: {busy_utilization_percent: 50}\n")

@@ -26,6 +26,9 @@ def test_default_pack_has_every_public_rule_id(default_rules):
         "memory.row_remap", "pcie.link_width", "pcie.link_gen", "pcie.replays", "vbios.allowed",
         "clocks.hw_slowdown", "clocks.sw_thermal", "clocks.power_cap", "power.limit",
         "thermal.margin", "persistence.mode", "memory.orphaned", "recovery.action",
+        # issue 3
+        "xid.recent", "pcie.aer", "driver.module_match", "driver.nouveau", "persistence.daemon",
+        "toolkit.parity", "toolkit.docker",
     }
     assert set(default_rules.rules) == expected
 
@@ -222,8 +225,14 @@ def test_broken_check_is_unknown_not_a_crash(h200, default_rules):
 
 
 def test_docs_list_every_rule(default_rules):
+    import subprocess
+    import sys
+
     from tests.conftest import REPO
 
     text = (REPO / "docs" / "rules.md").read_text()
     missing = [rule_id for rule_id in default_rules.rules if f"`{rule_id}`" not in text]
     assert not missing, f"docs/rules.md does not list {missing}"
+    check = subprocess.run([sys.executable, "scripts/gen_rules_doc.py", "--check"], cwd=REPO,
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stderr

@@ -19,12 +19,12 @@ from gpuguard.results import Status
 
 if TYPE_CHECKING:
     from gpuguard.profile import Profile
-    from gpuguard.ruleset import Rule
+    from gpuguard.ruleset import Rule, RuleSet
     from gpuguard.snapshot import GpuSnapshot, Snapshot
 
 FAMILIES = (
     "driver", "gpu", "vbios", "ecc", "memory", "pcie", "clocks", "power", "thermal",
-    "persistence", "recovery",
+    "persistence", "recovery", "xid", "toolkit",
 )
 
 
@@ -40,6 +40,7 @@ class CheckContext:
     rule: Rule
     snapshot: Snapshot
     profile: Profile
+    ruleset: RuleSet
 
     def threshold(self, name: str) -> Any:
         return self.rule.thresholds[name]

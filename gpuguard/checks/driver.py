@@ -31,15 +31,49 @@ INIT_CAUSES = {
 }
 
 
+def found_causes(ctx: CheckContext) -> list[str]:
+    """Causes of an NVML failure that the host's own facts show (procfs, /dev, kernel log)."""
+    host = ctx.snapshot.host
+    modules = host.kernel_modules.get_or(None)
+    log = host.kernel_log.get_or({})
+    causes = []
+    if modules is not None and "nouveau" in modules:
+        causes.append("the nouveau driver is loaded and holds the GPU")
+    if modules is not None and "nvidia" not in modules:
+        causes.append("the nvidia kernel module is not loaded")
+        if host.secure_boot.get_or(False) and log.get("unsigned_module_rejected"):
+            causes.append("Secure Boot is on and the kernel refused the unsigned nvidia module")
+        elif host.secure_boot.get_or(False):
+            causes.append("Secure Boot is on: an unsigned nvidia module would be refused")
+    mismatch = log.get("api_mismatch")
+    if mismatch:
+        causes.append(f"Driver/library version mismatch: the library is "
+                      f"{mismatch.get('client', '?')}, the kernel module "
+                      f"{mismatch.get('kernel', '?')}")
+    elif host.kernel_module_version.is_ok and ctx.snapshot.nvml.init_error_kind == \
+            "NVMLError_LibRmVersionMismatch":
+        causes.append(f"Driver/library version mismatch: the kernel module is "
+                      f"{host.kernel_module_version.get()}")
+    nodes = host.device_nodes.get_or(None)
+    if modules is not None and "nvidia" in modules and nodes is not None \
+            and "nvidiactl" not in nodes:
+        causes.append("the module is loaded but /dev/nvidiactl is missing (run nvidia-modprobe, "
+                      "or pass the device nodes into this container)")
+    return causes
+
+
 @host_check("driver.loaded")
 def loaded(ctx: CheckContext) -> Finding:
     nvml = ctx.snapshot.nvml
     if nvml.init_error is not None:
-        cause = INIT_CAUSES.get(nvml.init_error_kind or "", "NVML could not start")
+        causes = found_causes(ctx)
+        cause = "; ".join(causes) if causes else \
+            INIT_CAUSES.get(nvml.init_error_kind or "", "NVML could not start")
         return ctx.fail(
             f"NVIDIA driver not usable: {cause} (NVML said: {nvml.init_error})",
             error=nvml.init_error,
             error_kind=nvml.init_error_kind,
+            causes_found=causes,
         )
     if nvml.hung_call is not None and not ctx.snapshot.host.driver_version.is_ok:
         return unknown(f"NVML did not answer during {nvml.hung_call}")
@@ -92,3 +126,22 @@ def version(ctx: CheckContext) -> Finding:
         return ctx.fail("; ".join(problems), **observed)
     return ok("driver meets the profile: " + ", ".join(f"{k} {v}" for k, v in observed.items()),
               **observed)
+
+
+@host_check("driver.module_match")
+def module_match(ctx: CheckContext) -> Finding:
+    module = ctx.snapshot.host.kernel_module_version.get()
+    library = ctx.snapshot.host.driver_version.get()
+    if module != library:
+        return ctx.fail(f"Driver/library version mismatch: the kernel module is {module}, the "
+                        f"NVML library {library}", kernel_module=module, library=library)
+    return ok(f"kernel module and library are both {module}", kernel_module=module)
+
+
+@host_check("driver.nouveau")
+def nouveau(ctx: CheckContext) -> Finding:
+    modules = ctx.snapshot.host.kernel_modules.get()
+    if "nouveau" in modules:
+        return ctx.fail("the nouveau driver is loaded: it takes the GPU from the NVIDIA driver",
+                        modules=modules)
+    return ok("nouveau is not loaded", modules=modules)

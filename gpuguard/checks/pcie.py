@@ -6,7 +6,7 @@ save power, so current-versus-max is judged only while the GPU is busy.
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, ok
+from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
 from gpuguard.snapshot import GpuSnapshot
 
 
@@ -48,3 +48,32 @@ def replays(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     if count > limit:
         return ctx.fail(f"{count} PCIe replays since the driver loaded (> {limit})", replays=count)
     return ok(f"{count} PCIe replays", replays=count)
+
+
+@gpu_check("pcie.aer")
+def aer(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    chain = gpu.pcie_aer.get()
+    problems: list[str] = []
+    worst_fatal = False
+    for device in chain:
+        where = f"{device['role'].replace('_', ' ')} {device['address']}"
+        for kind in ("fatal", "nonfatal"):
+            counts = device.get(kind) or {}
+            if counts.get("TOTAL", 0) > 0:
+                worst_fatal = True
+                named = ", ".join(f"{k} {v}" for k, v in counts.items() if k != "TOTAL")
+                problems.append(f"{where}: {counts['TOTAL']} {kind} ({named or 'unnamed'})")
+    limit = ctx.threshold("max_correctable")
+    for device in chain:
+        counts = device.get("correctable") or {}
+        if counts.get("TOTAL", 0) > limit:
+            named = ", ".join(f"{k} {v}" for k, v in counts.items() if k != "TOTAL")
+            problems.append(f"{device['role'].replace('_', ' ')} {device['address']}: "
+                            f"{counts['TOTAL']} correctable (> {limit}; {named})")
+    observed = {"devices": chain}
+    if worst_fatal:
+        return ctx.fail("PCIe AER errors: " + "; ".join(problems), **observed)
+    if problems:
+        return warning("PCIe AER errors: " + "; ".join(problems), **observed)
+    checked = ", ".join(f"{d['role'].replace('_', ' ')} {d['address']}" for d in chain)
+    return ok(f"no uncorrectable AER errors on {checked}", **observed)

@@ -51,3 +51,71 @@ def test_version_against_profile(h200, run_rule):
     [result] = run_rule("driver.version", h200, cuda)
     assert result.status is Status.CRITICAL
     assert "CUDA 13.0" in result.message
+
+
+def stack(snap, procfs="procfs-match", log=None, sysfs_tree=None, rootfs=None):
+    from gpuguard.paths import Paths
+    from gpuguard.sources.host import HostOptions, collect_host
+    from tests.conftest import FIXTURES
+
+    opts = HostOptions(
+        paths=Paths(procfs=FIXTURES / procfs, sysfs=FIXTURES / (sysfs_tree or "nowhere"),
+                    rootfs=FIXTURES / (rootfs or "rootfs-cdi-current")),
+        kmsg_file=FIXTURES / "kmsg" / (log or "dmesg.log"))
+    collect_host(snap, opts)
+    return snap
+
+
+def test_module_matches_library(h200, run_rule):
+    [result] = run_rule("driver.module_match", stack(h200))
+    assert result.status is Status.OK
+
+
+def test_module_mismatch_is_critical(h200, run_rule):
+    [result] = run_rule("driver.module_match", stack(h200, "procfs-mismatch"))
+    assert result.status is Status.CRITICAL
+    assert "Driver/library version mismatch" in result.message
+    assert "570.133.20" in result.message and "580.159.04" in result.message
+
+
+def test_nouveau(h200, run_rule):
+    assert run_rule("driver.nouveau", stack(h200))[0].status is Status.OK
+    [result] = run_rule("driver.nouveau", stack(h200, "procfs-nouveau"))
+    assert result.status is Status.CRITICAL
+
+
+def not_loaded(kind="NVMLError_DriverNotLoaded", error="Driver Not Loaded"):
+    return Snapshot(host=HostInfo(source="nvml"),
+                    nvml=NvmlStatus(init_error=error, init_error_kind=kind))
+
+
+def test_loaded_names_nouveau_as_the_cause(run_rule):
+    [result] = run_rule("driver.loaded", stack(not_loaded(), "procfs-nouveau"))
+    assert "the nouveau driver is loaded and holds the GPU" in result.message
+    assert "the nvidia kernel module is not loaded" in result.message
+    assert result.observed["causes_found"]
+
+
+def test_loaded_names_secure_boot_refusing_the_module(run_rule):
+    snap = stack(not_loaded(), "procfs-nouveau", log="unsigned-module.log",
+                 sysfs_tree="sysfs-aer")
+    [result] = run_rule("driver.loaded", snap)
+    assert "Secure Boot is on and the kernel refused the unsigned nvidia module" \
+        in result.message
+
+
+def test_loaded_names_the_version_mismatch(run_rule):
+    snap = stack(not_loaded("NVMLError_LibRmVersionMismatch",
+                            "RM has detected an NVML/RM version mismatch."),
+                 "procfs-mismatch", log="api-mismatch.log")
+    [result] = run_rule("driver.loaded", snap)
+    assert ("Driver/library version mismatch: the library is 580.159.04, the kernel module "
+            "570.133.20") in result.message
+
+
+def test_loaded_names_missing_device_nodes(run_rule, tmp_path):
+    (tmp_path / "dev").mkdir()
+    snap = stack(not_loaded("NVMLError_NoPermission", "Insufficient Permissions"),
+                 rootfs=str(tmp_path))
+    [result] = run_rule("driver.loaded", snap)
+    assert "/dev/nvidiactl is missing" in result.message

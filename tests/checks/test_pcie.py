@@ -52,3 +52,31 @@ def test_replays(h200, run_rule):
     [result] = run_rule("pcie.replays", h200)
     assert result.status is Status.WARNING
     assert "5000" in result.message
+
+
+def aer_host(h200):
+    from gpuguard.sources import sysfs
+    from tests.conftest import FIXTURES, with_gpus
+
+    snap = with_gpus(h200, ["00000000:3B:00.0", "00000000:86:00.0", "00000000:5E:00.0"])
+    for gpu in snap.gpus:
+        gpu.pcie_aer = sysfs.aer_chain(FIXTURES / "sysfs-aer", gpu.pci_bus_id.get())
+        gpu.__post_init__()
+    return snap
+
+
+def test_aer_error_on_the_bridge_is_critical_and_named(h200, run_rule):
+    riser, clean, vm = run_rule("pcie.aer", aer_host(h200))
+    assert riser.status is Status.CRITICAL
+    assert "bridge 0000:3a:00.0: 3 nonfatal (CmpltTO 3)" in riser.message
+    assert "252 correctable (> 100; RxErr 240, BadTLP 12)" in riser.message
+    assert clean.status is Status.OK
+    assert "root port 0000:80:03.0" in clean.message
+    assert vm.status is Status.SKIPPED  # no AER files: not available, not healthy
+
+
+def test_correctable_only_is_a_warning(h200, run_rule, default_rules):
+    snap = aer_host(h200)
+    for device in snap.gpus[0].pcie_aer.get():
+        device["nonfatal"] = {"TOTAL": 0}
+    assert run_rule("pcie.aer", snap)[0].status is Status.WARNING

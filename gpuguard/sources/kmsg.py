@@ -1,0 +1,200 @@
+"""Kernel log source: NVRM Xid lines (and what else the driver stack needs) from
+/dev/kmsg, or from a saved log (`--kmsg-file`).
+
+Record formats understood, one record per line:
+
+- /dev/kmsg and `dmesg -r`/`--raw` with the kmsg prefix: `6,353,579388,-;text`
+- `dmesg -r`: `<6>[   12.345678] text`
+- `dmesg`: `[   12.345678] text`, or plain `text` without timestamps (`dmesg -t`)
+
+Dictionary lines of /dev/kmsg (` KEY=value`) are skipped; other indented lines are the
+continuation of a multi-line message as dmesg prints it, and are kept as text.
+
+The log is summarised in the snapshot as JSON-native data: the Xid events with their
+kmsg sequence number and time since boot, the time the log was read at, and the few
+non-Xid facts the driver.* rules use (an unsigned module refused under Secure Boot).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuguard.snapshot import Reading
+
+# NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.
+# NVRM: Xid (PCI:0000:00:06): 119, pid='<unknown>', name=<unknown>, Timeout after 6s ...
+# NVRM: Xid (0000:3b:00): 48, An uncorrectable double bit error ...   (older drivers)
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): "
+    r"(?P<xid>\d+),\s*(?P<rest>.*)$"
+)
+_PID = re.compile(r"pid='?(?P<pid><unknown>|\d+)'?,\s*name=(?P<name>[^,]*),\s*(?P<text>.*)$")
+# NVRM: GPU at PCI:0000:3b:00: GPU-...   /  NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.
+_FALLEN = re.compile(
+    r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
+    r"(?:\.[0-7])?)?.*fallen off the bus", re.IGNORECASE)
+_UNSIGNED = re.compile(
+    r"(Loading of unsigned module is rejected|module verification failed|"
+    r"Lockdown: .*unsigned module|Key was rejected by service)")
+
+# NVRM: API mismatch: the client has the version 580.95.05, but
+# NVRM: this kernel module has the version 570.133.20.  Please ...
+_CLIENT_VERSION = re.compile(r"client has the version (\d+\.\d+(?:\.\d+)?)")
+_MODULE_VERSION = re.compile(r"kernel module has the version (\d+\.\d+(?:\.\d+)?)")
+
+_KMSG = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<text>.*)$")
+_RAW = re.compile(r"^<(?P<prio>\d+)>(?:\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?)?(?P<text>.*)$")
+_DICTIONARY = re.compile(r"^ [A-Z_]+=")
+_HUMAN = re.compile(r"^\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?(?P<text>.*)$")
+
+
+@dataclass(frozen=True)
+class Record:
+    text: str
+    seq: int | None = None
+    usec: int | None = None
+
+
+class KernelLogError(Exception):
+    pass
+
+
+def parse_lines(lines: Iterable[str]) -> Iterator[Record]:
+    for line in lines:
+        line = line.rstrip("\n")
+        if not line.strip() or _DICTIONARY.match(line):
+            continue
+        if line[0].isspace():
+            yield Record(line.strip())
+            continue
+        if m := _KMSG.match(line):
+            yield Record(m["text"], int(m["seq"]), int(m["usec"]))
+        elif m := _RAW.match(line):
+            usec = _usec(m["sec"], m["frac"]) if m["sec"] is not None else None
+            yield Record(m["text"], None, usec)
+        elif m := _HUMAN.match(line):
+            yield Record(m["text"], None, _usec(m["sec"], m["frac"]))
+        else:
+            yield Record(line)
+
+
+def _usec(sec: str, frac: str) -> int:
+    return int(sec) * 1_000_000 + int(frac.ljust(6, "0")[:6])
+
+
+def xid_event(record: Record) -> dict[str, Any] | None:
+    """The Xid a record reports, or None; a 'fallen off the bus' line counts as Xid 79."""
+    if m := _XID.search(record.text):
+        event: dict[str, Any] = {"xid": int(m["xid"]), "pci": normalise_pci(m["pci"]),
+                                 "pid": None, "process": None, "text": m["rest"].strip()}
+        if p := _PID.match(m["rest"]):
+            event["pid"] = None if p["pid"] == "<unknown>" else int(p["pid"])
+            event["process"] = None if p["name"] in ("<unknown>", "") else p["name"]
+            event["text"] = p["text"].strip()
+    elif m := _FALLEN.search(record.text):
+        event = {"xid": 79, "pci": normalise_pci(m["pci"]) if m["pci"] else None, "pid": None,
+                 "process": None, "text": "GPU has fallen off the bus."}
+    else:
+        return None
+    event["seq"] = record.seq
+    event["usec"] = record.usec
+    return event
+
+
+def normalise_pci(address: str) -> str:
+    """`0000:3b:00`, `00000000:3B:00.0` and `0000:3b:00.0` all become `0000:3b:00.0`."""
+    parts = address.lower().split(":")
+    domain, bus, rest = parts[-3], parts[-2], parts[-1]
+    device, _, function = rest.partition(".")
+    return f"{int(domain, 16):04x}:{bus}:{device}.{function or '0'}"
+
+
+def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> dict[str, Any]:
+    xids: list[dict[str, Any]] = []
+    count = 0
+    last_usec: int | None = None
+    unsigned_rejected = False
+    mismatch: dict[str, str] = {}
+    for record in records:
+        count += 1
+        if record.usec is not None:
+            last_usec = record.usec
+        if "NVRM" in record.text or "fallen off the bus" in record.text:
+            event = xid_event(record)
+            if event is not None:
+                xids.append(event)
+            elif m := _CLIENT_VERSION.search(record.text):
+                mismatch["client"] = m.group(1)
+            if m := _MODULE_VERSION.search(record.text):
+                mismatch["kernel"] = m.group(1)
+        elif _UNSIGNED.search(record.text) and "nvidia" in record.text.lower():
+            unsigned_rejected = True
+    return {
+        "source": source,
+        "records": count,
+        # A live read knows the time now; a saved log ends when it was saved.
+        "now_usec": now_usec if now_usec is not None else last_usec,
+        "xids": xids,
+        "unsigned_module_rejected": unsigned_rejected,
+        # The last "API mismatch" the driver logged: library (client) and kernel module versions.
+        "api_mismatch": mismatch or None,
+        "acked_seq": None,
+    }
+
+
+def read_device(path: Path = Path("/dev/kmsg")) -> Reading[dict[str, Any]]:
+    """Read every record buffered in /dev/kmsg without blocking."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except PermissionError:
+        return Reading.failed(f"cannot read {path}: permission denied (reading the kernel log "
+                              "needs CAP_SYSLOG when kernel.dmesg_restrict=1)")
+    except OSError as exc:
+        return Reading.failed(f"cannot read {path}: {exc.strerror or exc}")
+    lines: list[str] = []
+    try:
+        while True:
+            try:
+                data = os.read(fd, 16384)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # records overwritten while we read: go on
+                    continue
+                if exc.errno == errno.EPERM:
+                    return Reading.failed(f"cannot read {path}: operation not permitted (needs "
+                                          "CAP_SYSLOG when kernel.dmesg_restrict=1)")
+                return Reading.failed(f"cannot read {path}: {exc.strerror or exc}")
+            if not data:
+                break
+            lines.append(data.decode("utf-8", errors="replace"))
+    finally:
+        os.close(fd)
+    now = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1_000_000)
+    return Reading.ok(summarise(parse_lines(lines), str(path), now))
+
+
+def read_file(path: Path) -> Reading[dict[str, Any]]:
+    """Read a saved kernel log. Binary or unreadable input is an error reading, not a crash."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return Reading.failed(f"cannot read {path}: {exc.strerror or exc}")
+    if b"\0" in raw[:65536]:
+        return Reading.failed(f"{path}: binary data, not a kernel log")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Reading.failed(f"{path}: not UTF-8 text (byte {exc.start}), not a kernel log")
+    if text and not text.endswith("\n"):
+        last = text.rsplit("\n", 1)[-1]
+        return Reading.failed(f"{path}: ends in the middle of a line ({last[:40]!r}...): "
+                              "truncated? save it again with `dmesg > file`")
+    return Reading.ok(summarise(parse_lines(text.splitlines()), str(path), None))

@@ -1,0 +1,129 @@
+from pathlib import Path
+
+from gpuguard.profile import Profile
+from gpuguard.results import Status
+from gpuguard.ruleset import load_ruleset
+from gpuguard.sources import kmsg
+from tests.conftest import FIXTURES, with_gpus
+
+K = FIXTURES / "kmsg"
+BUSES = ["00000000:00:06.0", "00000000:3B:00.0", "00000000:86:00.0"]
+
+
+def host(h200, log="xids.kmsg"):
+    snap = with_gpus(h200, BUSES)
+    snap.host.kernel_log = kmsg.read_file(K / log)
+    snap.host.__post_init__()
+    return snap
+
+
+def test_since_boot_counts_fatal_and_application_xids(h200, run_rule):
+    [result] = run_rule("xid.recent", host(h200))
+    assert result.status is Status.CRITICAL
+    msg = result.message
+    assert "GPU 0 (0000:00:06.0): Xid 119 (GSP RPC timeout)" in msg
+    assert "drain and reset the GPU" in msg
+    assert "GPU 1 (0000:3b:00.0): Xid 154 (GPU recovery action changed)" in msg
+    assert "GPU 1 (0000:3b:00.0): Xid 94" in msg
+    assert "GPU 2 (0000:86:00.0): Xid 13" in msg and "restart the application" in msg
+    assert "Xid 999 (not in gpuguard's catalog)" in msg
+    # 63 and 45 never count on their own
+    assert "Xid 63" not in msg and "Xid 45" not in msg
+    assert result.observed["not_counted"] == 2
+
+
+def test_window_lets_an_old_line_age_out(h200, run_rule):
+    # The log ends at 7200 s; the Xid 13 at 1200 s is 100 minutes old.
+    [result] = run_rule("xid.recent", host(h200), Profile(xid_window_s=3600))
+    assert "Xid 13" not in result.message
+    assert result.observed["aged_out"] == 2  # the 13 and its 45
+    assert result.status is Status.CRITICAL
+
+
+def test_application_xid_alone_is_a_warning(h200, run_rule, tmp_path):
+    path = tmp_path / "app.log"
+    path.write_text("[ 10.000000] NVRM: Xid (PCI:0000:86:00): 31, pid=77, name=python3, "
+                    "fault @ 0x7f..\n")
+    snap = host(h200)
+    snap.host.kernel_log = kmsg.read_file(path)
+    [result] = run_rule("xid.recent", snap)
+    assert result.status is Status.WARNING
+    assert "GPU 2 (0000:86:00.0): Xid 31 (GPU memory page fault" in result.message
+
+
+def test_acknowledged_lines_do_not_count(h200, run_rule):
+    snap = host(h200)
+    assert snap.host.kernel_log.value is not None
+    snap.host.kernel_log.value["acked_seq"] = 980
+    [result] = run_rule("xid.recent", snap)
+    assert result.status is Status.OK
+    assert result.observed["acked_seq"] == 980
+
+
+def test_recovery_none_in_xid_154_does_not_count(h200, run_rule, tmp_path):
+    path = tmp_path / "154.log"
+    path.write_text("[ 10.000000] NVRM: Xid (PCI:0000:3b:00): 154, pid='<unknown>', "
+                    "name=<unknown>, GPU recovery action changed from 0x1 (GPU Reset Required) "
+                    "to 0x0 (None)\n")
+    snap = host(h200)
+    snap.host.kernel_log = kmsg.read_file(path)
+    assert run_rule("xid.recent", snap)[0].status is Status.OK
+
+
+def test_a_user_regrades_an_xid_without_code(h200, run_rule, tmp_path):
+    rules = tmp_path / "rules.d"
+    rules.mkdir()
+    (rules / "xid.yaml").write_text(
+        "xid_catalog:\n  119: {severity: warning}\n  154: {severity: ignore}\n"
+        "  999: {severity: ignore, action: ignore, meaning: our lab's test Xid}\n")
+    regraded = load_ruleset([rules])
+    assert regraded.xid_catalog[119].actions == ("reset_gpu",)  # kept from the pack
+    [result] = run_rule("xid.recent", host(h200), rules=regraded)
+    assert result.status is Status.WARNING
+    assert "Xid 999" not in result.message and "Xid 154" not in result.message
+
+
+def test_bad_catalog_entry_names_file_and_line(tmp_path):
+    import pytest
+
+    from gpuguard.yamlfile import ConfigError
+
+    rules = tmp_path / "rules.d"
+    rules.mkdir()
+    (rules / "xid.yaml").write_text("xid_catalog:\n  79: {severity: fatal}\n")
+    with pytest.raises(ConfigError, match=r"xid\.yaml:2: xid_catalog\[79\]: severity must be"):
+        load_ruleset([rules])
+    (rules / "xid.yaml").write_text("xid_catalog:\n  500: {severity: warning}\n")
+    with pytest.raises(ConfigError, match="is new here: it needs severity, action and meaning"):
+        load_ruleset([rules])
+
+
+def test_fallen_off_gpu_missing_from_nvml_is_still_reported(h200, run_rule):
+    [result] = run_rule("xid.recent", host(h200, "fallen-off.log"))
+    assert result.status is Status.CRITICAL
+    assert "0000:5e:00.0 (not among the GPUs NVML lists): Xid 79 (GPU has fallen off the bus)" \
+        in result.message
+    assert "reboot" in result.message
+
+
+def test_repeated_fatal_xid_says_contact_vendor(h200, run_rule, tmp_path):
+    path = Path(tmp_path / "many.log")
+    path.write_text("".join(
+        f"[ {100 + i}.000000] NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE\n"
+        for i in range(5)))
+    snap = host(h200)
+    snap.host.kernel_log = kmsg.read_file(path)
+    [result] = run_rule("xid.recent", snap)
+    assert "Xid 48 x5" in result.message and "contact NVIDIA support" in result.message
+
+
+def test_unreadable_kernel_log_is_unknown_never_ok(h200, run_rule, tmp_path):
+    from gpuguard.snapshot import Reading
+
+    snap = host(h200)
+    snap.host.kernel_log = Reading.failed("cannot read /dev/kmsg: operation not permitted "
+                                          "(needs CAP_SYSLOG when kernel.dmesg_restrict=1)")
+    snap.host.__post_init__()
+    [result] = run_rule("xid.recent", snap)
+    assert result.status is Status.UNKNOWN
+    assert "CAP_SYSLOG" in result.message

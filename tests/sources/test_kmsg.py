@@ -1,0 +1,88 @@
+import pytest
+
+from gpuguard.sources import kmsg
+from tests.conftest import FIXTURES
+
+K = FIXTURES / "kmsg"
+
+
+def xids(name):
+    reading = kmsg.read_file(K / name)
+    assert reading.is_ok, reading.describe()
+    return reading.get()
+
+
+@pytest.mark.parametrize("name", ["xids.kmsg", "dmesg.log", "dmesg-raw.log", "dmesg-notime.log"])
+def test_every_format_gives_the_same_xids(name):
+    log = xids(name)
+    assert [(e["xid"], e["pci"]) for e in log["xids"]] == [
+        (13, "0000:86:00.0"), (45, "0000:86:00.0"), (63, "0000:3b:00.0"),
+        (94, "0000:3b:00.0"), (154, "0000:3b:00.0"), (119, "0000:00:06.0"),
+        (999, "0000:3b:00.0")]
+    first = log["xids"][0]
+    assert (first["pid"], first["process"]) == (4121, "python3")
+    assert first["text"].startswith("Graphics SM Warp Exception")
+    gsp = log["xids"][5]
+    assert gsp["pid"] is None and gsp["process"] is None
+
+
+def test_kmsg_keeps_sequence_numbers_and_times():
+    log = xids("xids.kmsg")
+    assert [e["seq"] for e in log["xids"]][:2] == [900, 901]
+    assert log["xids"][0]["usec"] == 1_200_000_000
+    assert log["now_usec"] == 7_200_000_000  # a saved log ends at its last record
+    assert log["records"] == 12  # dictionary lines ( SUBSYSTEM=...) are not records
+
+
+def test_timestamps_per_format():
+    assert xids("dmesg.log")["xids"][0]["usec"] == 1_200_000_000
+    assert xids("dmesg-raw.log")["xids"][0]["seq"] is None
+    assert xids("dmesg-notime.log")["xids"][0]["usec"] is None
+
+
+def test_fallen_off_the_bus_without_the_word_xid_is_79():
+    [event] = xids("fallen-off.log")["xids"]
+    assert (event["xid"], event["pci"]) == (79, "0000:5e:00.0")
+
+
+def test_unsigned_module_and_api_mismatch():
+    assert xids("unsigned-module.log")["unsigned_module_rejected"] is True
+    assert xids("xids.kmsg")["unsigned_module_rejected"] is False
+    assert xids("api-mismatch.log")["api_mismatch"] == {"client": "580.159.04",
+                                                         "kernel": "570.133.20"}
+
+
+def test_pci_addresses_are_normalised():
+    assert kmsg.normalise_pci("00000000:3B:00.0") == "0000:3b:00.0"
+    assert kmsg.normalise_pci("0000:3b:00") == "0000:3b:00.0"
+    assert kmsg.normalise_pci("PCI:0000:3b:00".removeprefix("PCI:")) == "0000:3b:00.0"
+
+
+def test_truncated_log(tmp_path):
+    path = tmp_path / "cut.log"
+    path.write_text((K / "dmesg.log").read_text()[:-40])
+    reading = kmsg.read_file(path)
+    assert reading.state == "error"
+    assert str(path) in (reading.error or "") and "truncated" in (reading.error or "")
+
+
+def test_binary_log(tmp_path):
+    path = tmp_path / "kmsg.bin"
+    path.write_bytes(b"\x7fELF\x02\x01\x00\x00" * 64)
+    reading = kmsg.read_file(path)
+    assert reading.state == "error" and "binary" in (reading.error or "")
+
+
+def test_missing_log(tmp_path):
+    reading = kmsg.read_file(tmp_path / "nope.log")
+    assert reading.state == "error" and "No such file" in (reading.error or "")
+
+
+def test_live_dev_kmsg_reads_or_says_why():
+    reading = kmsg.read_device()
+    if reading.is_ok:
+        log = reading.get()
+        assert log["source"] == "/dev/kmsg" and log["records"] > 0
+        assert log["now_usec"] > 0
+    else:  # unprivileged: the reason, never an empty "ok"
+        assert "CAP_SYSLOG" in (reading.error or "") or "cannot read" in (reading.error or "")
