@@ -9,6 +9,7 @@ from typing import Any
 
 from gpuguard import checks
 from gpuguard.checks import CheckContext, Finding
+from gpuguard.history import History
 from gpuguard.profile import Profile
 from gpuguard.results import GpuRef, Result, Status
 from gpuguard.ruleset import Rule, RuleSet
@@ -22,8 +23,7 @@ from gpuguard.snapshot import (
 )
 
 
-def selected(rule_id: str, only: Iterable[str], skip: Iterable[str]) -> bool:
-    only, skip = list(only), list(skip)
+def selected(rule_id: str, only: list[str], skip: list[str]) -> bool:
     if only and not any(fnmatch.fnmatchcase(rule_id, pattern) for pattern in only):
         return False
     return not any(fnmatch.fnmatchcase(rule_id, pattern) for pattern in skip)
@@ -35,29 +35,33 @@ def evaluate(
     profile: Profile,
     only: Iterable[str] = (),
     skip: Iterable[str] = (),
+    cadence: str | None = None,
+    history: History | None = None,
 ) -> list[Result]:
+    """Every selected rule (of one cadence, for the daemon) for the host or each GPU."""
+    only, skip = list(only), list(skip)
     results: list[Result] = []
     for rule in ruleset.ordered():
-        if not selected(rule.id, only, skip):
+        if not selected(rule.id, only, skip) or (cadence and rule.cadence != cadence):
             continue
+        ctx = CheckContext(rule=rule, snapshot=snapshot, profile=profile, ruleset=ruleset,
+                           history=history)
         if rule.scope == "host":
-            results.append(_run(rule, ruleset, snapshot, profile, None))
+            results.append(_run(rule, ctx, None))
         else:
-            results.extend(_run(rule, ruleset, snapshot, profile, gpu) for gpu in snapshot.gpus)
+            results.extend(_run(rule, ctx, gpu) for gpu in snapshot.gpus)
     return results
 
 
-def _run(rule: Rule, ruleset: RuleSet, snapshot: Snapshot, profile: Profile,
-         gpu: GpuSnapshot | None) -> Result:
+def _run(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Result:
     ref = _gpu_ref(gpu) if gpu is not None else None
     if not rule.enabled:
         where = rule.overrides[-1] if rule.overrides else rule.origin
         return Result(rule.id, Status.SKIPPED, rule.severity, f"disabled ({where})", ref)
-    ctx = CheckContext(rule=rule, snapshot=snapshot, profile=profile, ruleset=ruleset)
     try:
         finding = _finding(rule, ctx, gpu)
     except Unavailable as exc:
-        finding = _unavailable(exc, snapshot)
+        finding = _unavailable(exc, ctx.snapshot)
     except Exception as exc:  # a broken check is a result, never a crash of the run
         finding = Finding(Status.UNKNOWN, f"check failed: {type(exc).__name__}: {exc}")
     status = finding.status

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 RULE_ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
 RULE_KEYS = {"id", "scope", "severity", "summary", "message", "remediation", "thresholds",
-             "enabled", "tags", "when"}
+             "enabled", "tags", "when", "cadence"}
 OVERRIDE_KEYS = {"severity", "enabled", "thresholds", "remediation"}
 TOP_LEVEL_KEYS = {"rules", "overrides", "xid_catalog"}
 XID_SEVERITIES = ("critical", "warning", "ignore")
@@ -49,6 +49,9 @@ class Rule:
     message: str | None = None
     when: Condition | None = None
     overrides: list[str] = field(default_factory=list)
+    # The daemon runs "fast" rules every few seconds, "slow" ones (versions, VBIOS,
+    # toolkit) every minute; `gpuguard check` runs both.
+    cadence: str = "fast"
 
 
 @dataclass
@@ -211,6 +214,9 @@ def _parse_rule(path: Path, entry: Any, list_line: int, default_pack: bool) -> R
     enabled = entry.get("enabled", True)
     if not isinstance(enabled, bool):
         raise fail("enabled", f"{rule_id}: enabled must be true or false")
+    cadence = entry.get("cadence", "fast")
+    if cadence not in ("fast", "slow"):
+        raise fail("cadence", f"{rule_id}: cadence must be `fast` or `slow`, not {cadence!r}")
     tags = entry.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise fail("tags", f"{rule_id}: tags must be a list of words")
@@ -253,6 +259,7 @@ def _parse_rule(path: Path, entry: Any, list_line: int, default_pack: bool) -> R
         tags=tuple(tags),
         message=entry.get("message"),
         when=condition,
+        cadence=cadence,
     )
 
 

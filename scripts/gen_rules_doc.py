@@ -44,11 +44,18 @@ warning and the higher as the rule's severity; lowering `severity` in an overrid
 every level the rule can give, raising it raises the failure level.
 
 Rules tagged `failover` are the ones the supervisor (issue 5) counts by default.
+The daemon runs `fast` rules every 5 s and `slow` ones every 60 s; `gpuguard check`
+runs both. In the daemon, four rules judge over time instead of one instant:
+`ecc.corrected` and `pcie.aer` warn when the corrected/correctable counters grew since
+the last cycle (a drop is a counter reset after a driver reload, not an error);
+`pcie.replays` compares the replay rate with DCGM's limit for the link's generation and
+width (1e-12 x lane rate x 60 per lane per minute); `clocks.hw_slowdown` fails only when
+slowdown was seen in at least 60% of the minutes of a 10-minute window.
 
 ## The rules
 
-| rule | scope | severity | tags | checks | thresholds |
-| --- | --- | --- | --- | --- | --- |
+| rule | scope | severity | cadence | tags | checks | thresholds |
+| --- | --- | --- | --- | --- | --- | --- |
 """
 
 TAIL = """
@@ -80,7 +87,8 @@ def render() -> str:
     rows = []
     for r in ruleset.ordered():
         thresholds = ", ".join(f"`{k}`={v}" for k, v in r.thresholds.items()) or "-"
-        rows.append(f"| `{r.id}` | {r.scope} | {r.severity.value} | {', '.join(r.tags) or '-'} "
+        rows.append(f"| `{r.id}` | {r.scope} | {r.severity.value} | {r.cadence} "
+                    f"| {', '.join(r.tags) or '-'} "
                     f"| {r.summary} | {thresholds} |")
     catalog = "\n".join(
         f"| {xid} | {e.severity} | {', '.join(e.actions)} | {e.meaning} |"

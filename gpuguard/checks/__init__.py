@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from gpuguard.results import Status
 
 if TYPE_CHECKING:
+    from gpuguard.history import History
     from gpuguard.profile import Profile
     from gpuguard.ruleset import Rule, RuleSet
     from gpuguard.snapshot import GpuSnapshot, Snapshot
@@ -41,6 +42,8 @@ class CheckContext:
     snapshot: Snapshot
     profile: Profile
     ruleset: RuleSet
+    # The daemon's short history (gpuguard.history.History); None in `gpuguard check`.
+    history: History | None = None
 
     def threshold(self, name: str) -> Any:
         return self.rule.thresholds[name]

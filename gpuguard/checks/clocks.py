@@ -7,6 +7,7 @@ and are never counted.
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, Finding, gpu_check, ok
+from gpuguard.history import Sample
 from gpuguard.snapshot import GpuSnapshot
 
 SW_POWER_CAP = 0x4
@@ -23,10 +24,34 @@ HW_REASONS = {HW_SLOWDOWN: "HW slowdown", HW_THERMAL: "HW thermal slowdown",
 def hw_slowdown(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     mask = gpu.clock_event_reasons.get()
     active = [name for bit, name in HW_REASONS.items() if mask & bit]
+    if ctx.history is not None:
+        # gpud's rule: unhealthy when slowdown was seen in most minutes of a window,
+        # not on one blip.
+        window_s = ctx.threshold("window_s")
+        minutes = _minutes_with_slowdown(ctx.history.samples(gpu), window_s)
+        needed = ctx.threshold("min_fraction") * window_s / 60
+        observed = {"reasons": f"0x{mask:x}", "minutes_with_slowdown": minutes,
+                    "minutes_needed": needed}
+        if minutes >= needed:
+            now = f", now {', '.join(active)}" if active else ""
+            return ctx.fail(f"HW slowdown in {minutes} of the last {window_s / 60:.0f} "
+                            f"minutes{now}", **observed)
+        if active:
+            return ok(f"{', '.join(active)} now, seen in {minutes} minute(s) of the window: "
+                      f"not yet persistent (fails at {needed:.0f})", **observed)
+        return ok(f"no hardware slowdown (reasons 0x{mask:x})", **observed)
     if active:
         return ctx.fail(f"clocks held down by {', '.join(active)} (reasons 0x{mask:x})",
                         reasons=f"0x{mask:x}")
     return ok(f"no hardware slowdown (reasons 0x{mask:x})", reasons=f"0x{mask:x}")
+
+
+def _minutes_with_slowdown(samples: list[Sample], window_s: float) -> int:
+    if not samples:
+        return 0
+    now = samples[-1].t
+    return len({int((now - s.t) // 60) for s in samples
+                if s.hw_slowdown and now - s.t < window_s})
 
 
 @gpu_check("clocks.sw_thermal")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, Finding, gpu_check, ok
+from gpuguard.history import growth
 from gpuguard.snapshot import GpuSnapshot
 
 
@@ -57,5 +58,10 @@ def corrected(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
             over.append(f"total {total} > {ctx.threshold('max_total'):g}")
     if over:
         return ctx.fail("corrected ECC errors since the driver loaded above threshold: "
-                       + ", ".join(over), **observed)
+                        + ", ".join(over), **observed)
+    if ctx.history is not None:
+        grew = growth(ctx.history.samples(gpu), "ecc_corrected")
+        if grew is not None and grew[0] > 0:
+            return ctx.fail(f"corrected ECC errors grew by {grew[0]} in the last {grew[1]:.0f} s",
+                            grew_by=grew[0], **observed)
     return ok("corrected ECC errors within bounds", **observed)

@@ -6,7 +6,10 @@ save power, so current-versus-max is judged only while the GPU is busy.
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
+from gpuguard.history import Sample, growth
 from gpuguard.snapshot import GpuSnapshot
 
 
@@ -41,13 +44,51 @@ def link_gen(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
                     **observed)
 
 
+# Lane rate in bits/s by PCIe generation (line coding ignored, as DCGM does).
+LANE_RATE = {1: 2.5e9, 2: 5e9, 3: 8e9, 4: 16e9, 5: 32e9, 6: 64e9}
+
+
+def expected_replays_per_minute(gen: int, width: int) -> float:
+    """DCGM's limit: 1e-12 x lane rate (bit/s) x 60 per lane per minute, times the width."""
+    return 1e-12 * LANE_RATE.get(gen, 32e9) * 60 * width
+
+
 @gpu_check("pcie.replays")
 def replays(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     count = gpu.pcie_replay_counter.get()
-    limit = ctx.threshold("max_replays")
-    if count > limit:
-        return ctx.fail(f"{count} PCIe replays since the driver loaded (> {limit})", replays=count)
+    if ctx.history is not None:
+        rate = _replay_rate(ctx.history.samples(gpu))
+        if rate is not None:
+            per_minute, span_s = rate
+            limit = expected_replays_per_minute(gpu.pcie_link_gen_current.get(),
+                                                gpu.pcie_link_width_current.get())
+            observed = {"replays": count, "per_minute": round(per_minute, 3),
+                        "limit_per_minute": round(limit, 3), "over_s": round(span_s)}
+            if per_minute > limit:
+                return ctx.fail(f"PCIe replays at {per_minute:.2f}/min over {span_s:.0f} s, "
+                                f"above DCGM's {limit:.2f}/min for this link", **observed)
+            return ok(f"PCIe replays at {per_minute:.2f}/min (limit {limit:.2f}/min)",
+                      **observed)
+    limit_count = ctx.threshold("max_replays")
+    if count > limit_count:
+        return ctx.fail(f"{count} PCIe replays since the driver loaded (> {limit_count})",
+                        replays=count)
     return ok(f"{count} PCIe replays", replays=count)
+
+
+def _replay_rate(samples: list[Sample]) -> tuple[float, float] | None:
+    """Replays per minute since the oldest sample after the last counter reset; None
+    below a minute of history."""
+    usable = [(s.t, s.replays) for s in samples if s.replays is not None]
+    start = 0
+    for i in range(1, len(usable)):
+        if usable[i][1] < usable[i - 1][1]:
+            start = i  # the driver reloaded: count from there
+    usable = usable[start:]
+    if len(usable) < 2 or usable[-1][0] - usable[0][0] < 60:
+        return None
+    span = usable[-1][0] - usable[0][0]
+    return (usable[-1][1] - usable[0][1]) * 60 / span, span
 
 
 @gpu_check("pcie.aer")
@@ -70,7 +111,11 @@ def aer(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
             named = ", ".join(f"{k} {v}" for k, v in counts.items() if k != "TOTAL")
             problems.append(f"{device['role'].replace('_', ' ')} {device['address']}: "
                             f"{counts['TOTAL']} correctable (> {limit}; {named})")
-    observed = {"devices": chain}
+    observed: dict[str, Any] = {"devices": chain}
+    if ctx.history is not None and not problems:
+        grew = growth(ctx.history.samples(gpu), "aer_correctable")
+        if grew is not None and grew[0] > 0:
+            problems.append(f"correctable errors grew by {grew[0]} in the last {grew[1]:.0f} s")
     if worst_fatal:
         return ctx.fail("PCIe AER errors: " + "; ".join(problems), **observed)
     if problems:

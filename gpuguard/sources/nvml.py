@@ -54,10 +54,20 @@ RECOVERY_ACTIONS = {
 
 
 class _Progress:
-    """One slot per worker thread (slot 0: host calls, slot i+1: GPU i) in shared memory."""
+    """One slot per worker thread (slot 0: host calls, slot i+1: GPU i) in shared memory:
+    anonymous for a forked worker, a file for one spawned by the daemon."""
 
-    def __init__(self) -> None:
-        self.buf = mmap.mmap(-1, _SLOT_SIZE * _MAX_SLOTS)
+    def __init__(self, path: str | None = None) -> None:
+        size = _SLOT_SIZE * _MAX_SLOTS
+        if path is None:
+            self.buf = mmap.mmap(-1, size)
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                os.ftruncate(fd, size)
+                self.buf = mmap.mmap(fd, size)
+            finally:
+                os.close(fd)
 
     def set(self, slot: int, text: str) -> None:
         if slot >= _MAX_SLOTS:
@@ -472,3 +482,81 @@ def _recovery_action(nv: Any, h: Any) -> str:
         raise nv.NVMLError(value.nvmlReturn)
     code = int(value.value.uiVal)
     return RECOVERY_ACTIONS.get(code, f"unknown({code})")
+
+
+# --- the daemon's persistent worker (python -m gpuguard.sources.nvml_worker) ----------
+
+
+def serve(commands: Any, out: Any, progress_path: str, procfs: str,
+          xid_events: bool = True) -> None:
+    """Answer `sweep` lines with the same JSON lines as the forked worker, ended by
+    {"t": "end"}; keep NVML initialised between sweeps; retry nvmlInit while it fails
+    (the driver may be loaded later). With xid_events, a thread waits for NVML Xid
+    events and writes them as {"t": "xid_event", ...} lines as they happen."""
+    progress = _Progress(progress_path)
+    progress.set(0, "import pynvml")
+    import pynvml
+
+    lock = threading.Lock()
+
+    def emit(obj: dict[str, Any]) -> None:
+        line = json.dumps(obj) + "\n"
+        with lock:
+            out.write(line)
+            out.flush()
+
+    initialised = False
+    for command in commands:
+        command = command.strip()
+        if command == "quit":
+            break
+        if command != "sweep":
+            emit({"t": "fatal", "kind": "BadCommand", "error": command[:80]})
+            emit({"t": "end"})
+            continue
+        if not initialised:
+            progress.set(0, "nvmlInit")
+            try:
+                pynvml.nvmlInit()
+                initialised = True
+            except pynvml.NVMLError as exc:
+                emit({"t": "init_error", "kind": type(exc).__name__, "error": str(exc)})
+            progress.set(0, "")
+            if initialised and xid_events:
+                threading.Thread(target=_xid_events, args=(pynvml, emit), daemon=True).start()
+        if initialised:
+            try:
+                _sweep(pynvml, emit, progress, procfs)
+                emit({"t": "done"})
+            except Exception as exc:
+                emit({"t": "fatal", "kind": type(exc).__name__, "error": str(exc)})
+        emit({"t": "end"})
+    if initialised:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+
+def _xid_events(nv: Any, emit: Callable[[dict[str, Any]], None]) -> None:
+    """Xids as the driver raises them (nvmlEventSetWait), beside the kernel log."""
+    try:
+        event_set = nv.nvmlEventSetCreate()
+        for index in range(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            with contextlib.suppress(nv.NVMLError):
+                nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
+    except (nv.NVMLError, AttributeError) as exc:
+        emit({"t": "xid_events_unavailable", "error": f"{type(exc).__name__}: {exc}"})
+        return
+    while True:
+        try:
+            data = nv.nvmlEventSetWait(event_set, 5000)
+        except nv.NVMLError_Timeout:
+            continue
+        except nv.NVMLError as exc:
+            emit({"t": "xid_events_unavailable", "error": f"{type(exc).__name__}: {exc}"})
+            return
+        try:
+            pci = _text(nv.nvmlDeviceGetPciInfo(data.device).busId)
+        except nv.NVMLError:
+            pci = None
+        emit({"t": "xid_event", "xid": int(data.eventData), "pci": pci, "time": time.time()})

@@ -11,6 +11,9 @@
  *   FAKE_NVML_INIT_ERROR=code  nvmlInitWithFlags returns this NVML error code
  *   FAKE_NVML_HANG=name        this function never returns (as on a wedged GPU)
  *   FAKE_NVML_HANG_GPU=i       ... only for GPU i (default: every GPU)
+ *   FAKE_NVML_HANG_FILE=path   ... only while this file exists (a test wedges and
+ *                              un-wedges the GPU at run time); default: forever
+ *   FAKE_NVML_TEMP_FILE=path   read the temperature from this file at every call
  *   FAKE_NVML_TEMP=C           GPU temperature (default 40)
  *   FAKE_NVML_WIDTH=N          current PCIe link width (default 16; max is 16)
  *   FAKE_NVML_UTIL=P           GPU utilization percent (default 0)
@@ -40,7 +43,9 @@ static void maybe_hang(const char *fn, int gpu) {
     if (!target || strcmp(target, fn) != 0) return;
     int only = env_int("FAKE_NVML_HANG_GPU", -1);
     if (only >= 0 && only != gpu) return;
-    for (;;) pause();
+    const char *file = getenv("FAKE_NVML_HANG_FILE");
+    if (!file) for (;;) pause();
+    while (access(file, F_OK) == 0) usleep(20000);
 }
 
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
@@ -119,6 +124,13 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *
     (void)sensor;
     maybe_hang("nvmlDeviceGetTemperature", d->index);
     *t = (unsigned int)env_int("FAKE_NVML_TEMP", 40);
+    const char *file = getenv("FAKE_NVML_TEMP_FILE");
+    FILE *f = file ? fopen(file, "r") : NULL;
+    if (f) {
+        int v;
+        if (fscanf(f, "%d", &v) == 1) *t = (unsigned int)v;
+        fclose(f);
+    }
     return NVML_SUCCESS;
 }
 

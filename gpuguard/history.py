@@ -1,0 +1,77 @@
+"""A short history of the few readings that rules judge over time (daemon only).
+
+`gpuguard check` sees one instant; the daemon keeps, per GPU, small samples of the
+counters whose growth matters (ECC corrected, AER correctable, PCIe replays) and of
+the HW-slowdown bit, for about ten minutes. Checks get it as `ctx.history` (None in
+`check`) and judge rates and persistence instead of single values.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from gpuguard.snapshot import GpuSnapshot, Snapshot
+
+HW_SLOWDOWN_BITS = 0x8 | 0x40 | 0x80
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    ecc_corrected: int | None
+    aer_correctable: int | None
+    replays: int | None
+    hw_slowdown: bool | None
+
+
+def gpu_key(gpu: GpuSnapshot) -> str:
+    return gpu.uuid.value if gpu.uuid.is_ok and gpu.uuid.value else f"index-{gpu.index}"
+
+
+def sample(gpu: GpuSnapshot, t: float) -> Sample:
+    aer = None
+    if gpu.pcie_aer.is_ok:
+        aer = sum((d.get("correctable") or {}).get("TOTAL", 0) for d in gpu.pcie_aer.get())
+    reasons = gpu.clock_event_reasons.value if gpu.clock_event_reasons.is_ok else None
+    return Sample(
+        t=t,
+        ecc_corrected=gpu.ecc_volatile_corrected.value if gpu.ecc_volatile_corrected.is_ok
+        else None,
+        aer_correctable=aer,
+        replays=gpu.pcie_replay_counter.value if gpu.pcie_replay_counter.is_ok else None,
+        hw_slowdown=None if reasons is None else bool(reasons & HW_SLOWDOWN_BITS),
+    )
+
+
+class History:
+    def __init__(self, keep_s: float = 660.0) -> None:
+        self.keep_s = keep_s
+        self._by_gpu: dict[str, deque[Sample]] = {}
+
+    def add(self, snapshot: Snapshot, t: float) -> None:
+        seen = set()
+        for gpu in snapshot.gpus:
+            key = gpu_key(gpu)
+            seen.add(key)
+            samples = self._by_gpu.setdefault(key, deque())
+            samples.append(sample(gpu, t))
+            while samples and t - samples[0].t > self.keep_s:
+                samples.popleft()
+        for key in set(self._by_gpu) - seen:  # a GPU that left takes its history with it
+            del self._by_gpu[key]
+
+    def samples(self, gpu: GpuSnapshot) -> list[Sample]:
+        """Older samples first; the last one is this cycle's."""
+        return list(self._by_gpu.get(gpu_key(gpu), ()))
+
+
+def growth(samples: list[Sample], field: str) -> tuple[int, float] | None:
+    """How much a counter grew between the last two samples, and over how many seconds.
+    A drop is a counter reset (driver reload), not negative growth: None."""
+    if len(samples) < 2:
+        return None
+    before, now = getattr(samples[-2], field), getattr(samples[-1], field)
+    if before is None or now is None or now < before:
+        return None
+    return now - before, samples[-1].t - samples[-2].t
