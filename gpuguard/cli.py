@@ -88,6 +88,10 @@ def main() -> None:
 @click.option("--timeout", type=click.FloatRange(min=0.2), default=10.0, show_default=True,
               help="Seconds before a hung driver is reported (driver.responsive).")
 @click.option("--quiet", "-q", is_flag=True, help="Print only problems; nothing when all is well.")
+@click.option("--fail-on", type=click.Choice(["unknown", "warning", "critical"]),
+              default="unknown", show_default=True,
+              help="Lowest status that gives a non-zero exit: `critical` for ExecStartPre= "
+                   "(warnings and unknowns then exit 0); the default keeps Nagios codes.")
 @click.option("--xid-window", metavar="SPAN",
               help="Count Xids of the last SPAN (90s, 15m, 2h, 1d) or `boot` "
                    "[default: the profile's xid_window, else boot].")
@@ -95,7 +99,8 @@ def main() -> None:
 @_host_source_options
 @_path_options
 def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str, ...],
-          input_path: Path | None, timeout: float, quiet: bool, xid_window: str | None,
+          input_path: Path | None, timeout: float, quiet: bool, fail_on: str,
+          xid_window: str | None,
           profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
           state_dir: Path, probe_image: str | None, path_sysfs: Path, path_procfs: Path,
           path_rootfs: Path) -> None:
@@ -135,8 +140,9 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     host_sources.merge(snapshot, host_facts)
     host_sources.collect_gpus(snapshot, host_opts)
     results = evaluate(snapshot, ruleset, profile, only, skip)
-    code = exit_code(results)
-    if fmt == "table" and quiet and code == 0:
+    raw_code = exit_code(results)
+    code = gated(raw_code, fail_on)
+    if fmt == "table" and quiet and raw_code == 0:
         text = ""
     else:
         colour = output is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
@@ -209,6 +215,53 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
     click.echo(f"acknowledged {len(seqs)} Xid line(s) up to kmsg sequence {max(seqs)}")
 
 
+@main.command()
+@click.option("--listen", default="127.0.0.1:9412", show_default=True,
+              help="HOST:PORT for /metrics, /healthz and /status (9412: clashes with neither "
+                   "node_exporter 9100 nor dcgm-exporter 9400).")
+@click.option("--fast-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds between fast cycles (clocks, ECC, Xid, PCIe, ...).")
+@click.option("--slow-interval", type=click.FloatRange(min=0.1), default=60.0,
+              show_default=True, help="Seconds between slow cycles (versions, VBIOS, toolkit).")
+@click.option("--timeout", type=click.FloatRange(min=0.2), default=4.0, show_default=True,
+              help="Deadline of one NVML sweep; past it driver.responsive is critical.")
+@click.option("--input", "input_path", type=click.Path(path_type=Path),
+              help="Replay this snapshot or nvidia-smi XML, read again every cycle.")
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto",
+              show_default=True, help="auto: JSON lines unless stderr is a terminal.")
+@click.option("--udev/--no-udev", default=True, show_default=True,
+              help="React to PCI add/remove events of NVIDIA devices at once.")
+@click.option("--events-file", type=click.Path(path_type=Path),
+              help="Also read udev-style events as JSON lines appended to this file "
+                   "({\"action\": \"remove\", \"properties\": {...}}): a replay of a udev log.")
+@_rule_options
+@_host_source_options
+@_path_options
+def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: float,
+           input_path: Path | None, log_format: str, udev: bool, events_file: Path | None,
+           profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
+           state_dir: Path, probe_image: str | None, path_sysfs: Path, path_procfs: Path,
+           path_rootfs: Path) -> None:
+    """Run the checks on a schedule and serve them to Prometheus (systemd Type=notify)."""
+    from gpuguard.daemon.app import Daemon, DaemonConfig
+    from gpuguard.profile import DEFAULT_PROFILE
+    from gpuguard.ruleset import DEFAULT_USER_RULES_DIR
+
+    paths = _paths(path_sysfs, path_procfs, path_rootfs)
+    if profile_path is None and DEFAULT_PROFILE.exists():
+        profile_path = DEFAULT_PROFILE
+    dirs = list(rules_dirs)
+    if not dirs and DEFAULT_USER_RULES_DIR.is_dir():
+        dirs = [DEFAULT_USER_RULES_DIR]
+    cfg = DaemonConfig(
+        listen=listen, fast_interval=fast_interval, slow_interval=slow_interval,
+        timeout=timeout, input_path=input_path,
+        host=_host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout),
+        profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
+        log_format=log_format)
+    sys.exit(Daemon(cfg).run())
+
+
 @main.group()
 def rules() -> None:
     """Inspect the rules in force."""
@@ -261,6 +314,12 @@ def rules_fields() -> None:
 
 
 # --- helpers -----------------------------------------------------------------------
+
+
+def gated(code: int, fail_on: str) -> int:
+    """Nagios code, with statuses below --fail-on turned into 0."""
+    allowed = {"unknown": set(), "warning": {3}, "critical": {1, 3}}[fail_on]
+    return 0 if code in allowed else code
 
 
 def _host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,

@@ -9,6 +9,7 @@ command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)        # builds the f
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)      # promtool checks our metrics
 command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)        # a real engine for toolkit.docker
 command -v busybox >/dev/null 2>&1 || need_apt+=(busybox-static)   # test images via docker import
+command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)  # verify the unit files
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "missing: ${need_apt[*]}; run as root or: sudo apt-get install ${need_apt[*]}" >&2

@@ -1,0 +1,1 @@
+"""`gpuguard daemon`: scheduled checks, Prometheus metrics, udev and Xid events, systemd."""

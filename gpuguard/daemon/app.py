@@ -1,0 +1,332 @@
+"""The daemon: two cadences of cycles, each a snapshot judged into results, served to
+Prometheus; reloads on SIGHUP, stops on SIGTERM, tells systemd how it is doing.
+
+Never hang, never die: NVML runs in a separate worker under a deadline (sampler.py),
+a cycle's exception is logged and the next cycle runs, a bad configuration on reload
+leaves the last good one in use.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from prometheus_client import CollectorRegistry
+
+from gpuguard.daemon import events, http, logs, notify
+from gpuguard.daemon.metrics import DaemonCollector, DaemonStats
+from gpuguard.daemon.sampler import NvmlSampler
+from gpuguard.daemon.store import ResultStore
+from gpuguard.engine import evaluate
+from gpuguard.history import History
+from gpuguard.outputs import json_out
+from gpuguard.profile import Profile, load_profile
+from gpuguard.results import Status
+from gpuguard.ruleset import RuleSet, load_ruleset
+from gpuguard.snapshot import Snapshot
+from gpuguard.sources import host as host_sources
+from gpuguard.sources import replay
+from gpuguard.sources.kmsg import normalise_pci
+from gpuguard.yamlfile import ConfigError
+
+log = structlog.get_logger("gpuguard.daemon")
+
+DEFAULT_LISTEN = "127.0.0.1:9412"
+
+
+@dataclass
+class DaemonConfig:
+    listen: str = DEFAULT_LISTEN
+    fast_interval: float = 5.0
+    slow_interval: float = 60.0
+    timeout: float = 4.0  # NVML deadline of one sweep
+    input_path: Path | None = None  # a replayed snapshot, read again every cycle
+    host: host_sources.HostOptions = field(default_factory=host_sources.HostOptions)
+    profile_path: Path | None = None
+    rules_dirs: list[Path] = field(default_factory=list)
+    udev: bool = True
+    events_file: Path | None = None
+    log_format: str = "auto"
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+class Daemon:
+    def __init__(self, cfg: DaemonConfig) -> None:
+        self.cfg = cfg
+        self.store = ResultStore()
+        self.stats = DaemonStats()
+        self.history = History()
+        self.sampler: NvmlSampler | None = None
+        self._config: tuple[Profile, RuleSet] | None = None
+        self._last: Snapshot | None = None
+        self._slow_facts = Snapshot()
+        self._seen_xids: set[tuple[Any, ...]] = set()
+        self._cycle_ids = itertools.count(1)
+        self._stop = threading.Event()
+        self._reload = threading.Event()
+        self._ready = threading.Event()
+        self._scheduler: BackgroundScheduler | None = None
+
+    # --- configuration -------------------------------------------------------------
+
+    def load_config(self) -> tuple[Profile, RuleSet]:
+        profile = load_profile(self.cfg.profile_path) if self.cfg.profile_path else Profile()
+        overrides = (profile.path, profile.rule_overrides) \
+            if profile.path is not None and profile.rule_overrides is not None else None
+        return profile, load_ruleset(self.cfg.rules_dirs, overrides)
+
+    def _do_reload(self) -> None:
+        notify.reloading()
+        with self.stats.lock:
+            self.stats.reloads_total += 1
+        try:
+            self._config = self.load_config()
+        except ConfigError as exc:
+            with self.stats.lock:
+                self.stats.reload_success = 0
+            log.error("config_reload_failed", file=exc.path, line=exc.line, reason=exc.problem,
+                      keeping="the last good rules and profile")
+        else:
+            with self.stats.lock:
+                self.stats.reload_success = 1
+                self.stats.last_reload_time = time.time()
+            log.info("config_reloaded", rules=len(self._config[1].rules))
+            self.run_now("reload")
+        notify.notify("READY=1")
+
+    # --- cycles --------------------------------------------------------------------
+
+    def run_now(self, reason: str) -> None:
+        """Start a fast cycle at once (after any cycle in progress: one at a time)."""
+        if self._scheduler is not None:
+            self._scheduler.add_job(self.fast_cycle, args=[reason], id=f"now-{reason}",
+                                    replace_existing=True, misfire_grace_time=None)
+
+    def _collect_nvml(self) -> Snapshot:
+        if self.cfg.input_path is not None:
+            try:
+                return replay.load(self.cfg.input_path)
+            except replay.InputError as exc:
+                snap = Snapshot()
+                snap.nvml.sweep_error = str(exc)
+                return snap
+        assert self.sampler is not None
+        return self.sampler.sweep(self.cfg.timeout)
+
+    def fast_cycle(self, reason: str = "schedule") -> None:
+        self._cycle("fast", reason, self._fast)
+
+    def slow_cycle(self, reason: str = "schedule") -> None:
+        self._cycle("slow", reason, self._slow)
+
+    def _cycle(self, cadence: str, reason: str, body: Any) -> None:
+        structlog.contextvars.bind_contextvars(cycle=next(self._cycle_ids), cadence=cadence)
+        started = time.monotonic()
+        try:
+            if reason != "schedule":
+                log.info("cycle_started", reason=reason)
+            body()
+        except Exception:
+            log.exception("cycle_failed")
+        finally:
+            with self.stats.lock:
+                self.stats.cycle_duration_s[cadence] = time.monotonic() - started
+                self.stats.last_cycle_time[cadence] = time.time()
+                self.stats.cycles_total[cadence] = self.stats.cycles_total.get(cadence, 0) + 1
+            structlog.contextvars.unbind_contextvars("cycle", "cadence")
+            if cadence == "fast":
+                self._ready.set()
+
+    def _fast(self) -> None:
+        assert self._config is not None
+        profile, ruleset = self._config
+        snap = self._collect_nvml()
+        host_sources.merge(snap, self._slow_facts)
+        if self.cfg.host.kernel_log:
+            snap.host.kernel_log = host_sources.read_kernel_log(self.cfg.host)
+            snap.host.__post_init__()
+        host_sources.collect_gpus(snap, self.cfg.host)
+        hung = snap.nvml.hung_call is not None
+        if hung:
+            with self.stats.lock:
+                self.stats.deadline_exceeded_total += 1
+        else:
+            self.history.add(snap, time.time())
+        results = evaluate(snap, ruleset, profile, cadence="fast", history=self.history)
+        if hung:
+            # Keep serving the last GPU results (marked stale) rather than dropping them.
+            results = [r for r in results if r.rule == "driver.responsive"]
+        else:
+            self._last = snap
+        self.store.update(results, "fast", partial=hung)
+        self._count_xids(snap, ruleset)
+
+    def _slow(self) -> None:
+        assert self._config is not None
+        profile, ruleset = self._config
+        facts = Snapshot()
+        host_sources.collect_host(facts, dataclasses.replace(self.cfg.host, kernel_log=False))
+        self._slow_facts = facts
+        base = self._last if self._last is not None else self._collect_nvml()
+        snap = Snapshot(host=copy.copy(base.host), nvml=base.nvml, gpus=base.gpus)
+        host_sources.merge(snap, facts)
+        self.store.update(evaluate(snap, ruleset, profile, cadence="slow"), "slow")
+
+    def _count_xids(self, snap: Snapshot, ruleset: RuleSet) -> None:
+        if not snap.host.kernel_log.is_ok:
+            return
+        by_pci = {normalise_pci(g.pci_bus_id.get()): g for g in snap.gpus if g.pci_bus_id.is_ok}
+        for event in snap.host.kernel_log.get()["xids"]:
+            key = (event.get("seq"), event.get("usec"), event["xid"], event.get("pci"))
+            if key not in self._seen_xids:
+                self._seen_xids.add(key)
+                self._add_xid(event["xid"], event.get("pci"), ruleset, by_pci)
+
+    def _add_xid(self, xid: int, pci: str | None, ruleset: RuleSet, by_pci: dict[str, Any]) -> None:
+        entry = ruleset.xid_catalog.get(xid)
+        severity = entry.severity if entry else "warning"
+        gpu = by_pci.get(pci or "")
+        label = (str(xid), severity, "" if gpu is None else str(gpu.index),
+                 "" if gpu is None else gpu.pci_bus_id.get())
+        with self.stats.lock:
+            self.stats.xids[label] = self.stats.xids.get(label, 0) + 1
+
+    def on_nvml_xid(self, event: dict[str, Any]) -> None:
+        """An Xid from NVML's event set, as it happens: counted, and a cycle starts."""
+        log.warning("nvml_xid_event", xid=event.get("xid"), pci=event.get("pci"))
+        if self._config is not None:
+            snap = self._last or Snapshot()
+            by_pci = {normalise_pci(g.pci_bus_id.get()): g for g in snap.gpus
+                      if g.pci_bus_id.is_ok}
+            pci = normalise_pci(event["pci"]) if event.get("pci") else None
+            self._add_xid(int(event["xid"]), pci, self._config[1], by_pci)
+        self.run_now("nvml xid event")
+
+    # --- what the HTTP endpoints and systemd see ----------------------------------
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        with self.stats.lock:
+            last = self.stats.last_cycle_time.get("fast")
+        age = None if last is None else round(time.time() - last, 3)
+        limit = 3 * self.cfg.fast_interval + self.cfg.timeout
+        fresh = age is not None and age < limit
+        return fresh, {"alive": True, "last_cycle_age_s": age, "fresh_within_s": limit,
+                       "stale_results": self.store.stale}
+
+    def status_document(self) -> dict[str, Any]:
+        doc = json_out.document(self._last or Snapshot(), self.store.results())
+        doc["stale"] = self.store.stale
+        return doc
+
+    def status_line(self) -> str:
+        results = self.store.results()
+        worst = {s: sum(1 for r in results if r.status is s)
+                 for s in (Status.CRITICAL, Status.WARNING, Status.UNKNOWN)}
+        gpus = len(self._last.gpus) if self._last else 0
+        text = (f"{gpus} GPU(s): {worst[Status.CRITICAL]} critical, {worst[Status.WARNING]} "
+                f"warning, {worst[Status.UNKNOWN]} unknown")
+        return text + (" (NVML not answering: results stale)" if self.store.stale else "")
+
+    # --- the main loop ---------------------------------------------------------------
+
+    def run(self) -> int:
+        logs.configure(self.cfg.log_format)
+        try:
+            self._config = self.load_config()
+            host, port = parse_listen(self.cfg.listen)
+        except (ConfigError, ValueError) as exc:
+            log.error("config_invalid", error=str(exc))
+            return 3
+        with self.stats.lock:
+            self.stats.last_reload_time = time.time()
+        if self.cfg.input_path is None:
+            self.sampler = NvmlSampler(str(self.cfg.host.paths.procfs), self.on_nvml_xid)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(DaemonCollector(self.store, self.stats, lambda: self._last))
+        try:
+            server = http.serve(host, port, registry, self.health, self.status_document)
+        except OSError as exc:
+            log.error("listen_failed", listen=self.cfg.listen, error=str(exc))
+            return 1
+
+        self._scheduler = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(1)},  # one cycle at a time
+            job_defaults={
+                "coalesce": True,
+                "max_instances": 1,
+                # A cycle delayed by up to one interval (another cycle ran long) still
+                # runs; later than that it is skipped and the next one comes.
+                "misfire_grace_time": int(max(1, self.cfg.fast_interval)),
+            },
+            timezone="UTC",
+        )
+        now = None  # first runs: at once, fast first
+        self._scheduler.add_job(self.fast_cycle, "interval", seconds=self.cfg.fast_interval,
+                                id="fast", next_run_time=now or _utcnow())
+        self._scheduler.add_job(self.slow_cycle, "interval", seconds=self.cfg.slow_interval,
+                                id="slow", next_run_time=_utcnow(),
+                                misfire_grace_time=int(max(1, self.cfg.slow_interval)))
+        self._scheduler.start()
+
+        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
+        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        observer = events.start_udev(self.run_now) if self.cfg.udev else None
+        if self.cfg.events_file is not None:
+            events.follow_file(self.cfg.events_file, self.run_now, self._stop)
+        log.info("daemon_started", listen=f"{host}:{port}", fast_s=self.cfg.fast_interval,
+                 slow_s=self.cfg.slow_interval, source="replay" if self.cfg.input_path
+                 else "nvml")
+
+        ping = notify.watchdog_interval()
+        ready_sent = False
+        last_status = ""
+        last_ping = 0.0
+        while not self._stop.wait(min(1.0, ping or 1.0)):
+            if self._reload.is_set():
+                self._reload.clear()
+                self._do_reload()
+            if self._ready.is_set():
+                line = self.status_line()
+                if not ready_sent:
+                    notify.notify("READY=1", f"STATUS={line}")
+                    ready_sent = True
+                elif line != last_status:
+                    notify.notify(f"STATUS={line}")
+                last_status = line
+            # The watchdog is pinged from this loop, not from cycles: a wedged GPU is
+            # reported (driver.responsive) instead of getting the daemon restarted.
+            if ping and time.monotonic() - last_ping >= ping:
+                notify.notify("WATCHDOG=1")
+                last_ping = time.monotonic()
+
+        log.info("daemon_stopping")
+        notify.notify("STOPPING=1")
+        self._scheduler.shutdown(wait=False)
+        if observer is not None:
+            observer.send_stop()
+        server.shutdown()
+        if self.sampler is not None:
+            self.sampler.close()
+        return 0
+
+
+def _utcnow() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)

@@ -1,0 +1,204 @@
+"""Prometheus metrics of the daemon, rendered from the last cycle by a custom Collector.
+
+Module-level Gauges would keep the label sets of a GPU that left; a Collector that
+yields families from the last cycle lets its series disappear. Every name has the one
+prefix `gpuguard_` and base units; docs/metrics.md lists them all.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from gpuguard import __version__
+from gpuguard.daemon.store import ResultStore
+from gpuguard.outputs.prometheus import STATUS_VALUE
+from gpuguard.results import Status
+from gpuguard.snapshot import GpuSnapshot, Snapshot
+
+GPU_LABELS = ["gpu", "uuid", "pci_bus_id"]
+CLOCK_REASONS = {
+    "gpu_idle": 0x1,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+}
+
+
+@dataclass
+class DaemonStats:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    cycle_duration_s: dict[str, float] = field(default_factory=dict)
+    last_cycle_time: dict[str, float] = field(default_factory=dict)
+    cycles_total: dict[str, int] = field(default_factory=dict)
+    deadline_exceeded_total: int = 0
+    reloads_total: int = 0
+    reload_success: int = 1
+    last_reload_time: float = 0.0
+    # (xid, severity, gpu, pci_bus_id) -> events seen
+    xids: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+
+
+def gpu_labels(gpu: GpuSnapshot) -> list[str]:
+    return [str(gpu.index), gpu.uuid.get_or(""), gpu.pci_bus_id.get_or("")]
+
+
+class DaemonCollector(Collector):
+    def __init__(self, store: ResultStore, stats: DaemonStats,
+                 last_snapshot: Callable[[], Snapshot | None]) -> None:
+        self.store = store
+        self.stats = stats
+        self.last_snapshot = last_snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._rules()
+        snapshot = self.last_snapshot()
+        if snapshot is not None and not self.store.stale:
+            yield from _telemetry(snapshot)
+        yield from self._daemon()
+
+    def _rules(self) -> Iterator[Metric]:
+        status = GaugeMetricFamily(
+            "gpuguard_rule_status",
+            "Last result of a rule: 0 ok, 1 warning, 2 critical, 3 unknown, -1 skipped.",
+            labels=["rule", "severity", *GPU_LABELS])
+        failed = GaugeMetricFamily(
+            "gpuguard_rule_failed_cycles",
+            "Consecutive cycles a rule failed (warning or critical); only series above 0.",
+            labels=["rule", *GPU_LABELS])
+        for entry in self.store.entries():
+            r = entry.result
+            gpu = ["", "", ""] if r.gpu is None else \
+                [str(r.gpu.index), r.gpu.uuid or "", r.gpu.pci_bus_id or ""]
+            status.add_metric([r.rule, r.severity.value, *gpu], STATUS_VALUE[r.status])
+            if entry.failed_cycles:
+                failed.add_metric([r.rule, *gpu], entry.failed_cycles)
+        yield status
+        yield failed
+
+    def _daemon(self) -> Iterator[Metric]:
+        stats = self.stats
+        with stats.lock:
+            durations = dict(stats.cycle_duration_s)
+            last = dict(stats.last_cycle_time)
+            cycles = dict(stats.cycles_total)
+            xids = dict(stats.xids)
+            deadline, reloads = stats.deadline_exceeded_total, stats.reloads_total
+            reload_ok, reload_time = stats.reload_success, stats.last_reload_time
+        duration = GaugeMetricFamily("gpuguard_cycle_duration_seconds",
+                                     "Wall time of the last cycle.", labels=["cadence"])
+        timestamp = GaugeMetricFamily("gpuguard_last_cycle_timestamp_seconds",
+                                      "When the last cycle ended (Unix time).", labels=["cadence"])
+        total = CounterMetricFamily("gpuguard_cycles", "Cycles run.", labels=["cadence"])
+        for cadence in sorted(last):
+            duration.add_metric([cadence], durations.get(cadence, 0.0))
+            timestamp.add_metric([cadence], last[cadence])
+            total.add_metric([cadence], cycles.get(cadence, 0))
+        yield duration
+        yield timestamp
+        yield total
+        xid = CounterMetricFamily(
+            "gpuguard_xid_events", "Xid events seen in the kernel log (since boot) and from "
+            "NVML events, by Xid and GPU.", labels=["xid", "severity", "gpu", "pci_bus_id"])
+        for (number, severity, gpu, pci), count in sorted(xids.items()):
+            xid.add_metric([number, severity, gpu, pci], count)
+        yield xid
+        yield CounterMetricFamily("gpuguard_check_deadline_exceeded",
+                                  "NVML sweeps that passed their deadline (driver.responsive).",
+                                  value=deadline)
+        yield CounterMetricFamily("gpuguard_config_reloads",
+                                  "Configuration reloads asked for (SIGHUP).", value=reloads)
+        yield GaugeMetricFamily("gpuguard_config_last_reload_successful",
+                                "1 when the last reload succeeded (or none was asked), 0 when "
+                                "it failed and the previous rules are still in use.",
+                                value=reload_ok)
+        yield GaugeMetricFamily("gpuguard_config_last_reload_timestamp_seconds",
+                                "When the configuration was last loaded (Unix time).",
+                                value=reload_time)
+        yield GaugeMetricFamily("gpuguard_results_stale",
+                                "1 when NVML stopped answering and GPU results are the last "
+                                "ones it gave.", value=1 if self.store.stale else 0)
+        yield InfoMetricFamily("gpuguard_build", "gpuguard version.",
+                               value={"version": __version__})
+
+
+def _telemetry(snapshot: Snapshot) -> Iterator[Metric]:
+    host = snapshot.host
+
+    def gauge(name: str, help_text: str, extra: list[str] | None = None) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, help_text, labels=[*GPU_LABELS, *(extra or [])])
+
+    info = InfoMetricFamily("gpuguard_gpu", "GPU identity.",
+                            labels=[*GPU_LABELS, "model", "vbios", "driver"])
+    temp = gauge("gpuguard_gpu_temperature_celsius", "GPU temperature.")
+    margin = gauge("gpuguard_gpu_tlimit_margin_celsius",
+                   "Degrees below T.Limit, where the GPU starts slowing down.")
+    power = gauge("gpuguard_gpu_power_draw_watts", "Power draw (1 s average on Ampere+).")
+    limit = gauge("gpuguard_gpu_power_limit_watts", "Enforced power limit.")
+    util = gauge("gpuguard_gpu_utilization_ratio", "GPU utilization, 0 to 1.")
+    mem = gauge("gpuguard_gpu_memory_used_bytes", "GPU memory in use (without the driver's "
+                "reservation where the driver says).")
+    ecc = CounterMetricFamily("gpuguard_gpu_ecc_errors", "ECC errors: volatile since the "
+                              "driver loaded, aggregate over the GPU's life.",
+                              labels=[*GPU_LABELS, "type", "counter"])
+    aer = CounterMetricFamily("gpuguard_gpu_pcie_aer_errors", "PCIe AER errors since boot on "
+                              "the GPU and the bridges above it, summed.",
+                              labels=[*GPU_LABELS, "type"])
+    replays = CounterMetricFamily("gpuguard_gpu_pcie_replays", "PCIe replay counter.",
+                                  labels=GPU_LABELS)
+    gen = gauge("gpuguard_gpu_pcie_link_generation", "PCIe link generation.", ["state"])
+    width = gauge("gpuguard_gpu_pcie_link_width", "PCIe link width (lanes).", ["state"])
+    reasons = gauge("gpuguard_gpu_clock_event_reason", "1 while a clock event reason is "
+                    "active (idle is normal).", ["reason"])
+
+    def put(family: Any, labels: list[str], reading: Any, scale: float = 1.0,
+            extra: list[str] | None = None) -> None:
+        if reading.is_ok and isinstance(reading.value, int | float):
+            family.add_metric([*labels, *(extra or [])], reading.value * scale)
+
+    for gpu in snapshot.gpus:
+        labels = gpu_labels(gpu)
+        info.add_metric(labels, {"model": gpu.name.get_or(""),
+                                 "vbios": gpu.vbios_version.get_or(""),
+                                 "driver": host.driver_version.get_or("")})
+        put(temp, labels, gpu.temperature_c)
+        put(margin, labels, gpu.temperature_tlimit_margin_c)
+        put(power, labels, gpu.power_draw_w)
+        put(limit, labels, gpu.power_limit_enforced_w)
+        put(util, labels, gpu.utilization_gpu_percent, 0.01)
+        put(mem, labels, gpu.memory_used_bytes)
+        put(ecc, labels, gpu.ecc_volatile_corrected, extra=["corrected", "volatile"])
+        put(ecc, labels, gpu.ecc_volatile_uncorrected, extra=["uncorrected", "volatile"])
+        put(ecc, labels, gpu.ecc_aggregate_corrected, extra=["corrected", "aggregate"])
+        put(ecc, labels, gpu.ecc_aggregate_uncorrected, extra=["uncorrected", "aggregate"])
+        put(replays, labels, gpu.pcie_replay_counter)
+        put(gen, labels, gpu.pcie_link_gen_current, extra=["current"])
+        put(gen, labels, gpu.pcie_link_gen_max, extra=["max"])
+        put(width, labels, gpu.pcie_link_width_current, extra=["current"])
+        put(width, labels, gpu.pcie_link_width_max, extra=["max"])
+        if gpu.pcie_aer.is_ok:
+            for kind in ("correctable", "nonfatal", "fatal"):
+                count = sum((d.get(kind) or {}).get("TOTAL", 0) for d in gpu.pcie_aer.get())
+                aer.add_metric([*labels, kind], count)
+        if gpu.clock_event_reasons.is_ok:
+            mask = gpu.clock_event_reasons.get()
+            for name, bit in CLOCK_REASONS.items():
+                reasons.add_metric([*labels, name], 1 if mask & bit else 0)
+    yield from (info, temp, margin, power, limit, util, mem, ecc, aer, replays, gen, width,
+                reasons)
+
+
+def status_value(status: Status) -> int:
+    return STATUS_VALUE[status]

@@ -1,0 +1,156 @@
+"""The daemon's NVML source: a persistent worker process, each sweep under a deadline.
+
+Forking a threaded daemon is unsafe, and starting Python and NVML every cycle costs
+more CPU than the whole cycle budget, so one worker (gpuguard.sources.nvml_worker)
+keeps NVML initialised and answers `sweep` requests. When a sweep passes its deadline
+the call in flight is named from the shared progress file, the worker is killed and
+left behind; while it has not exited (a process in D state cannot), no new worker is
+started, so a wedged GPU costs one stuck process, not one per cycle. Once it is gone
+the next cycle starts a fresh worker: the daemon recovers on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from gpuguard.snapshot import Snapshot
+from gpuguard.sources import nvml
+
+log = structlog.get_logger("gpuguard.nvml")
+
+
+class _Worker:
+    def __init__(self, progress_path: str, procfs: str,
+                 on_xid: Callable[[dict[str, Any]], None]) -> None:
+        self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuguard.sources.nvml_worker", progress_path, procfs],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            start_new_session=True,  # a ^C to the daemon is the daemon's to handle
+        )
+        self._on_xid = on_xid
+        threading.Thread(target=self._read, name="nvml-worker-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            kind = msg.get("t")
+            if kind == "xid_event":
+                self._on_xid(msg)
+            elif kind == "xid_events_unavailable":
+                log.info("nvml_xid_events_unavailable", error=msg.get("error"))
+            else:
+                self.messages.put(msg)
+        self.messages.put({"t": "eof"})
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+class NvmlSampler:
+    def __init__(self, procfs: str, on_xid: Callable[[dict[str, Any]], None]) -> None:
+        self.procfs = procfs
+        self.on_xid = on_xid
+        fd, self.progress_path = tempfile.mkstemp(prefix="gpuguard-nvml-progress-")
+        os.close(fd)
+        self._progress = nvml._Progress(self.progress_path)
+        self._worker: _Worker | None = None
+        self._stuck: _Worker | None = None
+        self._stuck_call: str | None = None
+        self._stuck_since: float | None = None
+
+    def sweep(self, deadline_s: float) -> Snapshot:
+        started = time.monotonic()
+        if self._stuck is not None:
+            if self._stuck.alive():
+                return self._hung(deadline_s, started, still=True)
+            log.info("nvml_worker_released", call=self._stuck_call)
+            self._stuck = None
+        if self._worker is None or not self._worker.alive():
+            self._progress.buf[:] = bytes(len(self._progress.buf))
+            self._worker = _Worker(self.progress_path, self.procfs, self.on_xid)
+        worker = self._worker
+        try:
+            assert worker.proc.stdin is not None
+            worker.proc.stdin.write("sweep\n")
+            worker.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self._worker = None
+            snap = Snapshot()
+            snap.nvml.sweep_error = "the NVML worker exited before the sweep"
+            return snap
+
+        messages: list[dict[str, Any]] = []
+        end = started + deadline_s
+        while True:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                self._stuck_call = "; ".join(self._progress.active()) or "NVML worker start"
+                self._stuck_since = time.time()
+                worker.kill()
+                self._stuck, self._worker = worker, None
+                log.error("nvml_call_hung", call=self._stuck_call, deadline_s=deadline_s)
+                return self._hung(deadline_s, started, still=False)
+            try:
+                msg = worker.messages.get(timeout=remaining)
+            except queue.Empty:
+                continue
+            if msg["t"] == "end":
+                break
+            if msg["t"] == "eof":
+                self._worker = None
+                messages.append({"t": "fatal", "kind": "WorkerExited",
+                                 "error": f"exit code {worker.proc.poll()}"})
+                break
+            messages.append(msg)
+        snap = nvml._assemble(messages)
+        snap.nvml.deadline_s = deadline_s
+        snap.nvml.elapsed_s = round(time.monotonic() - started, 4)
+        return snap
+
+    def _hung(self, deadline_s: float, started: float, still: bool) -> Snapshot:
+        snap = Snapshot()
+        snap.host.source = "nvml"
+        call = self._stuck_call or "?"
+        if still:
+            call = f"{call} (still not returned since {time.ctime(self._stuck_since or 0)})"
+        snap.nvml.hung_call = call
+        snap.nvml.deadline_s = deadline_s
+        snap.nvml.elapsed_s = round(time.monotonic() - started, 4)
+        return snap
+
+    def close(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None and worker.alive():
+            try:
+                assert worker.proc.stdin is not None
+                worker.proc.stdin.write("quit\n")
+                worker.proc.stdin.flush()
+                worker.proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                worker.kill()
+        if self._stuck is not None:
+            self._stuck.kill()
+        with contextlib.suppress(OSError):
+            os.unlink(self.progress_path)

@@ -1,0 +1,41 @@
+"""The shipped units pass `systemd-analyze verify`; --fail-on gates ExecStartPre."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from tests.conftest import FIXTURES, H200_XML, REPO, gpuguard
+
+
+@pytest.mark.parametrize("unit", ["gpuguard.service"])
+def test_unit_verifies(tmp_path, unit):
+    if shutil.which("systemd-analyze") is None:
+        pytest.fail("systemd-analyze is missing: ./scripts/test.sh installs Debian's systemd")
+    exe = shutil.which("gpuguard") or str(REPO / ".venv" / "bin" / "gpuguard")
+    text = (REPO / "systemd" / unit).read_text().replace("/usr/bin/gpuguard", exe)
+    (tmp_path / unit).write_text(text)
+    proc = subprocess.run(["systemd-analyze", "verify", str(tmp_path / unit)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    security = subprocess.run(["systemd-analyze", "security", "--offline=true",
+                               str(tmp_path / unit)], capture_output=True, text=True,
+                              check=False)
+    assert "Overall exposure level" in security.stdout
+    exposure = float(security.stdout.split("Overall exposure level for")[1].split(":")[1]
+                     .split()[0])
+    assert exposure <= 3.0, security.stdout  # "OK"; docs/daemon.md records the details
+
+
+def test_preflight_drop_in_gates_on_critical_only():
+    drop_in = (REPO / "systemd" / "inference-preflight.conf").read_text()
+    assert "ExecStartPre=/usr/bin/gpuguard check --quiet --fail-on critical" in drop_in
+    warn_only = FIXTURES / "nvidia-smi-v11-two-gpus.xml"
+    # warnings alone pass the gate...
+    proc = gpuguard("check", "--input", str(warn_only), "--quiet", "--fail-on", "critical",
+                    "--only", "persistence.mode", "--only", "power.limit")
+    assert proc.returncode == 0 and "persistence.mode" in proc.stdout
+    # ...a critical stops the start
+    proc = gpuguard("check", "--input", str(warn_only), "--quiet", "--fail-on", "critical")
+    assert proc.returncode == 2
+    assert gpuguard("check", "--input", str(H200_XML), "--fail-on", "warning").returncode == 0
