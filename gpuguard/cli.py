@@ -49,6 +49,10 @@ def _host_source_options(fn: Any) -> Any:
         click.option("--state-dir", type=click.Path(path_type=Path),
                      default="/var/lib/gpuguard", show_default=True,
                      help="Where `gpuguard xid ack` keeps the acknowledged Xid sequence."),
+        click.option("--docker/--no-docker", "docker", default=None,
+                     help="Check the Docker daemon (toolkit.docker). Default: the daemon "
+                          "always does; `check` only with --probe-image or when the profile "
+                          "says `docker: required` (the docker SDK costs ~200 ms to import)."),
         click.option("--probe-image", metavar="IMAGE",
                      help="Also run nvidia-smi in a throwaway container of IMAGE with all GPUs "
                           "and compare its driver version with the host's (off by default)."),
@@ -102,17 +106,21 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
           input_path: Path | None, timeout: float, quiet: bool, fail_on: str,
           xid_window: str | None,
           profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
-          state_dir: Path, probe_image: str | None, path_sysfs: Path, path_procfs: Path,
-          path_rootfs: Path) -> None:
+          state_dir: Path, docker: bool | None, probe_image: str | None, path_sysfs: Path,
+          path_procfs: Path, path_rootfs: Path) -> None:
     """Check this host (or a saved dump) and exit 0 ok, 1 warning, 2 critical, 3 unknown."""
     started = time.monotonic()
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
-    host_opts = _host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout)
+    host_opts = _host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
+                              docker, "auto", profile_path)
     probe = None
     if input_path is None:
         from gpuguard.sources import nvml
 
         probe = nvml.probe(str(paths.procfs), nvml.deadline_for(timeout))
+    from gpuguard.sources import host as host_sources
+
+    host_probe = host_sources.ForkedHostFacts(host_opts)  # beside the NVML worker
     try:
         profile, ruleset = _load_config(profile_path, rules_dirs)
         if xid_window is not None:
@@ -123,12 +131,6 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
             probe.result()  # do not leave the worker behind
         raise
 
-    from gpuguard.snapshot import Snapshot
-    from gpuguard.sources import host as host_sources
-
-    host_facts = Snapshot()
-    host_sources.collect_host(host_facts, host_opts)  # while the NVML worker runs
-
     # Everything imported from here to probe.result() overlaps with the NVML worker.
     from gpuguard.engine import evaluate
     from gpuguard.results import exit_code
@@ -137,7 +139,8 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     if probe is not None:
         snapshot = probe.result()
     assert snapshot is not None
-    host_sources.merge(snapshot, host_facts)
+    host_sources.merge(snapshot, host_probe.result(max(0.5, timeout - (time.monotonic() - started)
+                                                      - 0.2)))
     host_sources.collect_gpus(snapshot, host_opts)
     results = evaluate(snapshot, ruleset, profile, only, skip)
     raw_code = exit_code(results)
@@ -160,15 +163,17 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
 @_host_source_options
 @_path_options
 def snapshot(output: Path | None, input_path: Path | None, timeout: float,
-             kmsg_file: Path | None, state_dir: Path, probe_image: str | None,
-             path_sysfs: Path, path_procfs: Path, path_rootfs: Path) -> None:
+             kmsg_file: Path | None, state_dir: Path, docker: bool | None,
+             probe_image: str | None, path_sysfs: Path, path_procfs: Path,
+             path_rootfs: Path) -> None:
     """Record this host's snapshot as JSON (replay it with `check --input`)."""
     import json
 
     from gpuguard.sources import host as host_sources
 
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
-    host_opts = _host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout)
+    host_opts = _host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
+                              docker, "on", None)
     if input_path is not None:
         snap = _replay(input_path)
     else:
@@ -240,12 +245,11 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
 def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: float,
            input_path: Path | None, log_format: str, udev: bool, events_file: Path | None,
            profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
-           state_dir: Path, probe_image: str | None, path_sysfs: Path, path_procfs: Path,
-           path_rootfs: Path) -> None:
+           state_dir: Path, docker: bool | None, probe_image: str | None, path_sysfs: Path,
+           path_procfs: Path, path_rootfs: Path) -> None:
     """Run the checks on a schedule and serve them to Prometheus (systemd Type=notify)."""
     from gpuguard.daemon.app import Daemon, DaemonConfig
-    from gpuguard.profile import DEFAULT_PROFILE
-    from gpuguard.ruleset import DEFAULT_USER_RULES_DIR
+    from gpuguard.paths import DEFAULT_PROFILE, DEFAULT_USER_RULES_DIR
 
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
     if profile_path is None and DEFAULT_PROFILE.exists():
@@ -256,7 +260,8 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
     cfg = DaemonConfig(
         listen=listen, fast_interval=fast_interval, slow_interval=slow_interval,
         timeout=timeout, input_path=input_path,
-        host=_host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout),
+        host=_host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
+                           docker, "on", profile_path),
         profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
         log_format=log_format)
     sys.exit(Daemon(cfg).run())
@@ -323,11 +328,18 @@ def gated(code: int, fail_on: str) -> int:
 
 
 def _host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,
-                  state_dir: Path, probe_image: str | None, timeout: float) -> HostOptions:
+                  state_dir: Path, probe_image: str | None, timeout: float,
+                  docker: bool | None, docker_default: str,
+                  profile_path: Path | None) -> HostOptions:
+    from gpuguard.paths import DEFAULT_PROFILE
     from gpuguard.sources.host import HostOptions
 
+    if profile_path is None and DEFAULT_PROFILE.exists():
+        profile_path = DEFAULT_PROFILE
+    mode = docker_default if docker is None else ("on" if docker else "off")
     opts = HostOptions(paths=paths, kmsg_file=kmsg_file, state_dir=state_dir,
-                       probe_image=probe_image, probe_timeout=max(timeout, 5.0))
+                       probe_image=probe_image, probe_timeout=max(timeout, 5.0),
+                       docker=mode, profile_path=profile_path)
     if input_path is not None:
         # A replay reads only the host sources the user pointed at.
         given = _given_options()
@@ -379,8 +391,9 @@ def _paths(sysfs: Path, procfs: Path, rootfs: Path) -> Paths:
 
 def _load_config(profile_path: Path | None,
                  rules_dirs: tuple[Path, ...]) -> tuple[Profile, RuleSet]:
-    from gpuguard.profile import DEFAULT_PROFILE, Profile, load_profile
-    from gpuguard.ruleset import DEFAULT_USER_RULES_DIR, load_ruleset
+    from gpuguard.paths import DEFAULT_PROFILE, DEFAULT_USER_RULES_DIR
+    from gpuguard.profile import Profile, load_profile
+    from gpuguard.ruleset import load_ruleset
     from gpuguard.yamlfile import ConfigError
 
     try:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+# Defaults of the configuration files, here so that reading them costs no YAML import.
+DEFAULT_PROFILE = Path("/etc/gpuguard/profile.yaml")
+DEFAULT_USER_RULES_DIR = Path("/etc/gpuguard/rules.d")
+
 
 @dataclass(frozen=True)
 class Paths:

@@ -20,9 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuguard.paths import DEFAULT_PROFILE
 from gpuguard.yamlfile import ConfigError, Mapping, load
 
-DEFAULT_PROFILE = Path("/etc/gpuguard/profile.yaml")
+__all__ = ["DEFAULT_PROFILE", "Profile", "load_profile", "parse_version", "parse_window"]
 PROFILE_KEYS = {"gpu_count", "driver", "vbios", "ecc", "rules", "xid_window", "docker"}
 
 

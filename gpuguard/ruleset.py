@@ -29,7 +29,6 @@ OVERRIDE_KEYS = {"severity", "enabled", "thresholds", "remediation"}
 TOP_LEVEL_KEYS = {"rules", "overrides", "xid_catalog"}
 XID_SEVERITIES = ("critical", "warning", "ignore")
 XID_ACTIONS = ("restart_app", "reset_gpu", "reboot", "contact_vendor", "ignore", "follow_text")
-DEFAULT_USER_RULES_DIR = Path("/etc/gpuguard/rules.d")
 
 GPU_CONDITION_NAMES = (*GPU_READING_FIELDS, "index", *HOST_READING_FIELDS)
 HOST_CONDITION_NAMES = HOST_READING_FIELDS

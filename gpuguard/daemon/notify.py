@@ -17,10 +17,14 @@ def notify(*lines: str) -> bool:
         return False
     if address.startswith("@"):  # abstract namespace
         address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+    # Non-blocking: a datagram socket queues only net.unix.max_dgram_qlen messages, and
+    # a reader that fell behind must never stall the main loop (and with it SIGTERM or
+    # the watchdog). A message that does not fit is dropped.
+    with socket.socket(socket.AF_UNIX,
+                       socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as sock:
         try:
             sock.connect(address)
-            sock.sendall("\n".join(lines).encode())
+            sock.send("\n".join(lines).encode())
         except OSError:
             return False
     return True

@@ -7,15 +7,21 @@ customer's dump must not get the facts of their own laptop mixed in.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
+import signal
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuguard.paths import Paths
-from gpuguard.snapshot import Reading, Snapshot
-from gpuguard.sources import driver_stack, kmsg, sysfs, toolkit
+from gpuguard.snapshot import HOST_READING_FIELDS, Reading, Snapshot
+
+# The source modules are imported where they are used: `gpuguard check` runs them in a
+# forked child, and what the parent imports before that fork delays it.
 
 XID_ACK_FILE = "xid-ack.json"
 
@@ -27,6 +33,11 @@ class HostOptions:
     state_dir: Path | None = None
     probe_image: str | None = None
     probe_timeout: float = 30.0
+    # Docker: "on" (the daemon; `check --docker`), "off", or "auto": only when the profile
+    # says `docker: required`. Importing the docker SDK costs ~200 ms, too much for every
+    # preflight `check` on hosts that do not run their inference in Docker.
+    docker: str = "on"
+    profile_path: Path | None = None
     # Which families to read: all for a live check, only those named for a replay.
     kernel_log: bool = True
     procfs: bool = True
@@ -36,6 +47,8 @@ class HostOptions:
 
 def collect_host(snapshot: Snapshot, opts: HostOptions) -> None:
     """Everything that does not need NVML's GPU list (runs while the NVML worker runs)."""
+    from gpuguard.sources import driver_stack, sysfs, toolkit
+
     host = snapshot.host
     if opts.kernel_log:
         host.kernel_log = read_kernel_log(opts)
@@ -50,17 +63,102 @@ def collect_host(snapshot: Snapshot, opts: HostOptions) -> None:
         host.cdi_specs = toolkit.cdi_specs(opts.paths.rootfs)
         host.container_cli = toolkit.container_cli()
         host.ctk_version = toolkit.ctk_version()
-        host.docker = toolkit.docker_info(opts.paths.rootfs)
+        if _want_docker(opts):
+            host.docker = toolkit.docker_info(opts.paths.rootfs)
+        else:
+            host.docker = Reading.not_supported(
+                "Docker is not checked by `gpuguard check` unless asked: --docker, "
+                "--probe-image, or `docker: required` in the profile (the daemon checks it)")
         if opts.probe_image:
             host.probe_image = toolkit.probe_image(opts.paths.rootfs, opts.probe_image,
                                                    opts.probe_timeout)
     host.__post_init__()
 
 
+def _want_docker(opts: HostOptions) -> bool:
+    if opts.docker == "on" or opts.probe_image:
+        return True
+    if opts.docker == "off" or opts.profile_path is None:
+        return False
+    from gpuguard.profile import load_profile
+    from gpuguard.yamlfile import ConfigError
+
+    try:
+        return load_profile(opts.profile_path).docker_required
+    except ConfigError:
+        return False  # the parent reports the bad profile
+
+
+class ForkedHostFacts:
+    """collect_host() in a forked child, so that its imports (psutil, YAML) and reads run
+    beside the NVML worker instead of after the parent's own start-up."""
+
+    def __init__(self, opts: HostOptions) -> None:
+        self.started = time.monotonic()
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            code = 0
+            try:
+                os.close(read_fd)
+                facts = Snapshot()
+                collect_host(facts, opts)
+                payload = {name: getattr(facts.host, name).to_json()
+                           for name in HOST_READING_FIELDS}
+                with os.fdopen(write_fd, "w") as out:
+                    out.write(json.dumps(payload))
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        self.pid = pid
+        self._read_fd = read_fd
+
+    def result(self, deadline_s: float) -> Snapshot:
+        facts = Snapshot()
+        chunks: list[bytes] = []
+        end = self.started + deadline_s
+        done = False
+        try:
+            while (remaining := end - time.monotonic()) > 0:
+                ready, _, _ = select.select([self._read_fd], [], [], remaining)
+                if not ready:
+                    break
+                data = os.read(self._read_fd, 65536)
+                if not data:
+                    done = True
+                    break
+                chunks.append(data)
+        finally:
+            os.close(self._read_fd)
+        try:
+            payload = json.loads(b"".join(chunks)) if done else None
+        except ValueError:
+            payload = None
+        if payload is None:
+            why = ("did not answer in time" if not done else "failed")
+            for name in HOST_READING_FIELDS:
+                setattr(facts.host, name, Reading.failed(f"host sources {why}"))
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        else:
+            for name, raw in payload.items():
+                reading = Reading.from_json(raw)
+                if reading.state != "absent":
+                    setattr(facts.host, name, reading)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, os.WNOHANG)
+        facts.host.__post_init__()
+        return facts
+
+
 def collect_gpus(snapshot: Snapshot, opts: HostOptions) -> None:
     """What needs the GPU list: AER counters by PCI address."""
     if not opts.sysfs:
         return
+    from gpuguard.sources import sysfs
+
     for gpu in snapshot.gpus:
         if gpu.pci_bus_id.is_ok:
             gpu.pcie_aer = sysfs.aer_chain(opts.paths.sysfs, gpu.pci_bus_id.get())
@@ -76,6 +174,8 @@ def merge(into: Snapshot, host_from: Snapshot) -> None:
 
 
 def read_kernel_log(opts: HostOptions) -> Reading[dict[str, object]]:
+    from gpuguard.sources import kmsg
+
     path = opts.kmsg_file
     if path is not None and not _is_char_device(path):
         return kmsg.read_file(path)

@@ -27,8 +27,6 @@ DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
 def cdi_specs(rootfs: Path) -> Reading[list[dict[str, Any]]]:
     """One summary per spec file; a file that cannot be read keeps its error, so one bad
     file makes the rule unknown without hiding what the others say."""
-    import yaml
-
     specs: list[dict[str, Any]] = []
     for folder in CDI_DIRS:
         directory = rootfs / folder
@@ -37,9 +35,10 @@ def cdi_specs(rootfs: Path) -> Reading[list[dict[str, Any]]]:
         for path in sorted(directory.iterdir()):
             if path.suffix not in (".yaml", ".yml", ".json") or not path.is_file():
                 continue
+            import yaml  # only where there is a spec to read
             shown = "/" + str(path.relative_to(rootfs))
             try:
-                doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+                doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_loader(yaml))
             except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
                 mark = getattr(exc, "problem_mark", None)
                 where = f"{shown}:{mark.line + 1}" if mark else shown
@@ -51,6 +50,11 @@ def cdi_specs(rootfs: Path) -> Reading[list[dict[str, Any]]]:
                 continue
             specs.append(_summarise_spec(doc, shown, rootfs))
     return Reading.ok(specs)
+
+
+def _loader(yaml: Any) -> Any:
+    # The C parser reads a real spec (hundreds of lines) about ten times faster.
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _summarise_spec(doc: dict[str, Any], shown: str, rootfs: Path) -> dict[str, Any]:

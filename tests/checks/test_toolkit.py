@@ -90,7 +90,8 @@ def check_json(*args, env):
 
 
 def test_docker_runtimes_are_reported(docker_host, tmp_path):
-    results = check_json("--path.rootfs", str(tmp_path), env={"DOCKER_HOST": docker_host})
+    results = check_json("--path.rootfs", str(tmp_path), "--docker",
+                         env={"DOCKER_HOST": docker_host})
     docker = results["toolkit.docker"]
     assert docker["status"] == "ok", docker["message"]
     assert "nvidia" in docker["observed"]["docker"]["runtimes"]
@@ -99,7 +100,7 @@ def test_docker_runtimes_are_reported(docker_host, tmp_path):
 
 def test_docker_down_is_a_warning_or_critical_when_required(tmp_path):
     gone = f"unix://{tmp_path}/no-daemon.sock"
-    results = check_json("--path.rootfs", str(tmp_path), env={"DOCKER_HOST": gone})
+    results = check_json("--path.rootfs", str(tmp_path), "--docker", env={"DOCKER_HOST": gone})
     assert results["toolkit.docker"]["status"] == "warning"
     assert "does not answer" in results["toolkit.docker"]["message"]
     profile = tmp_path / "profile.yaml"
@@ -124,6 +125,18 @@ def test_probe_image_without_a_gpu_runtime_fails_and_leaves_nothing(docker_host,
         assert client.containers.list(all=True, filters={"label": "io.gpuguard.probe"}) == []
     finally:
         client.close()
+
+
+def test_check_leaves_docker_alone_unless_asked(docker_host, tmp_path):
+    results = check_json("--path.rootfs", str(tmp_path), env={"DOCKER_HOST": docker_host})
+    assert results["toolkit.docker"]["status"] == "skipped"
+    assert "--docker" in results["toolkit.docker"]["message"]
+    # `docker: required` in the profile turns it on (auto)
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("docker: required\n")
+    results = check_json("--path.rootfs", str(tmp_path), "--profile", str(profile),
+                         env={"DOCKER_HOST": docker_host})
+    assert results["toolkit.docker"]["status"] == "ok"
 
 
 @pytest.mark.parametrize(("seen", "status"), [(["580.159.04"], Status.OK),
