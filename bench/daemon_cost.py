@@ -64,15 +64,19 @@ def cpu_of(proc: psutil.Process) -> float:
     return total
 
 
-def rss_of(proc: psutil.Process) -> tuple[int, int]:
-    main = proc.memory_info().rss
-    kids = 0
-    for p in proc.children(recursive=True):
+def memory_of(proc: psutil.Process) -> dict[str, float]:
+    """RSS and USS (pages no other process shares: what exiting would free) in MB."""
+    out = {"rss_daemon_mb": 0.0, "uss_daemon_mb": 0.0, "rss_nvml_worker_mb": 0.0,
+           "uss_nvml_worker_mb": 0.0}
+    for p, who in [(proc, "daemon"), *((c, "nvml_worker") for c in
+                                        proc.children(recursive=True))]:
         try:
-            kids += p.memory_info().rss
+            info = p.memory_full_info()
         except psutil.Error:
-            pass
-    return main, kids
+            continue
+        out[f"rss_{who}_mb"] += round(info.rss / 2**20, 1)
+        out[f"uss_{who}_mb"] += round(info.uss / 2**20, 1)
+    return out
 
 
 def measure(gpus: int | None, interval: float, seconds: float, scrapes: int) -> dict:
@@ -117,7 +121,7 @@ def measure(gpus: int | None, interval: float, seconds: float, scrapes: int) -> 
             size = len(body)
         series = sum(1 for line in body.decode().splitlines()
                      if line and not line.startswith("#"))
-        rss_main, rss_worker = rss_of(ps)
+        memory = memory_of(ps)
         per_cycle = (cpu1 - cpu0) / max(1, c1 - c0)
         return {
             "gpus": gpus if gpus is not None else "nvml",
@@ -125,8 +129,7 @@ def measure(gpus: int | None, interval: float, seconds: float, scrapes: int) -> 
             "span_s": round(t1 - t0, 1),
             "cpu_s_per_cycle": round(per_cycle, 5),
             "core_share_at_5s_percent": round(per_cycle / 5 * 100, 3),
-            "rss_daemon_mb": round(rss_main / 2**20, 1),
-            "rss_nvml_worker_mb": round(rss_worker / 2**20, 1),
+            **memory,
             "scrape_ms_median": round(statistics.median(latencies), 2),
             "scrape_ms_p95": round(sorted(latencies)[int(0.95 * len(latencies)) - 1], 2),
             "metrics_bytes": size,

@@ -1,0 +1,45 @@
+"""docs/metrics.md and what gpuguard exports name the same metrics, and they parse."""
+
+import re
+import shutil
+import subprocess
+
+from tests.conftest import FIXTURES, H200_XML, REPO, gpuguard
+from tests.daemon.conftest import host_snapshot, write_snapshot
+
+DOC = (REPO / "docs" / "metrics.md").read_text()
+
+
+def documented(section: str) -> set[str]:
+    part = DOC.split(section, 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `(gpuguard_[a-z_]+)`", part, re.MULTILINE))
+
+
+def exported(text: str) -> set[str]:
+    """Names of the samples (what PromQL sees), without the client's _created series."""
+    names = {re.split(r"[{ ]", line, 1)[0] for line in text.splitlines()
+             if line and not line.startswith("#")}
+    return {n for n in names if not n.endswith("_created")}
+
+
+def test_daemon_exports_what_the_doc_lists(start_daemon, tmp_path):
+    snap = tmp_path / "host.json"
+    host = host_snapshot(2, {(0, "pci_bus_id"): "00000000:3B:00.0",
+                             (1, "pci_bus_id"): "00000000:86:00.0"})
+    write_snapshot(snap, host)
+    daemon = start_daemon("--input", str(snap), "--fast-interval", "0.3",
+                          "--kmsg-file", str(FIXTURES / "kmsg" / "dmesg.log"),
+                          "--path.sysfs", str(FIXTURES / "sysfs-aer"))
+    daemon.wait_for(lambda: "gpuguard_xid_events_total{" in daemon.metrics(), what="xids")
+    text = daemon.metrics()
+    assert exported(text) == documented("## The daemon")
+    lint = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"],
+                          input=text, capture_output=True, text=True, check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert 'gpuguard_xid_events_total{gpu="",pci_bus_id="",severity="critical",xid="119"}' \
+        in text
+
+
+def test_check_exports_what_the_doc_lists():
+    text = gpuguard("check", "--input", str(H200_XML), "--format", "prometheus").stdout
+    assert exported(text) == documented("## `gpuguard check --format prometheus`")
