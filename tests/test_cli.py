@@ -229,3 +229,16 @@ def test_textfile_dir_does_not_exist(tmp_path):
                     str(Path(tmp_path) / "missing" / "gpuguard.prom"))
     assert proc.returncode == 3
     assert "cannot write" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_lost_gpu_is_a_result_not_a_crash(fake_env):
+    proc = gpuguard("check", "--format", "json", env=fake_env(gpus=2, lost_gpu=1))
+    assert "Traceback" not in proc.stderr
+    doc = json.loads(proc.stdout)
+    lost = {r["rule"]: r for r in doc["results"] if r["gpu"] and r["gpu"]["index"] == 1}
+    assert lost["thermal.margin"]["status"] == "unknown"
+    assert "GPU is lost" in lost["thermal.margin"]["message"]
+    assert lost["pcie.link_width"]["status"] == "unknown"
+    healthy = {r["rule"]: r for r in doc["results"] if r["gpu"] and r["gpu"]["index"] == 0}
+    assert healthy["thermal.margin"]["status"] == "ok"
+    assert doc["summary"]["critical"] == 0 and proc.returncode in (1, 3)

@@ -82,14 +82,21 @@ def recent(ctx: CheckContext) -> Finding:
         extra = f" ({ignored} informational)" if ignored else ""
         return ok(f"no Xid {window}{extra}", **observed)
 
+    # One part per GPU and Xid; Xids at addresses NVML does not list (a GPU that fell
+    # off the bus) are grouped per Xid, with their addresses.
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for e in counted:
-        groups[(e["gpu"], e["pci"], e["xid"])].append(e)
+        groups[(e["gpu"] is None, e["gpu"], e["xid"])].append(e)
     parts = []
-    for (gpu, pci, xid), events in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (unlisted, gpu, xid), events in sorted(groups.items(), key=lambda kv: str(kv[0])):
         last = events[-1]
-        where = f"GPU {gpu} ({pci})" if gpu is not None else f"{pci or 'unknown GPU'} " \
-            "(not among the GPUs NVML lists)"
+        if unlisted:
+            addresses = sorted({e["pci"] or "unknown" for e in events})
+            shown = ", ".join(addresses[:3]) + (f" and {len(addresses) - 3} more"
+                                                 if len(addresses) > 3 else "")
+            where = f"{shown} (not among the GPUs NVML lists)"
+        else:
+            where = f"GPU {gpu} ({last['pci']})"
         age = f", last {_span(last['age_s'])} ago" if last["age_s"] is not None else ""
         times = f" x{len(events)}" if len(events) > 1 else ""
         text = f"{where}: Xid {xid}{times} ({last['meaning']}){age}: {last['action']}"

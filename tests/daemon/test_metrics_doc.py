@@ -17,7 +17,7 @@ def documented(section: str) -> set[str]:
 
 def exported(text: str) -> set[str]:
     """Names of the samples (what PromQL sees), without the client's _created series."""
-    names = {re.split(r"[{ ]", line, 1)[0] for line in text.splitlines()
+    names = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines()
              if line and not line.startswith("#")}
     return {n for n in names if not n.endswith("_created")}
 

@@ -14,6 +14,7 @@
  *   FAKE_NVML_HANG_FILE=path   ... only while this file exists (a test wedges and
  *                              un-wedges the GPU at run time); default: forever
  *   FAKE_NVML_TEMP_FILE=path   read the temperature from this file at every call
+ *   FAKE_NVML_LOST_GPU=i       GPU i answers NVML_ERROR_GPU_IS_LOST (15), as after Xid 79
  *   FAKE_NVML_TEMP=C           GPU temperature (default 40)
  *   FAKE_NVML_WIDTH=N          current PCIe link width (default 16; max is 16)
  *   FAKE_NVML_UTIL=P           GPU utilization percent (default 0)
@@ -123,6 +124,7 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p) {
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *t) {
     (void)sensor;
     maybe_hang("nvmlDeviceGetTemperature", d->index);
+    if (env_int("FAKE_NVML_LOST_GPU", -1) == d->index) return 15;
     *t = (unsigned int)env_int("FAKE_NVML_TEMP", 40);
     const char *file = getenv("FAKE_NVML_TEMP_FILE");
     FILE *f = file ? fopen(file, "r") : NULL;
@@ -145,7 +147,7 @@ nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t d, int which, unsign
 }
 
 nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t d, unsigned int *w) {
-    (void)d;
+    if (env_int("FAKE_NVML_LOST_GPU", -1) == d->index) return 15;
     *w = (unsigned int)env_int("FAKE_NVML_WIDTH", 16);
     return NVML_SUCCESS;
 }
