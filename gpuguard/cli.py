@@ -236,6 +236,11 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
               show_default=True, help="auto: JSON lines unless stderr is a terminal.")
 @click.option("--udev/--no-udev", default=True, show_default=True,
               help="React to PCI add/remove events of NVIDIA devices at once.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path),
+              help="Services the supervisor fails over to CPU (docs/supervisor.md) "
+                   "[default: /etc/gpuguard/gpuguard.yaml if present].")
+@click.option("--dry-run", is_flag=True,
+              help="Supervisor: log the transitions it would make, change nothing.")
 @click.option("--events-file", type=click.Path(path_type=Path),
               help="Also read udev-style events as JSON lines appended to this file "
                    "({\"action\": \"remove\", \"properties\": {...}}): a replay of a udev log.")
@@ -243,13 +248,14 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
 @_host_source_options
 @_path_options
 def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: float,
-           input_path: Path | None, log_format: str, udev: bool, events_file: Path | None,
+           input_path: Path | None, log_format: str, udev: bool, config_path: Path | None,
+           dry_run: bool, events_file: Path | None,
            profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
            state_dir: Path, docker: bool | None, probe_image: str | None, path_sysfs: Path,
            path_procfs: Path, path_rootfs: Path) -> None:
     """Run the checks on a schedule and serve them to Prometheus (systemd Type=notify)."""
     from gpuguard.daemon.app import Daemon, DaemonConfig
-    from gpuguard.paths import DEFAULT_PROFILE, DEFAULT_USER_RULES_DIR
+    from gpuguard.paths import DEFAULT_CONFIG, DEFAULT_PROFILE, DEFAULT_USER_RULES_DIR
 
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
     if profile_path is None and DEFAULT_PROFILE.exists():
@@ -263,8 +269,78 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
         host=_host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
                            docker, "on", profile_path),
         profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
-        log_format=log_format)
+        log_format=log_format, dry_run=dry_run,
+        config_path=config_path or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None))
     sys.exit(Daemon(cfg).run())
+
+
+@main.group()
+def failover() -> None:
+    """The supervisor's services: where they run, and moving them by hand."""
+
+
+@failover.command("status")
+@click.option("--state-dir", type=click.Path(path_type=Path), default="/var/lib/gpuguard",
+              show_default=True)
+def failover_status(state_dir: Path) -> None:
+    """Which variant of each service serves, since when and why."""
+    import json
+    import time as _time
+
+    files = sorted(state_dir.glob("failover-*.json"))
+    files = [f for f in files if not f.name.endswith(".request.json")]
+    if not files:
+        click.echo(f"no supervised service has state in {state_dir}")
+        return
+    for path in files:
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            click.echo(f"{path}: unreadable ({exc})")
+            continue
+        name = path.name.removeprefix("failover-").removesuffix(".json")
+        since = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(raw.get("since", 0)))
+        click.echo(f"{name}: {raw.get('active', '?').upper()} since {since} "
+                   f"({raw.get('reason')})")
+        if raw.get("transition"):
+            t = raw["transition"]
+            click.echo(f"  moving to {t['to']}, at step {t['step']} ({t['reason']})")
+        click.echo(f"  failed cycles {raw.get('failed_cycles')}, healthy cycles "
+                   f"{raw.get('healthy_cycles')}, errors {raw.get('errors')}")
+
+
+@failover.command("to")
+@click.argument("variant", type=click.Choice(["cpu", "gpu"]))
+@click.argument("service")
+@click.option("--reason", required=True, help="Why, for the log and `failover status`.")
+@click.option("--state-dir", type=click.Path(path_type=Path), default="/var/lib/gpuguard",
+              show_default=True)
+@click.option("--wait", type=float, default=120.0, show_default=True,
+              help="Seconds to wait for the daemon to finish the move (0: do not wait).")
+def failover_to(variant: str, service: str, reason: str, state_dir: Path, wait: float) -> None:
+    """Ask the daemon to move SERVICE to its VARIANT now (and wait until it has)."""
+    import json
+    import time as _time
+
+    from gpuguard.atomic import write_text
+    from gpuguard.supervisor import state
+
+    if not state.path_for(state_dir, service).exists():
+        raise ConfigProblem(f"no supervised service {service!r} in {state_dir}")
+    write_text(state.request_path(state_dir, service),
+               json.dumps({"to": variant, "reason": reason, "at": _time.time()}))
+    click.echo(f"asked the daemon to move {service} to {variant}")
+    end = _time.monotonic() + wait
+    while _time.monotonic() < end:
+        raw = json.loads(state.path_for(state_dir, service).read_text())
+        if raw.get("active") == variant and not raw.get("transition") and \
+                not state.request_path(state_dir, service).exists():
+            click.echo(f"{service} now runs on {variant.upper()}")
+            return
+        _time.sleep(0.2)
+    if wait:
+        raise ConfigProblem(f"{service} is not on {variant} after {wait:g} s: see the "
+                            "daemon's log (failover_failed) and `gpuguard failover status`")
 
 
 @main.group()

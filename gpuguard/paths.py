@@ -8,6 +8,7 @@ from pathlib import Path
 # Defaults of the configuration files, here so that reading them costs no YAML import.
 DEFAULT_PROFILE = Path("/etc/gpuguard/profile.yaml")
 DEFAULT_USER_RULES_DIR = Path("/etc/gpuguard/rules.d")
+DEFAULT_CONFIG = Path("/etc/gpuguard/gpuguard.yaml")
 
 
 @dataclass(frozen=True)

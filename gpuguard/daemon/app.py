@@ -37,6 +37,8 @@ from gpuguard.snapshot import Snapshot
 from gpuguard.sources import host as host_sources
 from gpuguard.sources import replay
 from gpuguard.sources.kmsg import normalise_pci
+from gpuguard.supervisor.config import load_services
+from gpuguard.supervisor.service import Supervisor
 from gpuguard.yamlfile import ConfigError
 
 log = structlog.get_logger("gpuguard.daemon")
@@ -57,6 +59,8 @@ class DaemonConfig:
     udev: bool = True
     events_file: Path | None = None
     log_format: str = "auto"
+    config_path: Path | None = None  # services for the supervisor (gpuguard/supervisor)
+    dry_run: bool = False
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -81,6 +85,7 @@ class Daemon:
         self._reload = threading.Event()
         self._ready = threading.Event()
         self._scheduler: BackgroundScheduler | None = None
+        self.supervisors: list[Supervisor] = []
 
     # --- configuration -------------------------------------------------------------
 
@@ -175,6 +180,9 @@ class Daemon:
             self._last = snap
         self.store.update(results, "fast", partial=hung)
         self._count_xids(snap, ruleset)
+        current = self.store.results()
+        for supervisor in self.supervisors:
+            supervisor.on_cycle(current)
 
     def _slow(self) -> None:
         assert self._config is not None
@@ -240,7 +248,12 @@ class Daemon:
         gpus = len(self._last.gpus) if self._last else 0
         text = (f"{gpus} GPU(s): {worst[Status.CRITICAL]} critical, {worst[Status.WARNING]} "
                 f"warning, {worst[Status.UNKNOWN]} unknown")
-        return text + (" (NVML not answering: results stale)" if self.store.stale else "")
+        text += " (NVML not answering: results stale)" if self.store.stale else ""
+        for supervisor in self.supervisors:
+            snap = supervisor.snapshot()
+            moving = f", moving to {snap.state.transition.to}" if snap.state.transition else ""
+            text += f"; {snap.service} on {snap.state.active.upper()}{moving}"
+        return text
 
     # --- the main loop ---------------------------------------------------------------
 
@@ -249,15 +262,23 @@ class Daemon:
         try:
             self._config = self.load_config()
             host, port = parse_listen(self.cfg.listen)
+            services = load_services(self.cfg.config_path) if self.cfg.config_path else []
         except (ConfigError, ValueError) as exc:
             log.error("config_invalid", error=str(exc))
             return 3
+        tagged = {r.id for r in self._config[1].rules.values() if "failover" in r.tags}
+        state_dir = self.cfg.host.state_dir or Path("/var/lib/gpuguard")
+        self.supervisors = [Supervisor(s, state_dir, tagged, self.cfg.dry_run)
+                            for s in services]
+        for supervisor in self.supervisors:
+            supervisor.start()
         with self.stats.lock:
             self.stats.last_reload_time = time.time()
         if self.cfg.input_path is None:
             self.sampler = NvmlSampler(str(self.cfg.host.paths.procfs), self.on_nvml_xid)
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(DaemonCollector(self.store, self.stats, lambda: self._last))
+        registry.register(DaemonCollector(self.store, self.stats, lambda: self._last,
+                                          lambda: [s.snapshot() for s in self.supervisors]))
         try:
             server = http.serve(host, port, registry, self.health, self.status_document)
         except OSError as exc:
@@ -318,6 +339,8 @@ class Daemon:
         log.info("daemon_stopping")
         notify.notify("STOPPING=1")
         self._scheduler.shutdown(wait=False)
+        for supervisor in self.supervisors:
+            supervisor.stop()
         if observer is not None:
             observer.send_stop()
         server.shutdown()

@@ -57,10 +57,12 @@ def gpu_labels(gpu: GpuSnapshot) -> list[str]:
 
 class DaemonCollector(Collector):
     def __init__(self, store: ResultStore, stats: DaemonStats,
-                 last_snapshot: Callable[[], Snapshot | None]) -> None:
+                 last_snapshot: Callable[[], Snapshot | None],
+                 services: Callable[[], list[Any]] | None = None) -> None:
         self.store = store
         self.stats = stats
         self.last_snapshot = last_snapshot
+        self.services = services or (lambda: [])
 
     def collect(self) -> Iterator[Metric]:
         yield from self._rules()
@@ -68,6 +70,40 @@ class DaemonCollector(Collector):
         if snapshot is not None and not self.store.stale:
             yield from _telemetry(snapshot)
         yield from self._daemon()
+        yield from self._failover()
+
+    def _failover(self) -> Iterator[Metric]:
+        snaps = self.services()
+        if not snaps:
+            return
+        active = GaugeMetricFamily("gpuguard_failover_active",
+                                   "1 while the service runs on its CPU variant.",
+                                   labels=["service"])
+        moving = GaugeMetricFamily("gpuguard_failover_in_progress",
+                                   "1 while a transition is under way.", labels=["service"])
+        failed = GaugeMetricFamily("gpuguard_failover_failed_cycles",
+                                   "Consecutive failed cycles counted towards failover.",
+                                   labels=["service"])
+        transitions = CounterMetricFamily("gpuguard_failover_transitions",
+                                          "Completed transitions.",
+                                          labels=["service", "direction"])
+        last = GaugeMetricFamily("gpuguard_failover_last_transition_timestamp_seconds",
+                                 "When the last transition completed (Unix time).",
+                                 labels=["service"])
+        errors = CounterMetricFamily("gpuguard_failover_errors",
+                                     "Transitions that failed (the source was kept).",
+                                     labels=["service"])
+        for snap in snaps:
+            st = snap.state
+            active.add_metric([snap.service], 1 if st.active == "cpu" else 0)
+            moving.add_metric([snap.service], 1 if st.transition else 0)
+            failed.add_metric([snap.service], st.failed_cycles)
+            for direction in ("to_cpu", "to_gpu"):
+                transitions.add_metric([snap.service, direction],
+                                       st.transitions.get(direction, 0))
+            last.add_metric([snap.service], st.last_transition or 0)
+            errors.add_metric([snap.service], st.errors)
+        yield from (active, moving, failed, transitions, last, errors)
 
     def _rules(self) -> Iterator[Metric]:
         status = GaugeMetricFamily(

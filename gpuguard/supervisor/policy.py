@@ -1,0 +1,62 @@
+"""When to fail over and back: a pure function of the counts and one cycle's outcome.
+
+A cycle fails a service when any counted result is critical. A passing cycle resets
+the failure count; an unknown outcome (a counted rule could not be read, nothing
+critical) neither counts nor resets, since we learned nothing about the GPU.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuguard.results import Result, Status
+
+Outcome = Literal["failed", "passed", "unknown"]
+Action = Literal["to_cpu", "to_gpu"] | None
+
+# Rules tagged `failover` in rules/ count by default.
+DEFAULT_TAG = "failover"
+
+
+@dataclass
+class Counts:
+    failed: int = 0
+    healthy: int = 0
+
+
+def outcome(results: list[Result], rules: list[str] | None, tagged: set[str],
+            gpus: list[int] | None) -> tuple[Outcome, list[Result]]:
+    """The cycle's outcome for one service, and the results that made it fail."""
+    counted = []
+    for r in results:
+        if rules is not None:
+            if not any(fnmatch.fnmatchcase(r.rule, p) for p in rules):
+                continue
+        elif r.rule not in tagged:
+            continue
+        if gpus is not None and r.gpu is not None and r.gpu.index not in gpus:
+            continue
+        counted.append(r)
+    critical = [r for r in counted if r.status is Status.CRITICAL]
+    if critical:
+        return "failed", critical
+    if any(r.status is Status.UNKNOWN for r in counted):
+        return "unknown", []
+    return "passed", []
+
+
+def decide(active: str, counts: Counts, result: Outcome, now: float, on_cpu_since: float | None,
+           failover_after: int, failback_after: int, min_cpu_s: float,
+           manual_failback: bool) -> tuple[Counts, Action]:
+    if result == "failed":
+        counts = Counts(failed=counts.failed + 1, healthy=0)
+    elif result == "passed":
+        counts = Counts(failed=0, healthy=counts.healthy + 1)
+    if active == "gpu" and counts.failed >= failover_after:
+        return counts, "to_cpu"
+    if active == "cpu" and not manual_failback and counts.healthy >= failback_after \
+            and on_cpu_since is not None and now - on_cpu_since >= min_cpu_s:
+        return counts, "to_gpu"
+    return counts, None

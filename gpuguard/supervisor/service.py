@@ -1,0 +1,313 @@
+"""One supervised service: counts cycles, moves it between its GPU and CPU variants.
+
+Transitions are a list of idempotent steps, each written to the state file before it
+runs. With a router it is make before break: start the target, wait until it is
+ready, switch the route, stop the source. Without one both variants want the same
+port, so it is stop, start, wait (the downtime is measured in docs/benchmarks.md).
+
+On start the supervisor reads its state and looks at what actually runs: a
+transition left half done (SIGKILL) is run again from its first step; otherwise the
+active variant is made the only one running and routed. A failed transition puts the
+source back as it was, counts an error and waits with a growing backoff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gpuguard.results import Result
+from gpuguard.supervisor import policy, probe, router, state
+from gpuguard.supervisor.backends import Backend, BackendError, make
+from gpuguard.supervisor.config import Service
+
+log = structlog.get_logger("gpuguard.failover")
+
+# Test hook: pause this many seconds after writing the state of the named step, so a
+# test can SIGKILL the daemon exactly there (tests/supervisor/test_crash.py).
+PAUSE_ENV = "GPUGUARD_FAILOVER_PAUSE_AT"
+
+
+class NotReady(Exception):
+    pass
+
+
+def other(variant: str) -> str:
+    return "cpu" if variant == "gpu" else "gpu"
+
+
+@dataclass
+class Snapshot:
+    """What the metrics and `failover status` show of a service."""
+
+    service: str
+    state: state.ServiceState
+    corrupt_file: str | None
+
+
+class Supervisor:
+    def __init__(self, service: Service, state_dir: Path, tagged: set[str],
+                 dry_run: bool = False, backend: Backend | None = None) -> None:
+        self.service = service
+        self.state_dir = state_dir
+        self.path = state.path_for(state_dir, service.name)
+        self.tagged = tagged
+        self.dry_run = dry_run
+        self._backend = backend
+        self.state = state.ServiceState()
+        self.corrupt_file: str | None = None
+        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.log = log.bind(service=service.name)
+
+    # --- inputs --------------------------------------------------------------------
+
+    def on_cycle(self, results: list[Result]) -> None:
+        self._queue.put(("cycle", results, time.time()))
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name=f"failover-{self.service.name}",
+                                  daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._queue.put(("stop",))
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            return Snapshot(self.service.name, state.ServiceState(**vars(self.state)),
+                            self.corrupt_file)
+
+    # --- the loop ------------------------------------------------------------------
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = make(self.service)
+        return self._backend
+
+    def _run(self) -> None:
+        try:
+            self.recover()
+        except Exception:
+            self.log.exception("failover_recover_failed")
+        while not self._stop.is_set():
+            try:
+                item = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                item = ("idle",)
+            try:
+                self._check_request()
+                if item[0] == "cycle":
+                    self.handle_cycle(item[1], item[2])
+            except Exception:
+                self.log.exception("failover_step_failed")
+
+    def recover(self) -> None:
+        try:
+            loaded = state.load(self.path)
+        except state.CorruptState as exc:
+            self.corrupt_file = str(exc.moved_to)
+            self.log.error("failover_state_corrupt", file=str(exc.path),
+                           moved_to=str(exc.moved_to), reason=exc.reason,
+                           action="taking the truth from what runs")
+            loaded = None
+        if loaded is None:
+            loaded = self._from_reality()
+        with self._lock:
+            self.state = loaded
+        if loaded.transition is not None:
+            self.log.warning("failover_resuming", to=loaded.transition.to,
+                             step=loaded.transition.step)
+            self.transition(loaded.transition.to, loaded.transition.reason)
+        else:
+            self._ensure(loaded.active)
+        self._save()
+
+    def _from_reality(self) -> state.ServiceState:
+        try:
+            running = {v for v in ("gpu", "cpu") if self.backend.running(v)}
+        except BackendError as exc:
+            self.log.error("failover_backend_unreachable", error=str(exc))
+            running = set()
+        routed = router.routed(self.service.nginx) if self.service.nginx else None
+        if routed in running:
+            active = routed
+        elif running == {"cpu"}:
+            active = "cpu"
+        else:
+            active = "gpu"
+        self.log.info("failover_state_from_reality", running=sorted(running), routed=routed,
+                      active=active)
+        now = time.time()
+        return state.ServiceState(active=active, since=now, reason="recovered from what runs",
+                                  on_cpu_since=now if active == "cpu" else None)
+
+    def _ensure(self, active: str) -> None:
+        """Exactly `active` runs and is routed; the other variant is stopped."""
+        if self.dry_run:
+            return
+        try:
+            if not self.backend.running(active):
+                self.log.warning("failover_converge_start", variant=active)
+                self.backend.start(active)
+                self._wait_ready(active)
+            if self.service.nginx and router.routed(self.service.nginx) != active:
+                router.route(self.service.name, self.service.nginx, active)
+            if self.backend.running(other(active)):
+                self.log.warning("failover_converge_stop", variant=other(active))
+                self.backend.stop(other(active))
+        except (BackendError, router.RouterError, NotReady) as exc:
+            self.log.error("failover_converge_failed", active=active, error=str(exc))
+            with self._lock:
+                self.state.errors += 1
+
+    def handle_cycle(self, results: list[Result], now: float) -> None:
+        svc = self.service
+        result, why = policy.outcome(results, svc.rules, self.tagged, svc.gpus)
+        with self._lock:
+            st = self.state
+            counts, action = policy.decide(
+                st.active, policy.Counts(st.failed_cycles, st.healthy_cycles), result, now,
+                st.on_cpu_since, svc.failover_after, svc.failback_after, svc.min_cpu_time,
+                svc.manual_failback)
+            st.failed_cycles, st.healthy_cycles = counts.failed, counts.healthy
+        if action is None:
+            self._save()
+            return
+        if now < self.state.next_retry:
+            self._save()
+            return
+        to = "cpu" if action == "to_cpu" else "gpu"
+        reason = ("; ".join(f"{r.rule}"
+                            + (f" (GPU {r.gpu.index})" if r.gpu else "") + f": {r.message}"
+                            for r in why[:3])
+                  if to == "cpu" else f"{counts.healthy} healthy cycles")
+        self.transition(to, reason)
+
+    def _check_request(self) -> None:
+        path = state.request_path(self.state_dir, self.service.name)
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            return
+        except ValueError:
+            self.log.error("failover_request_invalid", file=str(path))
+            os.unlink(path)
+            return
+        os.unlink(path)
+        to, reason = raw.get("to"), raw.get("reason") or "manual"
+        if to not in ("gpu", "cpu"):
+            self.log.error("failover_request_invalid", file=str(path), to=to)
+            return
+        self.log.info("failover_manual_request", to=to, reason=reason)
+        if to == self.state.active and self.state.transition is None:
+            return
+        self.transition(to, f"manual: {reason}", manual=True)
+
+    # --- a transition ----------------------------------------------------------------
+
+    def transition(self, to: str, reason: str, manual: bool = False) -> bool:
+        source = other(to)
+        steps = (["start", "ready", "route", "stop_source"] if self.service.nginx
+                 else ["stop_source", "start", "ready"])
+        if self.dry_run:
+            self.log.warning("failover_dry_run", to=to, reason=reason, steps=steps)
+            return False
+        now = time.time()
+        with self._lock:
+            self.state.transition = state.Transition(to=to, step=steps[0], reason=reason,
+                                                     started=now)
+        self.log.warning("failover_started", to=to, reason=reason)
+        try:
+            for step in steps:
+                with self._lock:
+                    assert self.state.transition is not None
+                    self.state.transition.step = step
+                self._save()
+                self._pause_for_tests(step)
+                self.log.info("failover_step", to=to, step=step)
+                if step == "start":
+                    self.backend.start(to)
+                elif step == "ready":
+                    self._wait_ready(to)
+                elif step == "route":
+                    assert self.service.nginx is not None
+                    router.route(self.service.name, self.service.nginx, to)
+                elif step == "stop_source":
+                    self.backend.stop(source)
+        except (BackendError, router.RouterError, NotReady) as exc:
+            self._failed(to, str(exc))
+            return False
+        done = time.time()
+        with self._lock:
+            st = self.state
+            st.active, st.since, st.reason, st.transition = to, done, reason, None
+            st.failed_cycles = st.healthy_cycles = 0
+            st.on_cpu_since = done if to == "cpu" else None
+            st.next_retry = 0.0
+            st.transitions[f"to_{to}"] = st.transitions.get(f"to_{to}", 0) + 1
+            st.last_transition = done
+        self._save()
+        self.log.warning("failover_done", active=to, reason=reason, manual=manual,
+                         took_s=round(done - now, 3))
+        return True
+
+    def _failed(self, to: str, error: str) -> None:
+        source = other(to)
+        with self._lock:
+            st = self.state
+            step = st.transition.step if st.transition else "?"
+            st.errors += 1
+            backoff = min(300.0, 10.0 * 2 ** (st.errors - 1))
+            st.next_retry = time.time() + backoff
+        self.log.error("failover_failed", to=to, step=step, error=error, retry_in_s=backoff,
+                       keeping=source)
+        # Put the source back as it was: running, routed; the target stopped.
+        try:
+            if not self.backend.running(source):
+                self.backend.start(source)
+            if self.service.nginx and router.routed(self.service.nginx) != source:
+                router.route(self.service.name, self.service.nginx, source)
+            if self.backend.running(to):
+                self.backend.stop(to)
+        except (BackendError, router.RouterError) as exc:
+            self.log.error("failover_rollback_failed", error=str(exc))
+        with self._lock:
+            self.state.transition = None
+        self._save()
+
+    def _wait_ready(self, variant: str) -> None:
+        cfg = self.service.probe
+        if cfg.docker_health:
+            def check() -> bool:
+                return self.backend.healthy(variant)
+        else:
+            url = cfg.http if isinstance(cfg.http, str) else (cfg.http or {}).get(variant)
+
+            def check() -> bool:
+                return probe.http_ready(str(url), cfg.status)
+        if not probe.wait(check, cfg.timeout):
+            raise NotReady(f"the {variant} variant was not ready within {cfg.timeout:g} s")
+
+    def _save(self) -> None:
+        with self._lock:
+            snapshot = state.ServiceState(**vars(self.state))
+        state.save(self.path, snapshot)
+
+    def _pause_for_tests(self, step: str) -> None:
+        wanted = os.environ.get(PAUSE_ENV, "")
+        if wanted and wanted == step:
+            self.log.warning("failover_paused_for_test", step=step)
+            time.sleep(60)
