@@ -225,7 +225,7 @@ def busybox_image(docker_host: str, tmp_path_factory: pytest.TempPathFactory) ->
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(busybox, arcname="bin/busybox")
-        for applet in ("sh", "echo", "cat", "sleep", "httpd", "wget"):
+        for applet in ("sh", "echo", "cat", "sleep", "httpd", "wget", "mkdir"):
             link = tarfile.TarInfo(f"bin/{applet}")
             link.type = tarfile.SYMTYPE
             link.linkname = "busybox"

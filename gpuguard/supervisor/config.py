@@ -54,6 +54,9 @@ class Nginx:
     gpu: str
     cpu: str
     reload: list[str] = field(default_factory=lambda: ["nginx", "-s", "reload"])
+    # `nginx -s reload` returns before the old workers stop taking requests: wait this
+    # long after switching before the old variant is stopped.
+    drain_s: float = 2.0
 
 
 @dataclass
@@ -114,7 +117,7 @@ def _service(path: Path, entry: Any, line: int) -> Service:
     if backend in ("docker", "systemd"):
         for variant in ("gpu", "cpu"):
             if variant not in section:
-                raise ConfigError(path, section.line, f"{name}: {backend}.{variant} is missing")
+                raise fail(backend, f"{name}: {backend}.{variant} is missing")
         if backend == "docker":
             for variant in ("gpu", "cpu"):
                 spec = section[variant]
@@ -151,7 +154,8 @@ def _service(path: Path, entry: Any, line: int) -> Service:
             if key not in raw:
                 raise ConfigError(path, raw.line, f"{name}: router.nginx.{key} is missing")
         nginx = Nginx(Path(raw["upstream_file"]), str(raw["gpu"]), str(raw["cpu"]),
-                      list(raw.get("reload", ["nginx", "-s", "reload"])))
+                      list(raw.get("reload", ["nginx", "-s", "reload"])),
+                      float(raw.get("drain", 2.0)))
     for key in ("failover_after", "failback_after"):
         value = entry.get(key, 3 if key == "failover_after" else 10)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:

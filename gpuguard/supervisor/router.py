@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 
 from gpuguard.atomic import write_text
 from gpuguard.supervisor.config import Nginx
@@ -29,6 +30,7 @@ def route(service: str, cfg: Nginx, variant: str) -> None:
     proc = subprocess.run(cfg.reload, capture_output=True, text=True, timeout=30, check=False)
     if proc.returncode != 0:
         raise RouterError(f"{' '.join(cfg.reload)} failed: {proc.stderr.strip()[-300:]}")
+    time.sleep(cfg.drain_s)
 
 
 def routed(cfg: Nginx) -> str | None:

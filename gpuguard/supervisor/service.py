@@ -250,6 +250,10 @@ class Supervisor:
         except (BackendError, router.RouterError, NotReady) as exc:
             self._failed(to, str(exc))
             return False
+        except Exception as exc:  # whatever went wrong, the source is put back
+            self.log.exception("failover_unexpected_error")
+            self._failed(to, f"{type(exc).__name__}: {exc}")
+            return False
         done = time.time()
         with self._lock:
             st = self.state
@@ -282,8 +286,8 @@ class Supervisor:
                 router.route(self.service.name, self.service.nginx, source)
             if self.backend.running(to):
                 self.backend.stop(to)
-        except (BackendError, router.RouterError) as exc:
-            self.log.error("failover_rollback_failed", error=str(exc))
+        except Exception as exc:  # nothing more to do here than say so
+            self.log.error("failover_rollback_failed", error=f"{type(exc).__name__}: {exc}")
         with self._lock:
             self.state.transition = None
         self._save()

@@ -23,7 +23,10 @@ class DockerBackend:
         self.service = service
         self.specs = service.backend_config
         self._docker = docker
-        self.client = docker.from_env(timeout=30)
+        try:  # the client asks the engine for its API version right here
+            self.client = docker.from_env(timeout=30)
+        except docker.errors.DockerException as exc:
+            raise BackendError(f"Docker: {exc}") from exc
 
     def _container(self, variant: str) -> Any:
         try:
