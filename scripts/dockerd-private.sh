@@ -35,5 +35,9 @@ stop)
         for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
         kill -9 "$pid" 2>/dev/null || true
     fi
+    # dockerd leaves its network namespace mount behind: unmount what lies under $dir
+    awk -v d="$dir" '$2 ~ "^"d {print $2}' /proc/mounts | sort -r | while read -r m; do
+        umount -l "$m" 2>/dev/null || true
+    done
     ;;
 esac

@@ -10,6 +10,7 @@ command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)      # promtool ch
 command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)        # a real engine for toolkit.docker
 command -v busybox >/dev/null 2>&1 || need_apt+=(busybox-static)   # test images via docker import
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)  # verify the unit files
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)  # the router
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "missing: ${need_apt[*]}; run as root or: sudo apt-get install ${need_apt[*]}" >&2

@@ -4,6 +4,7 @@ and the daemon running the supervisor on a replayed H200 host."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -79,12 +80,13 @@ def service_setup(tmp_path: Path, docker_host: str, busybox_image: str,
     ports = {"gpu": free_port(), "cpu": free_port()}
     names = {v: f"gg-test-llm-{v}-{tag}" for v in ports}
 
-    def variant(v: str, image: str | None = None) -> dict[str, Any]:
+    def variant(v: str, image: str | None = None, port: int | None = None) -> dict[str, Any]:
         script = ("mkdir -p /www && echo $VARIANT > /www/variant && echo ok > /www/health "
                   "&& echo \"$NVIDIA_VISIBLE_DEVICES|$CUDA_VISIBLE_DEVICES\" > /www/env "
                   "&& exec httpd -f -p 127.0.0.1:$PORT -h /www")
         spec = {"name": names[v], "image": image or busybox_image,
-                "command": ["sh", "-c", script], "env": {"VARIANT": v, "PORT": str(ports[v])},
+                "command": ["sh", "-c", script],
+                "env": {"VARIANT": v, "PORT": str(port or ports[v])},
                 "network_mode": "host"}
         if v == "gpu":
             spec["gpus"] = "none"  # no GPU runtime on the test machine
@@ -92,13 +94,15 @@ def service_setup(tmp_path: Path, docker_host: str, busybox_image: str,
 
     def write(failback: str = "auto", cpu_image: str | None = None, cpu_probe_port: int | None
               = None, router: bool = True, failback_after: int = 3) -> Path:
-        probe_cpu = f"http://127.0.0.1:{cpu_probe_port or ports['cpu']}/health"
+        # Without a router both variants serve on the GPU variant's port, one at a time.
+        cpu_port = ports["cpu"] if router else ports["gpu"]
+        probe_cpu = f"http://127.0.0.1:{cpu_probe_port or cpu_port}/health"
         service: dict[str, Any] = {
             "name": "llm", "backend": "docker", "failover_after": 3,
             "failback_after": failback_after, "min_cpu_time": 0, "failback": failback,
             "probe": {"http": {"gpu": f"http://127.0.0.1:{ports['gpu']}/health",
                                "cpu": probe_cpu}, "timeout": 8},
-            "docker": {"gpu": variant("gpu"), "cpu": variant("cpu", cpu_image)},
+            "docker": {"gpu": variant("gpu"), "cpu": variant("cpu", cpu_image, cpu_port)},
         }
         if router:
             service["router"] = {"nginx": {"upstream_file": str(nginx["upstream"]),
@@ -131,10 +135,8 @@ def service_setup(tmp_path: Path, docker_host: str, busybox_image: str,
            "running": running, "client": client, "nginx": nginx, "docker_host": docker_host,
            "state_dir": tmp_path / "state"}
     for name in names.values():
-        try:
+        with contextlib.suppress(docker.errors.NotFound):
             client.containers.get(name).remove(force=True)
-        except docker.errors.NotFound:
-            pass
     client.close()
 
 

@@ -49,6 +49,10 @@ def test_three_strikes_then_cpu_and_back(start_daemon, service_setup):
     assert "NVIDIA_VISIBLE_DEVICES=void" in env and "CUDA_VISIBLE_DEVICES=" in env
     assert fetch(setup["nginx"]["url"] + "/env") == "void|"
     text = daemon.metrics()
+    from tests.daemon.test_metrics_doc import documented, exported
+
+    failover_doc = {n for n in documented("## The daemon") if n.startswith("gpuguard_failover_")}
+    assert {n for n in exported(text) if n.startswith("gpuguard_failover_")} == failover_doc
     assert 'gpuguard_failover_active{service="llm"} 1.0' in text
     assert 'gpuguard_failover_transitions_total{direction="to_cpu",service="llm"} 1.0' in text
 
