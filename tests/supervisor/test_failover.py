@@ -170,3 +170,18 @@ def test_sigkill_at_each_step_then_restart(start_daemon, service_setup, step):
     start_supervised(start_daemon, setup, config)
     assert wait(lambda: settled_on(setup, "cpu"), 40), (state_of(setup), setup["running"]())
     assert setup["running"]() == {"cpu"}
+
+
+def test_dry_run_logs_and_changes_nothing(start_daemon, service_setup):
+    setup = service_setup
+    # something must serve before we start: a first daemon converges to the GPU variant
+    first = start_supervised(start_daemon, setup, setup["write"]())
+    assert wait(lambda: settled_on(setup, "gpu"))
+    first.stop()
+    daemon = start_supervised(start_daemon, setup, setup["write"](), "--dry-run")
+    setup["faulty"](True)
+    daemon.wait_for(lambda: '"failover_dry_run"' in daemon.log.read_text(), timeout=20,
+                    what="failover_dry_run")
+    time.sleep(1)
+    assert settled_on(setup, "gpu")
+    assert '"failover_started"' not in daemon.log.read_text()
