@@ -1,0 +1,169 @@
+"""The shipped alert rules, unit-tested with `promtool test rules` (Debian's prometheus)."""
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from gpuguard.ruleset import load_ruleset
+from tests.conftest import REPO
+
+ALERTS = REPO / "packaging" / "prometheus" / "gpuguard-alerts.yaml"
+H = 'instance="h1:9412",job="gpuguard"'
+G3 = 'gpu="3",uuid="U3",pci_bus_id="0000:3b:00.0"'
+
+
+def promtool():
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool is missing: ./scripts/test.sh installs Debian's prometheus")
+    return path
+
+
+def test_alert_file_is_current_and_valid():
+    check = subprocess.run(["python", "scripts/gen_alerts.py", "--check"], cwd=REPO,
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stderr
+    lint = subprocess.run([promtool(), "check", "rules", str(ALERTS)], capture_output=True,
+                          text=True, check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def critical_alert(rule_id):
+    rule = load_ruleset().rules[rule_id]
+    return {
+        "exp_labels": {"severity": "critical", "gpuguard_rule": rule_id,
+                       "instance": "h1:9412", "job": "gpuguard", "rule": rule_id,
+                       "gpu": "3", "uuid": "U3", "pci_bus_id": "0000:3b:00.0"},
+        "exp_annotations": {
+            "summary": f"{rule_id} critical on h1:9412 GPU 3 (0000:3b:00.0)",
+            "description": f"{rule.summary}: critical for 3 cycles or more.",
+            "runbook": rule.remediation,
+        },
+    }
+
+
+def status(rule, values, severity="critical", failed=None):
+    series = [{"series": f'gpuguard_rule_status{{{H},rule="{rule}",severity="{severity}",{G3}}}',
+               "values": values}]
+    if failed:
+        series.append({"series": f'gpuguard_rule_failed_cycles{{{H},rule="{rule}",{G3}}}',
+                       "values": failed})
+    return series
+
+
+def run_promtool(tmp_path, tests):
+    doc = {"rule_files": [str(ALERTS)], "evaluation_interval": "15s", "tests": tests}
+    path = tmp_path / "alerts_test.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=200))
+    proc = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_critical_held_three_cycles_fires_two_do_not(tmp_path):
+    run_promtool(tmp_path, [
+        {"interval": "15s",
+         "input_series": status("memory.row_remap", "2x8", failed="1 2 3 4 5 6 7 8 9"),
+         "alert_rule_test": [
+             {"eval_time": "15s", "alertname": "GPUGuardRuleCritical", "exp_alerts": []},
+             {"eval_time": "1m", "alertname": "GPUGuardRuleCritical",
+              "exp_alerts": [critical_alert("memory.row_remap")]}]},
+        {"interval": "15s",
+         "input_series": status("driver.responsive", "2 2 0 0", failed="1 2 0 0"),
+         "alert_rule_test": [
+             {"eval_time": "1m", "alertname": "GPUGuardRuleCritical", "exp_alerts": []}]},
+    ])
+
+
+def test_silent_on_idle_downshift_idle_clock_bit_and_one_old_xid(tmp_path):
+    quiet = [
+        # idle PCIe downshift: the link reads x8 of x16, the rule says ok
+        *status("pcie.link_width", "0x20"),
+        {"series": f'gpuguard_gpu_pcie_link_width{{{H},{G3},state="current"}}',
+         "values": "8x20"},
+        {"series": f'gpuguard_gpu_pcie_link_width{{{H},{G3},state="max"}}', "values": "16x20"},
+        # the idle clock event reason is normal
+        {"series": f'gpuguard_gpu_clock_event_reason{{{H},{G3},reason="gpu_idle"}}',
+         "values": "1x20"},
+        *status("clocks.hw_slowdown", "0x20"),
+        # one old fatal Xid, already in the kernel log when the daemon started
+        {"series": f'gpuguard_xid_events_total{{{H},xid="79",severity="critical",{G3}}}',
+         "values": "1x20"},
+        {"series": f'up{{{H}}}', "values": "1x20"},
+        {"series": f'gpuguard_last_cycle_timestamp_seconds{{{H},cadence="fast"}}',
+         "values": "0+15x20"},
+        {"series": f'gpuguard_config_last_reload_successful{{{H}}}', "values": "1x20"},
+        {"series": f'gpuguard_results_stale{{{H}}}', "values": "0x20"},
+        {"series": f'gpuguard_check_deadline_exceeded_total{{{H}}}', "values": "0x20"},
+    ]
+    names = ["GPUGuardRuleCritical", "GPUGuardFatalXid", "GPUGuardDown", "GPUGuardSilent",
+             "GPUGuardAbsent", "GPUGuardConfigReloadFailed", "GPUGuardCheckDeadline"]
+    run_promtool(tmp_path, [{"interval": "15s", "input_series": quiet, "alert_rule_test": [
+        {"eval_time": "4m", "alertname": name, "exp_alerts": []} for name in names]}])
+
+
+def test_daemon_and_supervisor_alerts_fire(tmp_path):
+    run_promtool(tmp_path, [{
+        "interval": "15s",
+        "input_series": [
+            {"series": f'gpuguard_xid_events_total{{{H},xid="79",severity="critical",{G3}}}',
+             "values": "1 1 1 2 2 2 2"},
+            {"series": f'gpuguard_failover_active{{{H},service="llm"}}', "values": "0 1 1 1"},
+            {"series": f'gpuguard_failover_in_progress{{{H},service="llm"}}',
+             "values": "1x12"},
+            {"series": f'up{{{H}}}', "values": "0x10"},
+            {"series": f'gpuguard_last_cycle_timestamp_seconds{{{H},cadence="fast"}}',
+             "values": "0x10"},
+            {"series": f'gpuguard_config_last_reload_successful{{{H}}}', "values": "1 0 0"},
+            {"series": f'gpuguard_results_stale{{{H}}}', "values": "0 1 1"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "1m", "alertname": "GPUGuardFatalXid", "exp_alerts": [{
+                "exp_labels": {"severity": "critical", "instance": "h1:9412",
+                               "job": "gpuguard", "xid": "79", "gpu": "3", "uuid": "U3",
+                               "pci_bus_id": "0000:3b:00.0"},
+                "exp_annotations": {
+                    "summary": "Fatal Xid 79 on h1:9412 GPU 3 (0000:3b:00.0)",
+                    "runbook": next(r["annotations"]["runbook"] for r in _daemon_rules()
+                                    if r["alert"] == "GPUGuardFatalXid")}}]},
+            {"eval_time": "30s", "alertname": "GPUGuardFailoverActive",
+             "exp_alerts": [_simple("GPUGuardFailoverActive", "warning",
+                                    {"service": "llm"})]},
+            {"eval_time": "2m30s", "alertname": "GPUGuardFailoverInProgress",
+             "exp_alerts": [_simple("GPUGuardFailoverInProgress", "warning",
+                                    {"service": "llm"})]},
+            {"eval_time": "1m30s", "alertname": "GPUGuardDown",
+             "exp_alerts": [_simple("GPUGuardDown", "critical", {})]},
+            {"eval_time": "2m", "alertname": "GPUGuardSilent",
+             "exp_alerts": [_simple("GPUGuardSilent", "critical", {"cadence": "fast"})]},
+            {"eval_time": "30s", "alertname": "GPUGuardConfigReloadFailed",
+             "exp_alerts": [_simple("GPUGuardConfigReloadFailed", "warning", {})]},
+            {"eval_time": "30s", "alertname": "GPUGuardCheckDeadline",
+             "exp_alerts": [_simple("GPUGuardCheckDeadline", "critical", {})]},
+        ]}, {
+        "interval": "1m",
+        "input_series": [],
+        "alert_rule_test": [{"eval_time": "6m", "alertname": "GPUGuardAbsent",
+                             "exp_alerts": [_simple("GPUGuardAbsent", "critical", {},
+                                                    instance=None)]}]}])
+
+
+def _daemon_rules():
+    return yaml.safe_load(ALERTS.read_text())["groups"][1]["rules"]
+
+
+def _simple(name, severity, labels, instance="h1:9412"):
+    """Expected labels and annotations of a daemon alert, its templates filled by hand."""
+    rule = next(r for r in _daemon_rules() if r["alert"] == name)
+    fill = {"{{ $labels.instance }}": instance or "", "{{ $labels.service }}": "llm"}
+    annotations = {}
+    for key, text in rule["annotations"].items():
+        for k, v in fill.items():
+            text = text.replace(k, v)
+        annotations[key] = text
+    base = {"severity": severity, **labels}
+    if instance:
+        base.update({"instance": instance, "job": "gpuguard"})
+    return {"exp_labels": base, "exp_annotations": annotations}
