@@ -8,6 +8,17 @@ import pytest
 from tests.conftest import FIXTURES, H200_XML, REPO, gpuguard
 
 
+def test_textfile_timer_units_verify(tmp_path):
+    exe = shutil.which("gpuguard") or str(REPO / ".venv" / "bin" / "gpuguard")
+    for unit in ("gpuguard-textfile.service", "gpuguard-textfile.timer"):
+        text = (REPO / "systemd" / unit).read_text().replace("/usr/bin/gpuguard", exe)
+        (tmp_path / unit).write_text(text)
+    proc = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "gpuguard-textfile.timer"),
+                           str(tmp_path / "gpuguard-textfile.service")],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
 @pytest.mark.parametrize("unit", ["gpuguard.service"])
 def test_unit_verifies(tmp_path, unit):
     if shutil.which("systemd-analyze") is None:

@@ -45,6 +45,8 @@ class Probe:
     http: str | dict[str, str] | None = None
     status: int = 200
     docker_health: bool = False
+    # a command whose exit 0 means ready (one for both variants, or {gpu: [...], cpu: [...]})
+    exec: list[str] | dict[str, list[str]] | None = None
     timeout: float = 60.0
 
 
@@ -134,12 +136,16 @@ def _service(path: Path, entry: Any, line: int) -> Service:
                 raise ConfigError(path, section.line, f"{name}: exec.{key} must be a command "
                                   "list")
     probe_raw = entry["probe"]
-    if not isinstance(probe_raw, Mapping) or not ({"http", "docker_health"} & set(probe_raw)):
-        raise fail("probe", f"{name}: probe needs `http: URL` or `docker_health: true`")
+    if not isinstance(probe_raw, Mapping) or \
+            not ({"http", "docker_health", "exec"} & set(probe_raw)):
+        raise fail("probe", f"{name}: probe needs `http: URL`, `exec: [command]` or "
+                   "`docker_health: true`")
     http = probe_raw.get("http")
     probe = Probe(http=dict(http) if isinstance(http, Mapping) else http,
                   status=int(probe_raw.get("status", 200)),
                   docker_health=bool(probe_raw.get("docker_health", False)),
+                  exec=(dict(probe_raw["exec"]) if isinstance(probe_raw.get("exec"), Mapping)
+                        else probe_raw.get("exec")),
                   timeout=float(probe_raw.get("timeout", 60)))
     failback = entry.get("failback", "auto")
     if failback not in ("auto", "manual"):

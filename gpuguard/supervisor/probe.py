@@ -18,6 +18,16 @@ def http_ready(url: str, status: int, timeout: float = 2.0) -> bool:
         return False
 
 
+def command_ready(command: list[str], timeout: float = 30.0) -> bool:
+    import subprocess
+
+    try:
+        return subprocess.run(command, capture_output=True, timeout=timeout,
+                              check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def wait(check: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
     end = time.monotonic() + timeout
     while True:

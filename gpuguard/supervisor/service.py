@@ -230,6 +230,9 @@ class Supervisor:
             self.state.transition = state.Transition(to=to, step=steps[0], reason=reason,
                                                      started=now)
         self.log.warning("failover_started", to=to, reason=reason)
+        note = getattr(self.backend, "note", None)
+        if note is not None:
+            note(to, reason)
         try:
             for step in steps:
                 with self._lock:
@@ -297,6 +300,11 @@ class Supervisor:
         if cfg.docker_health:
             def check() -> bool:
                 return self.backend.healthy(variant)
+        elif cfg.exec is not None:
+            command = cfg.exec if isinstance(cfg.exec, list) else cfg.exec[variant]
+
+            def check() -> bool:
+                return probe.command_ready(command)
         else:
             url = cfg.http if isinstance(cfg.http, str) else (cfg.http or {}).get(variant)
 

@@ -15,6 +15,10 @@ class ExecBackend:
         self.commands = service.backend_config
         self.env = {"GPUGUARD_SERVICE": service.name}
 
+    def note(self, to: str, reason: str) -> None:
+        """The commands of a transition see where it goes and why (a Slurm drain reason)."""
+        self.env.update({"GPUGUARD_VARIANT": to, "GPUGUARD_REASON": reason})
+
     def _run(self, key: str) -> int:
         import os
 
