@@ -167,3 +167,15 @@ def _simple(name, severity, labels, instance="h1:9412"):
     if instance:
         base.update({"instance": instance, "job": "gpuguard"})
     return {"exp_labels": base, "exp_annotations": annotations}
+
+
+def test_kubernetes_manifests_parse_and_carry_the_same_alerts():
+    k8s = REPO / "packaging" / "kubernetes"
+    rule = yaml.safe_load((k8s / "prometheusrule.yaml").read_text())
+    assert rule["kind"] == "PrometheusRule"
+    assert rule["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
+    daemonset = yaml.safe_load((k8s / "daemonset.yaml").read_text())
+    container = daemonset["spec"]["template"]["spec"]["containers"][0]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+    kinds = [d["kind"] for d in yaml.safe_load_all((k8s / "servicemonitor.yaml").read_text())]
+    assert kinds == ["Service", "ServiceMonitor"]

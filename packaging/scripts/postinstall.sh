@@ -1,0 +1,9 @@
+#!/bin/sh
+# Build gpuguard's own virtual environment from the wheels the package carries.
+set -e
+rm -rf /opt/gpuguard/venv
+/usr/bin/python3 -m venv /opt/gpuguard/venv
+/opt/gpuguard/venv/bin/pip install --quiet --no-index --find-links /opt/gpuguard/wheels gpuguard
+if [ -d /run/systemd/system ]; then
+    systemctl daemon-reload || true
+fi
