@@ -34,25 +34,28 @@ def rule_alerts() -> list[dict[str, Any]]:
             # It judges the kernel log since boot (or a window): one old Xid would hold it
             # critical until reboot. New fatal Xids alert through GPUGuardFatalXid instead.
             continue
-        # A critical result held for three daemon cycles: the supervisor's three strikes.
-        alerts.append({
-            "alert": "GPUGuardRuleCritical",
-            "expr": (f'(gpuguard_rule_status{{rule="{rule.id}"}} == 2) and on (instance, job, '
-                     f'rule, gpu, uuid, pci_bus_id) (gpuguard_rule_failed_cycles'
-                     f'{{rule="{rule.id}"}} >= 3)'),
-            "labels": {"severity": "critical", "gpuguard_rule": rule.id},
-            "annotations": {
-                "summary": f"{rule.id} critical on {{{{ $labels.instance }}}} {GPU}",
-                "description": f"{rule.summary}: critical for 3 cycles or more.",
-                "runbook": rule.remediation,
-            },
-        })
+        # A result held for three daemon cycles: the supervisor's three strikes.
+        for level, value in (("critical", 2), ("warning", 1)):
+            alerts.append({
+                "alert": f"GPUGuardRule{level.capitalize()}",
+                "expr": (f'(gpuguard_rule_status{{rule="{rule.id}"}} == {value}) and on '
+                         f'(instance, job, rule, gpu, uuid, pci_bus_id) '
+                         f'(gpuguard_rule_failed_cycles{{rule="{rule.id}"}} >= 3)'),
+                "labels": {"severity": level, "gpuguard_rule": rule.id},
+                "annotations": {
+                    "summary": f"{rule.id} {level} on {{{{ $labels.instance }}}} {GPU}",
+                    "description": f"{rule.summary}: {level} for 3 cycles or more.",
+                    "runbook": rule.remediation,
+                },
+            })
     return alerts
 
 
 DAEMON_ALERTS: list[dict[str, Any]] = [
     {"alert": "GPUGuardFatalXid",
-     "expr": 'increase(gpuguard_xid_events_total{severity="critical"}[10m]) > 0',
+     # A fatal Xid in the last 10 minutes, by its own time: an old one never fires, and a
+     # counter born at 1 (the first Xid of a kind) needs no increase() to be seen.
+     "expr": 'time() - gpuguard_xid_last_seen_timestamp_seconds{severity="critical"} < 600',
      "labels": {"severity": "critical"},
      "annotations": {"summary": "Fatal Xid {{ $labels.xid }} on {{ $labels.instance }} "
                                 "GPU {{ $labels.gpu }} ({{ $labels.pci_bus_id }})",

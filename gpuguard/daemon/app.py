@@ -199,13 +199,19 @@ class Daemon:
         if not snap.host.kernel_log.is_ok:
             return
         by_pci = {normalise_pci(g.pci_bus_id.get()): g for g in snap.gpus if g.pci_bus_id.is_ok}
-        for event in snap.host.kernel_log.get()["xids"]:
+        log_ = snap.host.kernel_log.get()
+        now_usec, now = log_.get("now_usec"), time.time()
+        for event in log_["xids"]:
             key = (event.get("seq"), event.get("usec"), event["xid"], event.get("pci"))
             if key not in self._seen_xids:
                 self._seen_xids.add(key)
-                self._add_xid(event["xid"], event.get("pci"), ruleset, by_pci)
+                # the kernel log's clock (time since boot) turned into wall time
+                usec = event.get("usec")
+                when = now - (now_usec - usec) / 1e6 if usec is not None and now_usec else now
+                self._add_xid(event["xid"], event.get("pci"), ruleset, by_pci, when)
 
-    def _add_xid(self, xid: int, pci: str | None, ruleset: RuleSet, by_pci: dict[str, Any]) -> None:
+    def _add_xid(self, xid: int, pci: str | None, ruleset: RuleSet, by_pci: dict[str, Any],
+                 when: float) -> None:
         entry = ruleset.xid_catalog.get(xid)
         severity = entry.severity if entry else "warning"
         gpu = by_pci.get(pci or "")
@@ -213,6 +219,7 @@ class Daemon:
                  "" if gpu is None else gpu.pci_bus_id.get())
         with self.stats.lock:
             self.stats.xids[label] = self.stats.xids.get(label, 0) + 1
+            self.stats.xid_last[label] = max(self.stats.xid_last.get(label, 0.0), when)
 
     def on_nvml_xid(self, event: dict[str, Any]) -> None:
         """An Xid from NVML's event set, as it happens: counted, and a cycle starts."""
@@ -222,7 +229,8 @@ class Daemon:
             by_pci = {normalise_pci(g.pci_bus_id.get()): g for g in snap.gpus
                       if g.pci_bus_id.is_ok}
             pci = normalise_pci(event["pci"]) if event.get("pci") else None
-            self._add_xid(int(event["xid"]), pci, self._config[1], by_pci)
+            self._add_xid(int(event["xid"]), pci, self._config[1], by_pci,
+                          float(event.get("time") or time.time()))
         self.run_now("nvml xid event")
 
     # --- what the HTTP endpoints and systemd see ----------------------------------

@@ -47,8 +47,9 @@ class DaemonStats:
     reloads_total: int = 0
     reload_success: int = 1
     last_reload_time: float = 0.0
-    # (xid, severity, gpu, pci_bus_id) -> events seen
+    # (xid, severity, gpu, pci_bus_id) -> events seen, and when the last one happened
     xids: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
+    xid_last: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
 
 
 def gpu_labels(gpu: GpuSnapshot) -> list[str]:
@@ -131,6 +132,7 @@ class DaemonCollector(Collector):
             last = dict(stats.last_cycle_time)
             cycles = dict(stats.cycles_total)
             xids = dict(stats.xids)
+            xid_last = dict(stats.xid_last)
             deadline, reloads = stats.deadline_exceeded_total, stats.reloads_total
             reload_ok, reload_time = stats.reload_success, stats.last_reload_time
         duration = GaugeMetricFamily("gpuguard_cycle_duration_seconds",
@@ -148,9 +150,17 @@ class DaemonCollector(Collector):
         xid = CounterMetricFamily(
             "gpuguard_xid_events", "Xid events seen in the kernel log (since boot) and from "
             "NVML events, by Xid and GPU.", labels=["xid", "severity", "gpu", "pci_bus_id"])
+        last_seen = GaugeMetricFamily(
+            "gpuguard_xid_last_seen_timestamp_seconds", "When the last Xid of this kind "
+            "happened on this GPU (Unix time; from the kernel log's own clock). Alert on "
+            "`time() - this < window`: an old Xid never fires, a restart changes nothing.",
+            labels=["xid", "severity", "gpu", "pci_bus_id"])
         for (number, severity, gpu, pci), count in sorted(xids.items()):
             xid.add_metric([number, severity, gpu, pci], count)
+            last_seen.add_metric([number, severity, gpu, pci],
+                                 xid_last.get((number, severity, gpu, pci), 0.0))
         yield xid
+        yield last_seen
         yield CounterMetricFamily("gpuguard_check_deadline_exceeded",
                                   "NVML sweeps that passed their deadline (driver.responsive).",
                                   value=deadline)

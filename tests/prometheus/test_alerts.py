@@ -44,6 +44,15 @@ def critical_alert(rule_id):
     }
 
 
+def warning_alert(rule_id):
+    alert = critical_alert(rule_id)
+    rule = load_ruleset().rules[rule_id]
+    alert["exp_labels"]["severity"] = "warning"
+    alert["exp_annotations"]["summary"] = f"{rule_id} warning on h1:9412 GPU 3 (0000:3b:00.0)"
+    alert["exp_annotations"]["description"] = f"{rule.summary}: warning for 3 cycles or more."
+    return alert
+
+
 def status(rule, values, severity="critical", failed=None):
     series = [{"series": f'gpuguard_rule_status{{{H},rule="{rule}",severity="{severity}",{G3}}}',
                "values": values}]
@@ -71,6 +80,13 @@ def test_a_critical_held_three_cycles_fires_two_do_not(tmp_path):
              {"eval_time": "1m", "alertname": "GPUGuardRuleCritical",
               "exp_alerts": [critical_alert("memory.row_remap")]}]},
         {"interval": "15s",
+         "input_series": status("persistence.mode", "1x8", severity="warning",
+                                failed="1 2 3 4 5 6 7 8 9"),
+         "alert_rule_test": [
+             {"eval_time": "1m", "alertname": "GPUGuardRuleCritical", "exp_alerts": []},
+             {"eval_time": "1m", "alertname": "GPUGuardRuleWarning",
+              "exp_alerts": [warning_alert("persistence.mode")]}]},
+        {"interval": "15s",
          "input_series": status("driver.responsive", "2 2 0 0", failed="1 2 0 0"),
          "alert_rule_test": [
              {"eval_time": "1m", "alertname": "GPUGuardRuleCritical", "exp_alerts": []}]},
@@ -88,9 +104,11 @@ def test_silent_on_idle_downshift_idle_clock_bit_and_one_old_xid(tmp_path):
         {"series": f'gpuguard_gpu_clock_event_reason{{{H},{G3},reason="gpu_idle"}}',
          "values": "1x20"},
         *status("clocks.hw_slowdown", "0x20"),
-        # one old fatal Xid, already in the kernel log when the daemon started
+        # one old fatal Xid, already in the kernel log when the daemon started (2 h ago)
         {"series": f'gpuguard_xid_events_total{{{H},xid="79",severity="critical",{G3}}}',
          "values": "1x20"},
+        {"series": f'gpuguard_xid_last_seen_timestamp_seconds{{{H},xid="79",'
+                   f'severity="critical",{G3}}}', "values": "-7200x20"},
         {"series": f'up{{{H}}}', "values": "1x20"},
         {"series": f'gpuguard_last_cycle_timestamp_seconds{{{H},cadence="fast"}}',
          "values": "0+15x20"},
@@ -98,8 +116,9 @@ def test_silent_on_idle_downshift_idle_clock_bit_and_one_old_xid(tmp_path):
         {"series": f'gpuguard_results_stale{{{H}}}', "values": "0x20"},
         {"series": f'gpuguard_check_deadline_exceeded_total{{{H}}}', "values": "0x20"},
     ]
-    names = ["GPUGuardRuleCritical", "GPUGuardFatalXid", "GPUGuardDown", "GPUGuardSilent",
-             "GPUGuardAbsent", "GPUGuardConfigReloadFailed", "GPUGuardCheckDeadline"]
+    names = ["GPUGuardRuleCritical", "GPUGuardRuleWarning", "GPUGuardFatalXid", "GPUGuardDown",
+             "GPUGuardSilent", "GPUGuardAbsent", "GPUGuardConfigReloadFailed",
+             "GPUGuardCheckDeadline"]
     run_promtool(tmp_path, [{"interval": "15s", "input_series": quiet, "alert_rule_test": [
         {"eval_time": "4m", "alertname": name, "exp_alerts": []} for name in names]}])
 
@@ -108,8 +127,9 @@ def test_daemon_and_supervisor_alerts_fire(tmp_path):
     run_promtool(tmp_path, [{
         "interval": "15s",
         "input_series": [
-            {"series": f'gpuguard_xid_events_total{{{H},xid="79",severity="critical",{G3}}}',
-             "values": "1 1 1 2 2 2 2"},
+            # a new fatal Xid at t=45 s
+            {"series": f'gpuguard_xid_last_seen_timestamp_seconds{{{H},xid="79",'
+                       f'severity="critical",{G3}}}', "values": "_ _ _ 45 45 45 45"},
             {"series": f'gpuguard_failover_active{{{H},service="llm"}}', "values": "0 1 1 1"},
             {"series": f'gpuguard_failover_in_progress{{{H},service="llm"}}',
              "values": "1x12"},
