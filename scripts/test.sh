@@ -11,6 +11,10 @@ command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)        # a real engi
 command -v busybox >/dev/null 2>&1 || need_apt+=(busybox-static)   # test images via docker import
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)  # verify the unit files
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)  # the router
+[ -x /usr/bin/prometheus-alertmanager ] || need_apt+=(prometheus-alertmanager)  # fleet test
+command -v make >/dev/null 2>&1 || need_apt+=(make)                # make package
+[ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import ensurepip' 2>/dev/null \
+    || need_apt+=(python3-venv)                                    # the .deb's own venv
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "missing: ${need_apt[*]}; run as root or: sudo apt-get install ${need_apt[*]}" >&2
