@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import signal
 import stat
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from gpuguard.paths import Paths
 from gpuguard.snapshot import HOST_READING_FIELDS, Reading, Snapshot
+from gpuguard.sources.pipe import read_until
 
 # The source modules are imported where they are used: `gpuguard check` runs them in a
 # forked child, and what the parent imports before that fork delays it.
@@ -117,23 +117,9 @@ class ForkedHostFacts:
 
     def result(self, deadline_s: float) -> Snapshot:
         facts = Snapshot()
-        chunks: list[bytes] = []
-        end = self.started + deadline_s
-        done = False
+        data, done = read_until(self._read_fd, self.started + deadline_s)
         try:
-            while (remaining := end - time.monotonic()) > 0:
-                ready, _, _ = select.select([self._read_fd], [], [], remaining)
-                if not ready:
-                    break
-                data = os.read(self._read_fd, 65536)
-                if not data:
-                    done = True
-                    break
-                chunks.append(data)
-        finally:
-            os.close(self._read_fd)
-        try:
-            payload = json.loads(b"".join(chunks)) if done else None
+            payload = json.loads(data) if done else None
         except ValueError:
             payload = None
         if payload is None:

@@ -25,10 +25,11 @@ import contextlib
 import json
 import mmap
 import os
-import select
 import signal
 import threading
 import time
+
+from gpuguard.sources.pipe import read_until
 
 # No `typing` or `pathlib` at run time: both cost milliseconds before the fork.
 TYPE_CHECKING = False
@@ -123,26 +124,9 @@ class NvmlProbe:
         return snapshot
 
     def _drain(self) -> tuple[list[dict[str, Any]], bool]:
-        end = self.started + self.deadline_s
-        chunks: list[bytes] = []
-        finished = False
-        try:
-            while True:
-                remaining = end - time.monotonic()
-                if remaining <= 0:
-                    break
-                ready, _, _ = select.select([self._read_fd], [], [], remaining)
-                if not ready:
-                    break
-                data = os.read(self._read_fd, 65536)
-                if not data:
-                    finished = True
-                    break
-                chunks.append(data)
-        finally:
-            os.close(self._read_fd)
+        data, finished = read_until(self._read_fd, self.started + self.deadline_s)
         messages = []
-        for line in b"".join(chunks).splitlines():
+        for line in data.splitlines():
             try:
                 messages.append(json.loads(line))
             except ValueError:
@@ -234,17 +218,24 @@ def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
 # --- the child side: everything below runs only in the forked worker ---------------
 
 
-def _child_main(out: Any, progress: _Progress, procfs: str) -> None:
-    progress.set(0, "import pynvml")
-    import pynvml
-
+def _line_writer(out: Any) -> Callable[[dict[str, Any]], None]:
+    """One JSON line per message, whole, from any of the per-GPU threads."""
     lock = threading.Lock()
 
     def emit(obj: dict[str, Any]) -> None:
         line = json.dumps(obj) + "\n"
         with lock:
             out.write(line)
+            out.flush()
 
+    return emit
+
+
+def _child_main(out: Any, progress: _Progress, procfs: str) -> None:
+    progress.set(0, "import pynvml")
+    import pynvml
+
+    emit = _line_writer(out)
     progress.set(0, "nvmlInit")
     try:
         pynvml.nvmlInit()
@@ -497,14 +488,7 @@ def serve(commands: Any, out: Any, progress_path: str, procfs: str,
     progress.set(0, "import pynvml")
     import pynvml
 
-    lock = threading.Lock()
-
-    def emit(obj: dict[str, Any]) -> None:
-        line = json.dumps(obj) + "\n"
-        with lock:
-            out.write(line)
-            out.flush()
-
+    emit = _line_writer(out)
     initialised = False
     for command in commands:
         command = command.strip()
