@@ -260,9 +260,9 @@ class Snapshot:
                 f"snapshot schema {schema!r} is not supported "
                 f"(this gpuguard reads {SCHEMA_VERSION})"
             )
-        host = _dataclass_from_json(HostInfo, raw.get("host", {}))
+        host = from_json(HostInfo, raw.get("host", {}))
         nvml = NvmlStatus(**raw.get("nvml", {}))
-        gpus = [_dataclass_from_json(GpuSnapshot, g) for g in raw.get("gpus", [])]
+        gpus = [from_json(GpuSnapshot, g) for g in raw.get("gpus", [])]
         return cls(host=host, nvml=nvml, gpus=gpus, schema=schema)
 
 
@@ -300,7 +300,8 @@ def _dataclass_to_json(obj: Any) -> dict[str, Any]:
 _T = TypeVar("_T")
 
 
-def _dataclass_from_json(cls: type[_T], raw: dict[str, Any]) -> _T:
+def from_json(cls: type[_T], raw: dict[str, Any]) -> _T:
+    """A HostInfo or GpuSnapshot from its JSON form (a saved snapshot, or a worker's line)."""
     known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(raw) - set(known))
     if unknown:

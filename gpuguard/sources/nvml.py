@@ -184,7 +184,7 @@ def _reap(pid: int) -> None:
 def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
     import socket
 
-    from gpuguard.snapshot import GpuSnapshot, HostInfo, NvmlStatus, Process, Reading, Snapshot
+    from gpuguard.snapshot import GpuSnapshot, HostInfo, NvmlStatus, Snapshot, from_json
 
     snapshot = Snapshot(
         host=HostInfo(hostname=socket.gethostname(), collected_at=time.time(), source="nvml"),
@@ -192,20 +192,13 @@ def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
     )
     for msg in messages:
         kind = msg.pop("t")
+        # The worker writes the snapshot's own JSON form.
         if kind == "host":
-            for name, raw in msg.items():
-                setattr(snapshot.host, name, Reading.from_json(raw))
-            snapshot.host.__post_init__()
+            snapshot.host = from_json(HostInfo, {**msg, "hostname": snapshot.host.hostname,
+                                                 "collected_at": snapshot.host.collected_at,
+                                                 "source": "nvml"})
         elif kind == "gpu":
-            index = msg.pop("index")
-            gpu = GpuSnapshot(index=index)
-            for name, raw in msg.items():
-                reading = Reading.from_json(raw)
-                if name == "compute_processes" and reading.is_ok:
-                    reading = Reading.ok([Process(**p) for p in reading.value or []])
-                setattr(gpu, name, reading)
-            gpu.__post_init__()
-            snapshot.gpus.append(gpu)
+            snapshot.gpus.append(from_json(GpuSnapshot, msg))
         elif kind == "init_error":
             snapshot.nvml.init_error = msg.get("error")
             snapshot.nvml.init_error_kind = msg.get("kind")

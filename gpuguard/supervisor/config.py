@@ -36,7 +36,7 @@ from gpuguard.yamlfile import ConfigError, Mapping, load
 SERVICE_KEYS = {"name", "failover_after", "failback_after", "min_cpu_time", "failback", "rules",
                 "gpus", "probe", "backend", "docker", "systemd", "exec", "router"}
 DOCKER_VARIANT_KEYS = {"name", "image", "command", "env", "ports", "volumes", "labels",
-                       "network_mode", "gpus", "runtime"}
+                       "network_mode", "gpus", "runtime", "stop_timeout"}
 
 
 @dataclass

@@ -230,10 +230,11 @@ class Supervisor:
             self.state.transition = state.Transition(to=to, step=steps[0], reason=reason,
                                                      started=now)
         self.log.warning("failover_started", to=to, reason=reason)
-        note = getattr(self.backend, "note", None)
-        if note is not None:
-            note(to, reason)
         try:
+            # inside the try: creating the backend reaches Docker, which may be down
+            note = getattr(self.backend, "note", None)
+            if note is not None:
+                note(to, reason)
             for step in steps:
                 with self._lock:
                     assert self.state.transition is not None

@@ -14,6 +14,7 @@ def test_daemon_found_by_process_name(h200, run_rule, tmp_path):
     """A real process named nvidia-persistenced (a copy of sleep), found through /proc."""
     import shutil
     import subprocess
+    import time
     from pathlib import Path
 
     from gpuguard.sources import driver_stack
@@ -30,6 +31,12 @@ def test_daemon_found_by_process_name(h200, run_rule, tmp_path):
     shutil.copy(shutil.which("sleep") or "/bin/sleep", binary)
     proc = subprocess.Popen([str(binary), "30"])
     try:
+        # until exec, the child still carries its parent's name
+        comm = Path(f"/proc/{proc.pid}/comm")
+        for _ in range(100):
+            if comm.read_text().strip() == "nvidia-persiste":
+                break
+            time.sleep(0.05)
         h200.host.persistenced_running = driver_stack.persistenced_running(Path("/proc"))
         h200.host.__post_init__()
         assert run_rule("persistence.daemon", h200)[0].status is Status.OK

@@ -2,6 +2,7 @@
 
 import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -22,7 +23,7 @@ def promtool():
 
 
 def test_alert_file_is_current_and_valid():
-    check = subprocess.run(["python", "scripts/gen_alerts.py", "--check"], cwd=REPO,
+    check = subprocess.run([sys.executable, "scripts/gen_alerts.py", "--check"], cwd=REPO,
                            capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stderr
     lint = subprocess.run([promtool(), "check", "rules", str(ALERTS)], capture_output=True,

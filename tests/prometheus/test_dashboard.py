@@ -5,6 +5,7 @@ daemon)."""
 import json
 import re
 import subprocess
+import sys
 
 import yaml
 
@@ -32,7 +33,7 @@ def substituted(expr):
 
 
 def test_dashboard_is_current_json_with_the_variables():
-    check = subprocess.run(["python", "scripts/gen_dashboard.py", "--check"], cwd=REPO,
+    check = subprocess.run([sys.executable, "scripts/gen_dashboard.py", "--check"], cwd=REPO,
                            capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stderr
     doc = json.loads(DASHBOARD.read_text())

@@ -87,7 +87,9 @@ def service_setup(tmp_path: Path, docker_host: str, busybox_image: str,
         spec = {"name": names[v], "image": image or busybox_image,
                 "command": ["sh", "-c", script],
                 "env": {"VARIANT": v, "PORT": str(port or ports[v])},
-                "network_mode": "host"}
+                "network_mode": "host",
+                # busybox httpd as PID 1 ignores SIGTERM: do not wait docker's 10 s for it
+                "stop_timeout": 2}
         if v == "gpu":
             spec["gpus"] = "none"  # no GPU runtime on the test machine
         return spec

@@ -133,6 +133,10 @@ def test_docker_down_is_logged_not_a_crash(start_daemon, service_setup, tmp_path
                     what="failover_failed")
     assert daemon.proc.poll() is None
     assert daemon.metrics()
+    # the failure was taken as one: nothing left half done, an error counted, a retry set
+    st = daemon.wait_for(lambda: (s := state_of(setup)) and s["transition"] is None and s,
+                         what="no transition left in progress")
+    assert st["active"] == "gpu" and st["errors"] >= 1 and st["next_retry"] > 0
 
 
 def test_corrupt_state_is_reported_and_not_reset_to_gpu(start_daemon, service_setup):

@@ -109,7 +109,7 @@ def test_without_a_router_the_switch_is_measured(start_daemon, service_setup):
         setup["faulty"](True)
         assert wait(lambda: settled("cpu"), 60)
         to_cpu = event_time(daemon.log.read_text(), "failover_started")
-        assert wait(lambda: client.first_answer("cpu", to_cpu or 0) is not None, 10)
+        assert wait(lambda: client.first_answer("cpu", to_cpu or 0) is not None, 30)
         time.sleep(1)
     summary = client.summary()
     cpu_answered = client.first_answer("cpu", to_cpu or 0)

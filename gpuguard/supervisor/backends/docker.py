@@ -82,7 +82,8 @@ class DockerBackend:
         if container is None:
             return
         try:
-            container.stop(timeout=10)
+            # seconds for SIGTERM before SIGKILL; it bounds a switch without a router
+            container.stop(timeout=int(self.specs[variant].get("stop_timeout", 10)))
             container.remove(force=True)
         except self._docker.errors.NotFound:
             pass
