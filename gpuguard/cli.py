@@ -176,18 +176,16 @@ def snapshot(output: Path | None, input_path: Path | None, timeout: float,
                               docker, "on", None)
     if input_path is not None:
         snap = _replay(input_path)
+        host_sources.collect_host(snap, host_opts)
     else:
+        from gpuguard.snapshot import Snapshot
         from gpuguard.sources import nvml
 
         probe = nvml.probe(str(paths.procfs), nvml.deadline_for(timeout))
-        from gpuguard.snapshot import Snapshot
-
         facts = Snapshot()
-        host_sources.collect_host(facts, host_opts)
+        host_sources.collect_host(facts, host_opts)  # while the NVML worker runs
         snap = probe.result()
         host_sources.merge(snap, facts)
-    if input_path is not None:
-        host_sources.collect_host(snap, host_opts)
     host_sources.collect_gpus(snap, host_opts)
     _emit(json.dumps(snap.to_json(), indent=2) + "\n", output)
 
@@ -255,14 +253,16 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
            path_procfs: Path, path_rootfs: Path) -> None:
     """Run the checks on a schedule and serve them to Prometheus (systemd Type=notify)."""
     from gpuguard.daemon.app import Daemon, DaemonConfig
-    from gpuguard.paths import DEFAULT_CONFIG, DEFAULT_PROFILE, DEFAULT_USER_RULES_DIR
+    from gpuguard.paths import (
+        DEFAULT_CONFIG,
+        DEFAULT_PROFILE,
+        or_default,
+        rules_dirs_or_default,
+    )
 
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
-    if profile_path is None and DEFAULT_PROFILE.exists():
-        profile_path = DEFAULT_PROFILE
-    dirs = list(rules_dirs)
-    if not dirs and DEFAULT_USER_RULES_DIR.is_dir():
-        dirs = [DEFAULT_USER_RULES_DIR]
+    profile_path = or_default(profile_path, DEFAULT_PROFILE)
+    dirs = rules_dirs_or_default(rules_dirs)
     cfg = DaemonConfig(
         listen=listen, fast_interval=fast_interval, slow_interval=slow_interval,
         timeout=timeout, input_path=input_path,
@@ -270,7 +270,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
                            docker, "on", profile_path),
         profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
         log_format=log_format, dry_run=dry_run,
-        config_path=config_path or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None))
+        config_path=or_default(config_path, DEFAULT_CONFIG))
     sys.exit(Daemon(cfg).run())
 
 
@@ -407,11 +407,10 @@ def _host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,
                   state_dir: Path, probe_image: str | None, timeout: float,
                   docker: bool | None, docker_default: str,
                   profile_path: Path | None) -> HostOptions:
-    from gpuguard.paths import DEFAULT_PROFILE
+    from gpuguard.paths import DEFAULT_PROFILE, or_default
     from gpuguard.sources.host import HostOptions
 
-    if profile_path is None and DEFAULT_PROFILE.exists():
-        profile_path = DEFAULT_PROFILE
+    profile_path = or_default(profile_path, DEFAULT_PROFILE)
     mode = docker_default if docker is None else ("on" if docker else "off")
     opts = HostOptions(paths=paths, kmsg_file=kmsg_file, state_dir=state_dir,
                        probe_image=probe_image, probe_timeout=max(timeout, 5.0),
@@ -467,21 +466,13 @@ def _paths(sysfs: Path, procfs: Path, rootfs: Path) -> Paths:
 
 def _load_config(profile_path: Path | None,
                  rules_dirs: tuple[Path, ...]) -> tuple[Profile, RuleSet]:
-    from gpuguard.paths import DEFAULT_PROFILE, DEFAULT_USER_RULES_DIR
-    from gpuguard.profile import Profile, load_profile
-    from gpuguard.ruleset import load_ruleset
+    from gpuguard.paths import DEFAULT_PROFILE, or_default, rules_dirs_or_default
+    from gpuguard.ruleset import load_config
     from gpuguard.yamlfile import ConfigError
 
     try:
-        if profile_path is None and DEFAULT_PROFILE.exists():
-            profile_path = DEFAULT_PROFILE
-        profile = load_profile(profile_path) if profile_path is not None else Profile()
-        dirs = list(rules_dirs)
-        if not dirs and DEFAULT_USER_RULES_DIR.is_dir():
-            dirs = [DEFAULT_USER_RULES_DIR]
-        overrides = (profile.path, profile.rule_overrides) \
-            if profile.path is not None and profile.rule_overrides is not None else None
-        return profile, load_ruleset(dirs, overrides)
+        return load_config(or_default(profile_path, DEFAULT_PROFILE),
+                           rules_dirs_or_default(rules_dirs))
     except ConfigError as exc:
         raise ConfigProblem(str(exc)) from exc
 

@@ -20,10 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuguard.paths import DEFAULT_PROFILE
 from gpuguard.yamlfile import ConfigError, Mapping, load
 
-__all__ = ["DEFAULT_PROFILE", "Profile", "load_profile", "parse_version", "parse_window"]
 PROFILE_KEYS = {"gpu_count", "driver", "vbios", "ecc", "rules", "xid_window", "docker"}
 
 
@@ -48,9 +46,7 @@ def load_profile(path: Path) -> Profile:
         return profile
     if not isinstance(doc, Mapping):
         raise ConfigError(path, 1, "a profile is a mapping (gpu_count, driver, vbios, ecc, rules)")
-    extra = set(doc) - PROFILE_KEYS
-    if extra:
-        key = sorted(extra)[0]
+    if (key := doc.first_unknown(PROFILE_KEYS)) is not None:
         allowed = ", ".join(sorted(PROFILE_KEYS))
         raise ConfigError(path, doc.line_of(key),
                           f"unknown profile key {key!r} (allowed: {allowed})")
@@ -115,9 +111,7 @@ def _section(path: Path, doc: Mapping, name: str, keys: set[str]) -> Mapping | N
     section = doc[name]
     if not isinstance(section, Mapping):
         raise ConfigError(path, doc.line_of(name), f"{name} must be a mapping")
-    extra = set(section) - keys
-    if extra:
-        key = sorted(extra)[0]
+    if (key := section.first_unknown(keys)) is not None:
         raise ConfigError(path, section.line_of(key),
                           f"unknown key {name}.{key} (allowed: {', '.join(sorted(keys))})")
     return section

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuguard import checks
+from gpuguard.profile import Profile, load_profile
 from gpuguard.results import SEVERITIES, Status
 from gpuguard.snapshot import GPU_READING_FIELDS, HOST_READING_FIELDS
 from gpuguard.yamlfile import ConfigError, Mapping, load
@@ -99,6 +100,16 @@ def load_ruleset(
     return ruleset
 
 
+def load_config(profile_path: Path | None,
+                rules_dirs: list[Path]) -> tuple[Profile, RuleSet]:
+    """The profile and the rules in force: the pack, the user's directories, then the
+    profile's overrides. `check` and the daemon (also on SIGHUP) load through here."""
+    profile = load_profile(profile_path) if profile_path is not None else Profile()
+    overrides = (profile.path, profile.rule_overrides) \
+        if profile.path is not None and profile.rule_overrides is not None else None
+    return profile, load_ruleset(rules_dirs, overrides)
+
+
 def _yaml_files(directory: Path) -> list[Path]:
     if not directory.is_dir():
         raise ConfigError(directory, None, "rules directory does not exist")
@@ -111,9 +122,7 @@ def _load_file(ruleset: RuleSet, path: Path, default_pack: bool) -> None:
         return
     if not isinstance(doc, Mapping):
         raise ConfigError(path, 1, "expected a mapping with `rules:` and/or `overrides:`")
-    extra = set(doc) - TOP_LEVEL_KEYS
-    if extra:
-        key = sorted(extra)[0]
+    if (key := doc.first_unknown(TOP_LEVEL_KEYS)) is not None:
         raise ConfigError(path, doc.line_of(key),
                           f"unknown top-level key {key!r} (expected "
                           f"{', '.join(f'`{k}`' for k in sorted(TOP_LEVEL_KEYS))})")
@@ -151,10 +160,9 @@ def _load_xid_catalog(ruleset: RuleSet, path: Path, catalog: Any, line: int) -> 
             raise ConfigError(path, key_line, f"xid_catalog key {key!r} is not a number") from None
         if not isinstance(entry, Mapping):
             raise ConfigError(path, key_line, f"xid_catalog[{xid}] must be a mapping")
-        extra = set(entry) - {"severity", "action", "meaning"}
-        if extra:
-            raise ConfigError(path, entry.line_of(sorted(extra)[0]),
-                              f"xid_catalog[{xid}]: unknown key {sorted(extra)[0]!r} "
+        if (key := entry.first_unknown({"severity", "action", "meaning"})) is not None:
+            raise ConfigError(path, entry.line_of(key),
+                              f"xid_catalog[{xid}]: unknown key {key!r} "
                               "(allowed: severity, action, meaning)")
         old = ruleset.xid_catalog.get(xid)
         if old is None and not {"severity", "action", "meaning"} <= set(entry):
@@ -186,9 +194,7 @@ def _parse_rule(path: Path, entry: Any, list_line: int, default_pack: bool) -> R
     def fail(key: str, problem: str) -> ConfigError:
         return ConfigError(path, entry.line_of(key), problem)
 
-    extra = set(entry) - RULE_KEYS
-    if extra:
-        key = sorted(extra)[0]
+    if (key := entry.first_unknown(RULE_KEYS)) is not None:
         raise fail(key, f"unknown rule key {key!r} (allowed: {', '.join(sorted(RULE_KEYS))})")
     for required in ("id", "scope", "severity", "summary"):
         if required not in entry:
@@ -279,9 +285,7 @@ def _apply_overrides(ruleset: RuleSet, path: Path, overrides: Mapping) -> None:
             raise ConfigError(path, line, f"override for unknown rule {rule_id!r}")
         if not isinstance(change, Mapping):
             raise ConfigError(path, line, f"override for {rule_id} must be a mapping")
-        extra = set(change) - OVERRIDE_KEYS
-        if extra:
-            key = sorted(extra)[0]
+        if (key := change.first_unknown(OVERRIDE_KEYS)) is not None:
             raise ConfigError(path, change.line_of(key),
                               f"{rule_id}: cannot override {key!r} "
                               f"(allowed: {', '.join(sorted(OVERRIDE_KEYS))})")

@@ -181,10 +181,6 @@ class GpuSnapshot:
     def __post_init__(self) -> None:
         _name_readings(self)
 
-    def label(self) -> str:
-        bus = self.pci_bus_id.get_or("?")
-        return f"GPU {self.index} ({bus})"
-
 
 @dataclass
 class HostInfo:

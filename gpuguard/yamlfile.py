@@ -33,6 +33,11 @@ class Mapping(dict[Any, Any]):
         super().__init__(*args, **kwargs)
         self.key_lines: dict[str | int, int] = {}
 
+    def first_unknown(self, allowed: set[str]) -> Any:
+        """The first key (in sorted order, so errors are stable) not in `allowed`, or None."""
+        extra = sorted((k for k in self if k not in allowed), key=str)
+        return extra[0] if extra else None
+
     def line_of(self, key: str | int) -> int:
         return self.key_lines.get(key, self.line)
 

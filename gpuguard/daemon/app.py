@@ -30,9 +30,9 @@ from gpuguard.daemon.store import ResultStore
 from gpuguard.engine import evaluate
 from gpuguard.history import History
 from gpuguard.outputs import json_out
-from gpuguard.profile import Profile, load_profile
+from gpuguard.profile import Profile
 from gpuguard.results import Status
-from gpuguard.ruleset import RuleSet, load_ruleset
+from gpuguard.ruleset import RuleSet, load_config
 from gpuguard.snapshot import Snapshot
 from gpuguard.sources import host as host_sources
 from gpuguard.sources import replay
@@ -90,10 +90,7 @@ class Daemon:
     # --- configuration -------------------------------------------------------------
 
     def load_config(self) -> tuple[Profile, RuleSet]:
-        profile = load_profile(self.cfg.profile_path) if self.cfg.profile_path else Profile()
-        overrides = (profile.path, profile.rule_overrides) \
-            if profile.path is not None and profile.rule_overrides is not None else None
-        return profile, load_ruleset(self.cfg.rules_dirs, overrides)
+        return load_config(self.cfg.profile_path, self.cfg.rules_dirs)
 
     def _do_reload(self) -> None:
         notify.reloading()
@@ -304,9 +301,9 @@ class Daemon:
             },
             timezone="UTC",
         )
-        now = None  # first runs: at once, fast first
+        # First runs at once, fast first (one executor thread takes jobs in order).
         self._scheduler.add_job(self.fast_cycle, "interval", seconds=self.cfg.fast_interval,
-                                id="fast", next_run_time=now or _utcnow())
+                                id="fast", next_run_time=_utcnow())
         self._scheduler.add_job(self.slow_cycle, "interval", seconds=self.cfg.slow_interval,
                                 id="slow", next_run_time=_utcnow(),
                                 misfire_grace_time=int(max(1, self.cfg.slow_interval)))

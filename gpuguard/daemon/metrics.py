@@ -23,7 +23,6 @@ from prometheus_client.registry import Collector
 from gpuguard import __version__
 from gpuguard.daemon.store import ResultStore
 from gpuguard.outputs.prometheus import STATUS_VALUE
-from gpuguard.results import Status
 from gpuguard.snapshot import GpuSnapshot, Snapshot
 
 GPU_LABELS = ["gpu", "uuid", "pci_bus_id"]
@@ -245,6 +244,3 @@ def _telemetry(snapshot: Snapshot) -> Iterator[Metric]:
     yield from (info, temp, margin, power, limit, util, mem, ecc, aer, replays, gen, width,
                 reasons)
 
-
-def status_value(status: Status) -> int:
-    return STATUS_VALUE[status]

@@ -162,10 +162,6 @@ def probe(procfs: str, deadline_s: float) -> NvmlProbe:
     return NvmlProbe(procfs, deadline_s)
 
 
-def collect(procfs: str, deadline_s: float) -> Snapshot:
-    return NvmlProbe(procfs, deadline_s).result()
-
-
 def _abandon(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)

@@ -101,9 +101,7 @@ def _service(path: Path, entry: Any, line: int) -> Service:
     def fail(key: str, problem: str) -> ConfigError:
         return ConfigError(path, entry.line_of(key), problem)
 
-    extra = set(entry) - SERVICE_KEYS
-    if extra:
-        key = sorted(extra)[0]
+    if (key := entry.first_unknown(SERVICE_KEYS)) is not None:
         raise fail(key, f"unknown service key {key!r}")
     for required in ("name", "backend", "probe"):
         if required not in entry:
@@ -126,10 +124,9 @@ def _service(path: Path, entry: Any, line: int) -> Service:
                 if not isinstance(spec, Mapping) or "name" not in spec or "image" not in spec:
                     raise ConfigError(path, section.line_of(variant),
                                       f"{name}: docker.{variant} needs a name and an image")
-                bad = set(spec) - DOCKER_VARIANT_KEYS
-                if bad:
-                    raise ConfigError(path, spec.line_of(sorted(bad)[0]),
-                                      f"{name}: unknown docker.{variant} key {sorted(bad)[0]!r}")
+                if (key := spec.first_unknown(DOCKER_VARIANT_KEYS)) is not None:
+                    raise ConfigError(path, spec.line_of(key),
+                                      f"{name}: unknown docker.{variant} key {key!r}")
     else:
         for key in ("start_gpu", "stop_gpu", "start_cpu", "stop_cpu"):
             if not isinstance(section.get(key), list):
