@@ -125,7 +125,7 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
         profile, ruleset = _load_config(profile_path, rules_dirs)
         if xid_window is not None:
             profile.xid_window_s = _window(xid_window)
-        snapshot = _replay(input_path) if input_path is not None else None
+        snapshot = _replay(input_path, timeout) if input_path is not None else None
     except click.ClickException:
         if probe is not None:
             probe.result()  # do not leave the worker behind
@@ -139,8 +139,7 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     if probe is not None:
         snapshot = probe.result()
     assert snapshot is not None
-    host_sources.merge(snapshot, host_probe.result(max(0.5, timeout - (time.monotonic() - started)
-                                                      - 0.2)))
+    host_sources.merge(snapshot, host_probe.result(_host_deadline(started, timeout, host_opts)))
     host_sources.collect_gpus(snapshot, host_opts)
     results = evaluate(snapshot, ruleset, profile, only, skip)
     raw_code = exit_code(results)
@@ -175,7 +174,7 @@ def snapshot(output: Path | None, input_path: Path | None, timeout: float,
     host_opts = _host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
                               docker, "on", None)
     if input_path is not None:
-        snap = _replay(input_path)
+        snap = _replay(input_path, timeout)
         host_sources.collect_host(snap, host_opts)
     else:
         from gpuguard.snapshot import Snapshot
@@ -397,6 +396,17 @@ def rules_fields() -> None:
 # --- helpers -----------------------------------------------------------------------
 
 
+def _host_deadline(started: float, timeout: float, opts: HostOptions) -> float:
+    """When `check` stops waiting for the host sources (a monotonic time): NVML's share of
+    --timeout, or longer when a probe container was asked for (it has its own timeout)."""
+    from gpuguard.sources.nvml import deadline_for
+
+    share = deadline_for(timeout)
+    if opts.probe_image:
+        share = max(share, opts.probe_timeout + 2.0)
+    return started + share
+
+
 def gated(code: int, fail_on: str) -> int:
     """Nagios code, with statuses below --fail-on turned into 0."""
     allowed = {"unknown": set(), "warning": {3}, "critical": {1, 3}}[fail_on]
@@ -414,7 +424,8 @@ def _host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,
     mode = docker_default if docker is None else ("on" if docker else "off")
     opts = HostOptions(paths=paths, kmsg_file=kmsg_file, state_dir=state_dir,
                        probe_image=probe_image, probe_timeout=max(timeout, 5.0),
-                       docker=mode, profile_path=profile_path)
+                       read_timeout=min(5.0, 0.75 * timeout), docker=mode,
+                       profile_path=profile_path)
     if input_path is not None:
         # A replay reads only the host sources the user pointed at.
         given = _given_options()
@@ -477,11 +488,11 @@ def _load_config(profile_path: Path | None,
         raise ConfigProblem(str(exc)) from exc
 
 
-def _replay(path: Path) -> Snapshot:
+def _replay(path: Path, timeout: float) -> Snapshot:
     from gpuguard.sources.replay import InputError, load
 
     try:
-        return load(path)
+        return load(path, timeout)
     except InputError as exc:
         raise ConfigProblem(str(exc)) from exc
 

@@ -9,8 +9,11 @@ In JSON a successful reading is its plain value; the other two are objects with 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
+
+from gpuguard import readings
 
 SCHEMA_VERSION = 1
 SNAPSHOT_KIND = "gpuguard-snapshot"
@@ -84,7 +87,10 @@ class Reading(Generic[T]):
             state = raw["state"]
             if state not in ("not_supported", "error", "absent"):
                 raise ValueError(f"unknown reading state {state!r}")
-            return cls(state=state, error=raw.get("error"))
+            error = raw.get("error")
+            if error is not None and not isinstance(error, str):
+                raise ValueError(f"a reading's error must be text, not {error!r}")
+            return cls(state=state, error=error)
         return cls(value=raw, state="ok")
 
 
@@ -178,8 +184,14 @@ class GpuSnapshot:
     # [{"address", "role": gpu|bridge|root_port, "correctable"|"fatal"|"nonfatal": {name: n}}].
     pcie_aer: Reading[list[dict[str, Any]]] = reading_field()
 
+    # True when NVML answered "GPU is lost" for this GPU: it fell off the bus (as Xid 79).
+    gpu_lost: Reading[bool] = reading_field()
+
     def __post_init__(self) -> None:
-        _name_readings(self)
+        if isinstance(self.index, bool) or not isinstance(self.index, int) or \
+                not 0 <= self.index < 1024:
+            raise ValueError(f"GPU index must be a whole number 0..1023, not {self.index!r}")
+        _name_readings(self, "gpu")
 
 
 @dataclass
@@ -212,7 +224,13 @@ class HostInfo:
     probe_image: Reading[dict[str, Any]] = reading_field()
 
     def __post_init__(self) -> None:
-        _name_readings(self)
+        if not isinstance(self.hostname, str) or not isinstance(self.source, str):
+            raise ValueError("hostname and source must be text")
+        if isinstance(self.collected_at, bool) or \
+                not isinstance(self.collected_at, int | float) or \
+                not math.isfinite(self.collected_at):
+            raise ValueError(f"collected_at must be a time, not {self.collected_at!r}")
+        _name_readings(self, "host")
 
 
 @dataclass
@@ -256,10 +274,30 @@ class Snapshot:
                 f"snapshot schema {schema!r} is not supported "
                 f"(this gpuguard reads {SCHEMA_VERSION})"
             )
+        if not isinstance(raw.get("gpus", []), list):
+            raise ValueError("gpus must be a list")
         host = from_json(HostInfo, raw.get("host", {}))
-        nvml = NvmlStatus(**raw.get("nvml", {}))
+        nvml = _nvml_status(raw.get("nvml", {}))
         gpus = [from_json(GpuSnapshot, g) for g in raw.get("gpus", [])]
         return cls(host=host, nvml=nvml, gpus=gpus, schema=schema)
+
+
+def _nvml_status(raw: Any) -> NvmlStatus:
+    if not isinstance(raw, dict):
+        raise ValueError("nvml must be a mapping")
+    known = {f.name for f in dataclasses.fields(NvmlStatus)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"unknown nvml fields: {', '.join(unknown)}")
+    for name, value in raw.items():
+        if name.endswith("_s"):
+            if value is not None and (isinstance(value, bool) or
+                                      not isinstance(value, int | float) or
+                                      not math.isfinite(value) or value < 0):
+                raise ValueError(f"nvml.{name} must be seconds, not {value!r}")
+        elif value is not None and not isinstance(value, str):
+            raise ValueError(f"nvml.{name} must be text, not {value!r}")
+    return NvmlStatus(**raw)
 
 
 GPU_READING_FIELDS: tuple[str, ...] = tuple(
@@ -272,10 +310,20 @@ HOST_READING_FIELDS: tuple[str, ...] = tuple(
 )
 
 
-def _name_readings(obj: Any) -> None:
+def _name_readings(obj: Any, scope: str) -> None:
+    """Name every reading after its field and turn a value that is not valid for the
+    field (gpuguard/readings.py) into an error reading: checked wherever a snapshot is
+    built, so no source, replay or worker line can hand a rule a wrong value."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        if isinstance(value, Reading) and value.name != f.name:
+        if not isinstance(value, Reading):
+            continue
+        if value.state == "ok":
+            wrong = readings.problem(scope, f.name, value.value)
+            if wrong is not None:
+                value = Reading.failed(f"invalid {f.name} ({wrong})")
+                setattr(obj, f.name, value)
+        if value.name != f.name:
             object.__setattr__(value, "name", f.name)
 
 
@@ -296,8 +344,19 @@ def _dataclass_to_json(obj: Any) -> dict[str, Any]:
 _T = TypeVar("_T")
 
 
+def _processes(raw: Any) -> Reading[Any]:
+    wrong = readings.problem("gpu", "compute_processes", raw)
+    if wrong is not None:
+        return Reading.failed(f"invalid compute_processes ({wrong})")
+    return Reading.ok([Process(pid=p["pid"], used_memory_bytes=p.get("used_memory_bytes"),
+                               name=p["name"] if isinstance(p.get("name"), str) else None)
+                       for p in raw])
+
+
 def from_json(cls: type[_T], raw: dict[str, Any]) -> _T:
     """A HostInfo or GpuSnapshot from its JSON form (a saved snapshot, or a worker's line)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"a {cls.__name__} must be a mapping, not {type(raw).__name__}")
     known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(raw) - set(known))
     if unknown:
@@ -309,6 +368,6 @@ def from_json(cls: type[_T], raw: dict[str, Any]) -> _T:
             continue
         reading = Reading.from_json(raw_value)
         if name == "compute_processes" and reading.is_ok:
-            reading = Reading.ok([Process(**p) for p in reading.value or []])
+            reading = _processes(reading.value)
         kwargs[name] = reading
     return cls(**kwargs)

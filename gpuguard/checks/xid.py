@@ -74,7 +74,9 @@ def recent(ctx: CheckContext) -> Finding:
                         "age_s": None if now is None or usec is None else (now - usec) // 10**6})
 
     window = "since boot" if window_s is None else f"in the last {_span(window_s)}"
+    dropped = log.get("xids_dropped") or 0
     observed = {"window": window, "counted": len(counted), "aged_out": aged,
+                "older_not_kept": dropped,
                 "not_counted": ignored, "acked_seq": acked,
                 "events": [{k: e[k] for k in ("xid", "pci", "gpu", "severity", "seq", "age_s",
                                                 "pid", "process")} for e in counted]}
@@ -104,6 +106,8 @@ def recent(ctx: CheckContext) -> Finding:
             text += "; it keeps coming back: contact NVIDIA support or the vendor"
         parts.append(text)
     message = " | ".join(parts)
+    if dropped:
+        message += f" (and {dropped} older Xid line(s) not kept)"
     if any(e["severity"] == "critical" for e in counted):
         return ctx.fail(message, **observed)
     return warning(message, **observed)

@@ -13,11 +13,13 @@ import os
 import signal
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpuguard.paths import Paths
-from gpuguard.snapshot import HOST_READING_FIELDS, Reading, Snapshot
+from gpuguard.snapshot import Reading, Snapshot
 from gpuguard.sources.pipe import read_until
 
 # The source modules are imported where they are used: `gpuguard check` runs them in a
@@ -33,6 +35,9 @@ class HostOptions:
     state_dir: Path | None = None
     probe_image: str | None = None
     probe_timeout: float = 30.0
+    # Deadline of one file read (a kernel log given as a pipe): a source that passes it is
+    # an error reading, never a stuck check or cycle.
+    read_timeout: float = 5.0
     # Docker: "on" (the daemon; `check --docker`), "off", or "auto": only when the profile
     # says `docker: required`. Importing the docker SDK costs ~200 ms, too much for every
     # preflight `check` on hosts that do not run their inference in Docker.
@@ -45,34 +50,92 @@ class HostOptions:
     rootfs: bool = True
 
 
-def collect_host(snapshot: Snapshot, opts: HostOptions) -> None:
-    """Everything that does not need NVML's GPU list (runs while the NVML worker runs)."""
-    from gpuguard.sources import driver_stack, sysfs, toolkit
+@dataclass(frozen=True)
+class HostSource:
+    """One host source: the snapshot fields it fills, and whether these options read it.
+    Fast sources come first: `check` stops waiting at its deadline, and a slow source
+    (a kernel log on a pipe, Docker) may then make only its own fields unknown."""
 
-    host = snapshot.host
-    if opts.kernel_log:
-        host.kernel_log = read_kernel_log(opts)
-    if opts.procfs:
-        host.kernel_module_version = driver_stack.module_version(opts.paths.procfs)
-        host.kernel_modules = driver_stack.loaded_modules(opts.paths.procfs)
-        host.persistenced_running = driver_stack.persistenced_running(opts.paths.procfs)
-    if opts.sysfs:
-        host.secure_boot = sysfs.secure_boot(opts.paths.sysfs)
-    if opts.rootfs:
-        host.device_nodes = driver_stack.device_nodes(opts.paths.rootfs)
-        host.cdi_specs = toolkit.cdi_specs(opts.paths.rootfs)
-        host.container_cli = toolkit.container_cli()
-        host.ctk_version = toolkit.ctk_version()
-        if _want_docker(opts):
-            host.docker = toolkit.docker_info(opts.paths.rootfs)
-        else:
-            host.docker = Reading.not_supported(
-                "Docker is not checked by `gpuguard check` unless asked: --docker, "
-                "--probe-image, or `docker: required` in the profile (the daemon checks it)")
-        if opts.probe_image:
-            host.probe_image = toolkit.probe_image(opts.paths.rootfs, opts.probe_image,
-                                                   opts.probe_timeout)
-    host.__post_init__()
+    name: str
+    fields: tuple[str, ...]
+    wanted: Callable[[HostOptions], bool]
+    read: Callable[[HostOptions], dict[str, Reading[Any]]]
+
+
+def _procfs(opts: HostOptions) -> dict[str, Reading[Any]]:
+    from gpuguard.sources import driver_stack
+
+    procfs = opts.paths.procfs
+    return {"kernel_module_version": driver_stack.module_version(procfs),
+            "kernel_modules": driver_stack.loaded_modules(procfs),
+            "persistenced_running": driver_stack.persistenced_running(procfs)}
+
+
+def _sysfs(opts: HostOptions) -> dict[str, Reading[Any]]:
+    from gpuguard.sources import sysfs
+
+    return {"secure_boot": sysfs.secure_boot(opts.paths.sysfs)}
+
+
+def _rootfs(opts: HostOptions) -> dict[str, Reading[Any]]:
+    from gpuguard.sources import driver_stack, toolkit
+
+    return {"device_nodes": driver_stack.device_nodes(opts.paths.rootfs),
+            "cdi_specs": toolkit.cdi_specs(opts.paths.rootfs),
+            "container_cli": toolkit.container_cli(),
+            "ctk_version": toolkit.ctk_version()}
+
+
+def _docker(opts: HostOptions) -> dict[str, Reading[Any]]:
+    from gpuguard.sources import toolkit
+
+    if not _want_docker(opts):
+        return {"docker": Reading.not_supported(
+            "Docker is not checked by `gpuguard check` unless asked: --docker, "
+            "--probe-image, or `docker: required` in the profile (the daemon checks it)")}
+    return {"docker": toolkit.docker_info(opts.paths.rootfs)}
+
+
+def _probe_image(opts: HostOptions) -> dict[str, Reading[Any]]:
+    from gpuguard.sources import toolkit
+
+    assert opts.probe_image is not None
+    return {"probe_image": toolkit.probe_image(opts.paths.rootfs, opts.probe_image,
+                                               opts.probe_timeout)}
+
+
+HOST_SOURCES: tuple[HostSource, ...] = (
+    HostSource("procfs", ("kernel_module_version", "kernel_modules", "persistenced_running"),
+               lambda o: o.procfs, _procfs),
+    HostSource("sysfs", ("secure_boot",), lambda o: o.sysfs, _sysfs),
+    HostSource("rootfs", ("device_nodes", "cdi_specs", "container_cli", "ctk_version"),
+               lambda o: o.rootfs, _rootfs),
+    HostSource("kernel_log", ("kernel_log",), lambda o: o.kernel_log,
+               lambda o: {"kernel_log": read_kernel_log(o)}),
+    HostSource("docker", ("docker",), lambda o: o.rootfs, _docker),
+    HostSource("probe_image", ("probe_image",), lambda o: o.rootfs and bool(o.probe_image),
+               _probe_image),
+)
+
+
+def collect_host(snapshot: Snapshot, opts: HostOptions,
+                 done: Callable[[str, dict[str, Reading[Any]]], None] | None = None) -> None:
+    """Everything that does not need NVML's GPU list (runs while the NVML worker runs).
+    `done` hears each source's readings as soon as that source has them."""
+    for source in HOST_SOURCES:
+        if not source.wanted(opts):
+            continue
+        try:
+            values = source.read(opts)
+        except Exception as exc:  # a broken source is unknown, never the end of the run
+            values = {name: Reading.failed(f"the {source.name} source failed: "
+                                           f"{type(exc).__name__}: {exc}")
+                      for name in source.fields}
+        for name, reading in values.items():
+            setattr(snapshot.host, name, reading)
+        if done is not None:
+            done(source.name, values)
+    snapshot.host.__post_init__()
 
 
 def _want_docker(opts: HostOptions) -> bool:
@@ -90,23 +153,27 @@ def _want_docker(opts: HostOptions) -> bool:
 
 
 class ForkedHostFacts:
-    """collect_host() in a forked child, so that its imports (psutil, YAML) and reads run
-    beside the NVML worker instead of after the parent's own start-up."""
+    """collect_host() in a forked child, so that its imports (YAML, docker) and reads run
+    beside the NVML worker instead of after the parent's own start-up. The child writes
+    one line per source as it finishes; at the deadline the sources that have not
+    answered are unknown, and only they: NVML's own host facts are never touched."""
 
     def __init__(self, opts: HostOptions) -> None:
         self.started = time.monotonic()
+        self.opts = opts
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # child
             code = 0
             try:
                 os.close(read_fd)
-                facts = Snapshot()
-                collect_host(facts, opts)
-                payload = {name: getattr(facts.host, name).to_json()
-                           for name in HOST_READING_FIELDS}
-                with os.fdopen(write_fd, "w") as out:
-                    out.write(json.dumps(payload))
+                with os.fdopen(write_fd, "w", buffering=1) as out:
+                    def done(name: str, values: dict[str, Reading[Any]]) -> None:
+                        out.write(json.dumps({"source": name, "readings": {
+                            field_name: reading.to_json()
+                            for field_name, reading in values.items()}}) + "\n")
+
+                    collect_host(Snapshot(), opts, done)
             except BaseException:
                 code = 1
             finally:
@@ -115,28 +182,39 @@ class ForkedHostFacts:
         self.pid = pid
         self._read_fd = read_fd
 
-    def result(self, deadline_s: float) -> Snapshot:
+    def result(self, deadline_at: float) -> Snapshot:
+        """The host facts read by the monotonic time `deadline_at`."""
         facts = Snapshot()
-        data, done = read_until(self._read_fd, self.started + deadline_s)
-        try:
-            payload = json.loads(data) if done else None
-        except ValueError:
-            payload = None
-        if payload is None:
-            why = ("did not answer in time" if not done else "failed")
-            for name in HOST_READING_FIELDS:
-                setattr(facts.host, name, Reading.failed(f"host sources {why}"))
+        data, finished = read_until(self._read_fd, deadline_at)
+        answered: set[str] = set()
+        for line in data.splitlines():
+            try:
+                message = json.loads(line)
+                readings = {name: Reading.from_json(raw)
+                            for name, raw in message["readings"].items()}
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue  # a line cut at the deadline: that source did not answer
+            answered.add(message["source"])
+            for name, reading in readings.items():
+                if name in HOST_SOURCE_FIELDS and reading.state != "absent":
+                    setattr(facts.host, name, reading)
+        waited = round(time.monotonic() - self.started, 1)
+        for source in HOST_SOURCES:
+            if source.wanted(self.opts) and source.name not in answered:
+                why = (f"did not answer within {waited:g} s" if not finished
+                       else "stopped without an answer")
+                for name in source.fields:
+                    setattr(facts.host, name, Reading.failed(f"the {source.name} source {why}"))
+        if not finished:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-        else:
-            for name, raw in payload.items():
-                reading = Reading.from_json(raw)
-                if reading.state != "absent":
-                    setattr(facts.host, name, reading)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, os.WNOHANG)
         facts.host.__post_init__()
         return facts
+
+
+HOST_SOURCE_FIELDS = frozenset(name for source in HOST_SOURCES for name in source.fields)
 
 
 def collect_gpus(snapshot: Snapshot, opts: HostOptions) -> None:
@@ -152,9 +230,11 @@ def collect_gpus(snapshot: Snapshot, opts: HostOptions) -> None:
 
 
 def merge(into: Snapshot, host_from: Snapshot) -> None:
-    """Carry host facts read in one snapshot into another (the NVML worker's)."""
-    for name, value in vars(host_from.host).items():
-        if isinstance(value, Reading) and value.state != "absent":
+    """Carry the host sources' facts into another snapshot (the NVML worker's). Only the
+    fields the host sources own: NVML's driver version and GPU count are never replaced."""
+    for name in HOST_SOURCE_FIELDS:
+        value = getattr(host_from.host, name)
+        if value.state != "absent":
             setattr(into.host, name, value)
     into.host.__post_init__()
 
@@ -164,9 +244,9 @@ def read_kernel_log(opts: HostOptions) -> Reading[dict[str, object]]:
 
     path = opts.kmsg_file
     if path is not None and not _is_char_device(path):
-        return kmsg.read_file(path)
+        return kmsg.read_file(path, opts.read_timeout)
     # The live device (or another kmsg device, such as the host's mounted into a container).
-    log = kmsg.read_device(path or Path("/dev/kmsg"))
+    log = kmsg.read_device(path or Path("/dev/kmsg"), opts.read_timeout)
     if log.is_ok and opts.state_dir is not None:
         acked = read_xid_ack(opts.state_dir, opts.paths.procfs)
         if acked is not None:
@@ -191,8 +271,10 @@ def boot_id(procfs: Path) -> str | None:
 
 def read_xid_ack(state_dir: Path, procfs: Path) -> int | None:
     """The last acknowledged kmsg sequence number, if it was taken in this boot."""
+    from gpuguard.boundedio import read_text
+
     try:
-        raw = json.loads((state_dir / XID_ACK_FILE).read_text())
+        raw = json.loads(read_text(state_dir / XID_ACK_FILE, 4096, 1.0))
     except (OSError, ValueError):
         return None  # no ack, or a bad file: count everything (never hide an Xid)
     if not isinstance(raw, dict) or raw.get("boot_id") != boot_id(procfs):

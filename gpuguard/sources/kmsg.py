@@ -21,21 +21,26 @@ import errno
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuguard.boundedio import MIB, BoundedReadError, read_bytes
 from gpuguard.snapshot import Reading
+
+# The kernel's ring buffer is at most 32 MiB (log_buf_len); twice that is not a kernel log.
+MAX_LOG_BYTES = 64 * MIB
 
 # NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.
 # NVRM: Xid (PCI:0000:00:06): 119, pid='<unknown>', name=<unknown>, Timeout after 6s ...
 # NVRM: Xid (0000:3b:00): 48, An uncorrectable double bit error ...   (older drivers)
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): "
-    r"(?P<xid>\d+),\s*(?P<rest>.*)$"
+    r"(?P<xid>\d{1,10}),\s*(?P<rest>.*)$"
 )
-_PID = re.compile(r"pid='?(?P<pid><unknown>|\d+)'?,\s*name=(?P<name>[^,]*),\s*(?P<text>.*)$")
+_PID = re.compile(r"pid='?(?P<pid><unknown>|\d{1,10})'?,\s*name=(?P<name>[^,]*),\s*(?P<text>.*)$")
 # NVRM: GPU at PCI:0000:3b:00: GPU-...   /  NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.
 _FALLEN = re.compile(
     r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
@@ -49,10 +54,13 @@ _UNSIGNED = re.compile(
 _CLIENT_VERSION = re.compile(r"client has the version (\d+\.\d+(?:\.\d+)?)")
 _MODULE_VERSION = re.compile(r"kernel module has the version (\d+\.\d+(?:\.\d+)?)")
 
-_KMSG = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<text>.*)$")
-_RAW = re.compile(r"^<(?P<prio>\d+)>(?:\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?)?(?P<text>.*)$")
+# Numbers are bounded (a 64-bit sequence, microseconds since boot): a line with a
+# longer "number" is text, not a record header, and never a huge int to convert.
+_KMSG = re.compile(r"^(?P<prio>\d{1,4}),(?P<seq>\d{1,19}),(?P<usec>\d{1,19}),[^;]*;(?P<text>.*)$")
+_RAW = re.compile(
+    r"^<(?P<prio>\d{1,4})>(?:\[\s*(?P<sec>\d{1,12})\.(?P<frac>\d{1,9})\]\s?)?(?P<text>.*)$")
 _DICTIONARY = re.compile(r"^ [A-Z_]+=")
-_HUMAN = re.compile(r"^\[\s*(?P<sec>\d+)\.(?P<frac>\d+)\]\s?(?P<text>.*)$")
+_HUMAN = re.compile(r"^\[\s*(?P<sec>\d{1,12})\.(?P<frac>\d{1,9})\]\s?(?P<text>.*)$")
 
 
 @dataclass(frozen=True)
@@ -116,8 +124,15 @@ def normalise_pci(address: str) -> str:
     return f"{int(domain, 16):04x}:{bus}:{device}.{function or '0'}"
 
 
+# Xid events kept in a summary: the newest ones. A log holding more (a storm of one
+# Xid, or a hostile log) keeps the snapshot, the daemon's memory and /status bounded;
+# the number left out is kept and shown by xid.recent.
+MAX_XIDS = 2000
+
+
 def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> dict[str, Any]:
-    xids: list[dict[str, Any]] = []
+    xids: deque[dict[str, Any]] = deque(maxlen=MAX_XIDS)
+    seen_xids = 0
     count = 0
     last_usec: int | None = None
     unsigned_rejected = False
@@ -130,6 +145,7 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
             event = xid_event(record)
             if event is not None:
                 xids.append(event)
+                seen_xids += 1
             elif m := _CLIENT_VERSION.search(record.text):
                 mismatch["client"] = m.group(1)
             if m := _MODULE_VERSION.search(record.text):
@@ -141,7 +157,8 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
         "records": count,
         # A live read knows the time now; a saved log ends when it was saved.
         "now_usec": now_usec if now_usec is not None else last_usec,
-        "xids": xids,
+        "xids": list(xids),
+        "xids_dropped": seen_xids - len(xids),
         "unsigned_module_rejected": unsigned_rejected,
         # The last "API mismatch" the driver logged: library (client) and kernel module versions.
         "api_mismatch": mismatch or None,
@@ -149,8 +166,10 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
     }
 
 
-def read_device(path: Path = Path("/dev/kmsg")) -> Reading[dict[str, Any]]:
-    """Read every record buffered in /dev/kmsg without blocking."""
+def read_device(path: Path = Path("/dev/kmsg"),
+                deadline_s: float = 5.0) -> Reading[dict[str, Any]]:
+    """Read every record buffered in /dev/kmsg without blocking, within a size bound and
+    a deadline (another character device given as the log, such as /dev/zero, never ends)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except PermissionError:
@@ -159,8 +178,14 @@ def read_device(path: Path = Path("/dev/kmsg")) -> Reading[dict[str, Any]]:
     except OSError as exc:
         return Reading.failed(f"cannot read {path}: {exc.strerror or exc}")
     lines: list[str] = []
+    total = 0
+    end = time.monotonic() + deadline_s
     try:
         while True:
+            if total > MAX_LOG_BYTES or time.monotonic() > end:
+                why = (f"more than {MAX_LOG_BYTES // MIB} MiB" if total > MAX_LOG_BYTES
+                       else f"no end of records within {deadline_s:g} s")
+                return Reading.failed(f"cannot read {path}: {why}: not a kernel log device?")
             try:
                 data = os.read(fd, 16384)
             except BlockingIOError:
@@ -174,6 +199,7 @@ def read_device(path: Path = Path("/dev/kmsg")) -> Reading[dict[str, Any]]:
                 return Reading.failed(f"cannot read {path}: {exc.strerror or exc}")
             if not data:
                 break
+            total += len(data)
             lines.append(data.decode("utf-8", errors="replace"))
     finally:
         os.close(fd)
@@ -181,12 +207,13 @@ def read_device(path: Path = Path("/dev/kmsg")) -> Reading[dict[str, Any]]:
     return Reading.ok(summarise(parse_lines(lines), str(path), now))
 
 
-def read_file(path: Path) -> Reading[dict[str, Any]]:
-    """Read a saved kernel log. Binary or unreadable input is an error reading, not a crash."""
+def read_file(path: Path, deadline_s: float = 5.0) -> Reading[dict[str, Any]]:
+    """Read a saved kernel log (a file, or a pipe such as `<(dmesg)`), within a size bound
+    and a deadline. Binary or unreadable input is an error reading, not a crash."""
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        return Reading.failed(f"cannot read {path}: {exc.strerror or exc}")
+        raw = read_bytes(path, MAX_LOG_BYTES, deadline_s)
+    except BoundedReadError as exc:
+        return Reading.failed(str(exc))
     if b"\0" in raw[:65536]:
         return Reading.failed(f"{path}: binary data, not a kernel log")
     try:

@@ -5,21 +5,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gpuguard.boundedio import MIB, BoundedReadError, read_text
 from gpuguard.snapshot import Snapshot
 from gpuguard.sources import nvidia_smi_xml
+
+# An 8-GPU snapshot is ~200 KiB and an 8-GPU `nvidia-smi -q -x` ~400 KiB.
+MAX_INPUT_BYTES = 32 * MIB
 
 
 class InputError(ValueError):
     pass
 
 
-def load(path: Path) -> Snapshot:
+def load(path: Path, deadline_s: float = 10.0) -> Snapshot:
+    """The snapshot in `path`, read within `deadline_s` (a FIFO with no writer, a device
+    such as /dev/zero or an oversized file is an InputError, never a hang)."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from exc
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        text = read_text(path, MAX_INPUT_BYTES, deadline_s)
+    except BoundedReadError as exc:
+        raise InputError(str(exc)) from exc
     head = text.lstrip()[:1]
     if head == "<":
         try:

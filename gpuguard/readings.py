@@ -1,0 +1,186 @@
+"""What a valid reading is: the type and range of every snapshot field, checked when a
+snapshot is built (from NVML's worker, a replayed file or an nvidia-smi dump).
+
+A value that is not what its field says (a string where a number belongs, a NaN, a
+negative GPU count, a list as a PCI address) becomes an error reading naming what was
+wrong, so the rules that use it are unknown: a bad value is never judged as a value,
+and never reaches the metrics or the daemon's history, where it could crash a cycle.
+
+Standard library only: imported before `gpuguard check` forks its NVML worker.
+"""
+
+from __future__ import annotations
+
+import math
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    Validator = Callable[[Any], "str | None"]
+
+# Text fields longer than this are not what any driver writes: a corrupt input.
+MAX_TEXT = 4096
+# Larger than any counter NVML keeps (64-bit) means the input is not a real reading.
+MAX_COUNTER = 2**64
+
+
+def _int(lo: float, hi: float) -> Validator:
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be a whole number, not {_show(value)}"
+        if not lo <= value <= hi:
+            return f"{value} is outside {lo:g}..{hi:g}"
+        return None
+    return check
+
+
+def _float(lo: float, hi: float) -> Validator:
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"must be a number, not {_show(value)}"
+        if not math.isfinite(value):
+            return f"must be a finite number, not {value}"
+        if not lo <= value <= hi:
+            return f"{value:g} is outside {lo:g}..{hi:g}"
+        return None
+    return check
+
+
+def _bool(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"must be true or false, not {_show(value)}"
+
+
+def _text(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return f"must be text, not {_show(value)}"
+    if len(value) > MAX_TEXT:
+        return f"text of {len(value)} characters is longer than any driver writes"
+    return None
+
+
+def _text_list(value: Any) -> str | None:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return f"must be a list of text, not {_show(value)}"
+    return None
+
+
+def _mapping(value: Any) -> str | None:
+    return None if isinstance(value, dict) else f"must be a mapping, not {_show(value)}"
+
+
+def _mapping_list(value: Any) -> str | None:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        return f"must be a list of mappings, not {_show(value)}"
+    return None
+
+
+def _optional_int(value: Any, lo: int = 0) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool)
+                             and lo <= value < MAX_COUNTER)
+
+
+def _processes(value: Any) -> str | None:
+    if not isinstance(value, list):
+        return f"must be a list of processes, not {_show(value)}"
+    for proc in value:
+        pid = getattr(proc, "pid", None) if not isinstance(proc, dict) else proc.get("pid")
+        used = (getattr(proc, "used_memory_bytes", None) if not isinstance(proc, dict)
+                else proc.get("used_memory_bytes"))
+        if not _optional_int(pid, 0) or pid is None or not _optional_int(used):
+            return f"a process entry is not {{pid, used_memory_bytes, name}}: {_show(proc)}"
+    return None
+
+
+def _aer(value: Any) -> str | None:
+    if _mapping_list(value):
+        return _mapping_list(value)
+    for device in value:
+        for kind in ("correctable", "nonfatal", "fatal"):
+            counts = device.get(kind)
+            if counts is None:
+                continue
+            if not isinstance(counts, dict) or not all(
+                    isinstance(k, str) and _optional_int(v) and v is not None
+                    for k, v in counts.items()):
+                return f"AER counters of {_show(device.get('address'))} are not name: count"
+    return None
+
+
+def _kernel_log(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return f"must be a kernel log summary, not {_show(value)}"
+    xids = value.get("xids")
+    if not isinstance(xids, list):
+        return "kernel log summary has no list of xids"
+    for event in xids:
+        if not isinstance(event, dict) or not _optional_int(event.get("xid")) \
+                or event.get("xid") is None:
+            return f"an Xid event is not {{xid: number, ...}}: {_show(event)}"
+        if not (_optional_int(event.get("seq")) and _optional_int(event.get("usec"))):
+            return f"an Xid event's seq/usec is not a count: {_show(event)}"
+        if event.get("pci") is not None and not isinstance(event.get("pci"), str):
+            return f"an Xid event's pci is not text: {_show(event)}"
+    for key in ("now_usec", "acked_seq"):
+        if not _optional_int(value.get(key)):
+            return f"kernel log {key} is not a count: {_show(value.get(key))}"
+    return None
+
+
+COUNT = _int(0, MAX_COUNTER)
+CELSIUS = _int(-100, 250)
+MHZ = _int(0, 100_000)
+WATTS = _float(0, 100_000)
+PERCENT = _int(0, 100)
+
+GPU_FIELDS: dict[str, Validator] = {
+    "uuid": _text, "name": _text, "serial": _text, "pci_bus_id": _text,
+    "vbios_version": _text, "inforom_image_version": _text,
+    "persistence_mode": _bool, "mig_mode_current": _bool, "mig_mode_pending": _bool,
+    "ecc_mode_current": _bool, "ecc_mode_pending": _bool,
+    "retired_pages_pending": _bool, "remapped_rows_pending": _bool,
+    "remapped_rows_failure": _bool, "gpu_lost": _bool,
+    "pcie_link_gen_current": _int(1, 64), "pcie_link_gen_max": _int(1, 64),
+    "pcie_link_width_current": _int(0, 64), "pcie_link_width_max": _int(1, 64),
+    "temperature_c": CELSIUS, "temperature_tlimit_margin_c": CELSIUS,
+    "temperature_slowdown_c": CELSIUS, "temperature_shutdown_c": CELSIUS,
+    "temperature_gpu_max_c": CELSIUS,
+    "power_draw_w": WATTS, "power_limit_enforced_w": WATTS, "power_limit_default_w": WATTS,
+    "clock_event_reasons": _int(0, 2**64 - 1),
+    "clock_sm_mhz": MHZ, "clock_mem_mhz": MHZ, "clock_sm_max_mhz": MHZ,
+    "clock_mem_max_mhz": MHZ,
+    "utilization_gpu_percent": PERCENT, "utilization_memory_percent": PERCENT,
+    "compute_processes": _processes, "recovery_action": _text, "pcie_aer": _aer,
+}
+# Counters and sizes: ECC counts, retired pages, remapped rows, replays, memory bytes.
+GPU_COUNT_PREFIXES = ("ecc_", "retired_pages_", "remapped_rows_", "pcie_replay_", "memory_")
+
+HOST_FIELDS: dict[str, Validator] = {
+    "driver_version": _text, "cuda_driver_version": _text, "nvml_version": _text,
+    "gpu_count": _int(0, 1024), "kernel_log": _kernel_log, "kernel_module_version": _text,
+    "kernel_modules": _text_list, "device_nodes": _text_list, "secure_boot": _bool,
+    "persistenced_running": _bool, "cdi_specs": _mapping_list, "container_cli": _mapping,
+    "ctk_version": _text, "docker": _mapping, "probe_image": _mapping,
+}
+
+
+def validator(scope: str, name: str) -> Validator | None:
+    table = GPU_FIELDS if scope == "gpu" else HOST_FIELDS
+    found = table.get(name)
+    if found is None and scope == "gpu" and name.startswith(GPU_COUNT_PREFIXES):
+        return COUNT
+    return found
+
+
+def problem(scope: str, name: str, value: Any) -> str | None:
+    """What is wrong with `value` as field `name`, or None when it is a valid reading."""
+    check = validator(scope, name)
+    if check is None:
+        return None
+    return check(value)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
