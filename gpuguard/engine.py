@@ -11,7 +11,7 @@ from gpuguard import checks
 from gpuguard.checks import CheckContext, Finding
 from gpuguard.history import History
 from gpuguard.profile import Profile
-from gpuguard.results import GpuRef, Result, Status
+from gpuguard.results import Result, Status
 from gpuguard.ruleset import Rule, RuleSet
 from gpuguard.snapshot import (
     GPU_READING_FIELDS,
@@ -54,7 +54,7 @@ def evaluate(
 
 
 def _run(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Result:
-    ref = _gpu_ref(gpu) if gpu is not None else None
+    ref = gpu.ref() if gpu is not None else None
     if not rule.enabled:
         where = rule.overrides[-1] if rule.overrides else rule.origin
         return Result(rule.id, Status.SKIPPED, rule.severity, f"disabled ({where})", ref)
@@ -127,11 +127,3 @@ def _condition(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Findin
         {k: v.value for k, v in readings.items() if v.is_ok}
     )
     return ctx.fail(text, **values)
-
-
-def _gpu_ref(gpu: GpuSnapshot) -> GpuRef:
-    return GpuRef(
-        index=gpu.index,
-        uuid=gpu.uuid.value if gpu.uuid.is_ok else None,
-        pci_bus_id=gpu.pci_bus_id.value if gpu.pci_bus_id.is_ok else None,
-    )

@@ -26,7 +26,7 @@ class Sample:
 
 
 def gpu_key(gpu: GpuSnapshot) -> str:
-    return gpu.uuid.value if gpu.uuid.is_ok and gpu.uuid.value else f"index-{gpu.index}"
+    return gpu.ref().key
 
 
 def sample(gpu: GpuSnapshot, t: float) -> Sample:

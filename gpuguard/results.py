@@ -37,6 +37,13 @@ class GpuRef:
     uuid: str | None
     pci_bus_id: str | None
 
+    @property
+    def key(self) -> str:
+        """The one identity of a GPU in the daemon's results and history. Index, UUID and
+        bus id together: two GPUs that report the same UUID (itself a finding, see
+        gpu.identity) stay two, neither hiding the other."""
+        return f"{self.index}/{self.uuid or '-'}/{self.pci_bus_id or '-'}"
+
     def to_json(self) -> dict[str, Any]:
         return {"index": self.index, "uuid": self.uuid, "pci_bus_id": self.pci_bus_id}
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 from gpuguard import readings
+from gpuguard.results import GpuRef
 
 SCHEMA_VERSION = 1
 SNAPSHOT_KIND = "gpuguard-snapshot"
@@ -186,6 +187,12 @@ class GpuSnapshot:
 
     # True when NVML answered "GPU is lost" for this GPU: it fell off the bus (as Xid 79).
     gpu_lost: Reading[bool] = reading_field()
+
+    def ref(self) -> GpuRef:
+        """Which GPU this is, as results and metrics name it."""
+        return GpuRef(index=self.index,
+                      uuid=self.uuid.value if self.uuid.is_ok else None,
+                      pci_bus_id=self.pci_bus_id.value if self.pci_bus_id.is_ok else None)
 
     def __post_init__(self) -> None:
         if isinstance(self.index, bool) or not isinstance(self.index, int) or \

@@ -19,18 +19,19 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return folder
 
 
-def test_default_pack_has_every_public_rule_id(default_rules):
-    expected = {
-        "driver.loaded", "driver.responsive", "driver.version", "gpu.count", "vbios.consistent",
-        "ecc.mode", "ecc.uncorrected", "ecc.corrected", "memory.retired_pages",
-        "memory.row_remap", "pcie.link_width", "pcie.link_gen", "pcie.replays", "vbios.allowed",
-        "clocks.hw_slowdown", "clocks.sw_thermal", "clocks.power_cap", "power.limit",
-        "thermal.margin", "persistence.mode", "memory.orphaned", "recovery.action",
-        # issue 3
-        "xid.recent", "pcie.aer", "driver.module_match", "driver.nouveau", "persistence.daemon",
-        "toolkit.parity", "toolkit.docker",
-    }
-    assert set(default_rules.rules) == expected
+def test_every_rule_in_the_pack_has_its_check_and_its_tests(default_rules):
+    """The registry is the list: each pack rule has a registered check in
+    gpuguard/checks/<family>.py and is named by tests/checks/test_<family>.py."""
+    from gpuguard import checks
+
+    registered = {**checks.HOST_CHECKS, **checks.GPU_CHECKS}
+    assert set(default_rules.rules) == set(registered)
+    root = Path(__file__).resolve().parent
+    for rule_id, fn in registered.items():
+        family = rule_id.split(".")[0]
+        assert fn.__module__ == f"gpuguard.checks.{family}", rule_id
+        tests = (root / "checks" / f"test_{family}.py").read_text()
+        assert f'"{rule_id}"' in tests, f"{rule_id} has no test in tests/checks/test_{family}.py"
 
 
 def test_rule_lives_in_the_file_named_after_its_family(default_rules):

@@ -1,8 +1,12 @@
-"""gpu.count: the GPUs the driver sees are the GPUs this host should have."""
+"""gpu.*: the GPUs the driver sees are the GPUs this host should have, each reachable and
+each with an identity of its own."""
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckContext, Finding, host_check, ok
+from collections import defaultdict
+
+from gpuguard.checks import CheckContext, Finding, gpu_check, host_check, ok
+from gpuguard.snapshot import GpuSnapshot
 
 
 @host_check("gpu.count")
@@ -17,3 +21,33 @@ def count(ctx: CheckContext) -> Finding:
         return ctx.fail(f"{seen} GPU(s) visible, the profile expects {expected}",
                         gpu_count=seen, expected=expected)
     return ok(f"{seen} GPU(s), as the profile expects", gpu_count=seen, expected=expected)
+
+
+@gpu_check("gpu.lost")
+def lost(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    # NVML's "GPU is lost" is an answer, not a failure to get one: the driver knows the
+    # GPU fell off the bus. Its other rules are unknown; this one says what is known.
+    if gpu.gpu_lost.get():
+        return ctx.fail("NVML says this GPU is lost: it has fallen off the bus (as Xid 79) "
+                        "and answers no call", gpu_lost=True)
+    return ok("the GPU answers NVML", gpu_lost=False)
+
+
+@host_check("gpu.identity")
+def identity(ctx: CheckContext) -> Finding:
+    # Two GPUs reporting one UUID or one bus address would make every per-GPU result,
+    # metric and history entry ambiguous: both are shown, and this says why.
+    clashes = []
+    for field_name in ("uuid", "pci_bus_id"):
+        holders: dict[str, list[int]] = defaultdict(list)
+        for gpu in ctx.snapshot.gpus:
+            reading = getattr(gpu, field_name)
+            if reading.is_ok and reading.value:
+                holders[reading.value.lower()].append(gpu.index)
+        clashes += [f"GPUs {', '.join(map(str, indexes))} all report {field_name} {value}"
+                    for value, indexes in sorted(holders.items()) if len(indexes) > 1]
+    if not ctx.snapshot.gpus:
+        return ok("no GPU to compare")
+    if clashes:
+        return ctx.fail("; ".join(clashes), clashes=clashes)
+    return ok(f"{len(ctx.snapshot.gpus)} GPU(s), each with its own UUID and bus address")

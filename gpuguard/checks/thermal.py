@@ -13,7 +13,9 @@ from gpuguard.snapshot import GpuSnapshot
 
 @gpu_check("thermal.margin")
 def margin(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
-    if gpu.temperature_tlimit_margin_c.is_ok:
+    # A margin the driver offers but that could not be read is unknown: falling back to
+    # the absolute threshold would judge a different, cooler sensor and could say ok.
+    if gpu.temperature_tlimit_margin_c.state in ("ok", "error"):
         return _by_tlimit(gpu, ctx)
     return _by_threshold(gpu, ctx)
 

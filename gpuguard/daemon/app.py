@@ -11,7 +11,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ from gpuguard.results import Status
 from gpuguard.ruleset import RuleSet, load_config
 from gpuguard.snapshot import Snapshot
 from gpuguard.sources import host as host_sources
-from gpuguard.sources import replay
+from gpuguard.sources import nvml, replay
 from gpuguard.sources.kmsg import normalise_pci
 from gpuguard.supervisor.config import load_services
 from gpuguard.supervisor.service import Supervisor
@@ -44,6 +46,8 @@ from gpuguard.yamlfile import ConfigError
 log = structlog.get_logger("gpuguard.daemon")
 
 DEFAULT_LISTEN = "127.0.0.1:9412"
+# How long SIGTERM waits for a cycle in progress (the unit's TimeoutStopSec is 15 s).
+STOP_GRACE_S = 5.0
 
 
 @dataclass
@@ -79,11 +83,13 @@ class Daemon:
         self._config: tuple[Profile, RuleSet] | None = None
         self._last: Snapshot | None = None
         self._slow_facts = Snapshot()
-        self._seen_xids: set[tuple[Any, ...]] = set()
+        self._xid_marks = XidMarks()
         self._cycle_ids = itertools.count(1)
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._ready = threading.Event()
+        self._idle = threading.Event()  # set while no cycle runs
+        self._idle.set()
         self._scheduler: BackgroundScheduler | None = None
         self.supervisors: list[Supervisor] = []
 
@@ -102,6 +108,11 @@ class Daemon:
             with self.stats.lock:
                 self.stats.reload_success = 0
             log.error("config_reload_failed", file=exc.path, line=exc.line, reason=exc.problem,
+                      keeping="the last good rules and profile")
+        except Exception as exc:  # whatever a bad file raises, the last good rules stay
+            with self.stats.lock:
+                self.stats.reload_success = 0
+            log.error("config_reload_failed", reason=f"{type(exc).__name__}: {exc}",
                       keeping="the last good rules and profile")
         else:
             with self.stats.lock:
@@ -122,13 +133,16 @@ class Daemon:
     def _collect_nvml(self) -> Snapshot:
         if self.cfg.input_path is not None:
             try:
-                return replay.load(self.cfg.input_path)
+                snap = replay.load(self.cfg.input_path, self.cfg.timeout)
             except replay.InputError as exc:
                 snap = Snapshot()
                 snap.nvml.sweep_error = str(exc)
-                return snap
-        assert self.sampler is not None
-        return self.sampler.sweep(self.cfg.timeout)
+        else:
+            assert self.sampler is not None
+            snap = self.sampler.sweep(self.cfg.timeout)
+        # GPUs it did not answer for are listed, unknown, under the identity they last had.
+        nvml.fill_unanswered(snap, self._last.gpus if self._last is not None else None)
+        return snap
 
     def fast_cycle(self, reason: str = "schedule") -> None:
         self._cycle("fast", reason, self._fast)
@@ -139,18 +153,32 @@ class Daemon:
     def _cycle(self, cadence: str, reason: str, body: Any) -> None:
         structlog.contextvars.bind_contextvars(cycle=next(self._cycle_ids), cadence=cadence)
         started = time.monotonic()
+        succeeded = False
+        self._idle.clear()
         try:
             if reason != "schedule":
                 log.info("cycle_started", reason=reason)
             body()
-        except Exception:
+            succeeded = True
+        except Exception as exc:
+            # Not fresh: its rules turn unknown (never an old ok served as current), and
+            # /healthz, /status, the metrics and systemd's STATUS= say so until one succeeds.
             log.exception("cycle_failed")
+            self.store.mark_failed(cadence, f"{type(exc).__name__}: {str(exc)[:200]}")
         finally:
             with self.stats.lock:
+                now = time.time()
                 self.stats.cycle_duration_s[cadence] = time.monotonic() - started
-                self.stats.last_cycle_time[cadence] = time.time()
+                self.stats.last_cycle_time[cadence] = now
                 self.stats.cycles_total[cadence] = self.stats.cycles_total.get(cadence, 0) + 1
+                self.stats.last_cycle_ok[cadence] = succeeded
+                if succeeded:
+                    self.stats.last_success_time[cadence] = now
+                else:
+                    self.stats.cycle_failures_total[cadence] = \
+                        self.stats.cycle_failures_total.get(cadence, 0) + 1
             structlog.contextvars.unbind_contextvars("cycle", "cadence")
+            self._idle.set()
             if cadence == "fast":
                 self._ready.set()
 
@@ -167,16 +195,11 @@ class Daemon:
         if hung:
             with self.stats.lock:
                 self.stats.deadline_exceeded_total += 1
-        else:
-            self.history.add(snap, time.time())
+        self.history.add(snap, time.time())
         results = evaluate(snap, ruleset, profile, cadence="fast", history=self.history)
-        if hung:
-            # Keep serving the last GPU results (marked stale) rather than dropping them.
-            results = [r for r in results if r.rule == "driver.responsive"]
-        else:
-            self._last = snap
-        self.store.update(results, "fast", partial=hung)
         self._count_xids(snap, ruleset)
+        self._last = snap
+        self.store.update(results, "fast", nvml_hung=hung)
         current = self.store.results()
         for supervisor in self.supervisors:
             supervisor.on_cycle(current)
@@ -198,14 +221,11 @@ class Daemon:
         by_pci = {normalise_pci(g.pci_bus_id.get()): g for g in snap.gpus if g.pci_bus_id.is_ok}
         log_ = snap.host.kernel_log.get()
         now_usec, now = log_.get("now_usec"), time.time()
-        for event in log_["xids"]:
-            key = (event.get("seq"), event.get("usec"), event["xid"], event.get("pci"))
-            if key not in self._seen_xids:
-                self._seen_xids.add(key)
-                # the kernel log's clock (time since boot) turned into wall time
-                usec = event.get("usec")
-                when = now - (now_usec - usec) / 1e6 if usec is not None and now_usec else now
-                self._add_xid(event["xid"], event.get("pci"), ruleset, by_pci, when)
+        for event in self._xid_marks.new_events(log_["xids"]):
+            # the kernel log's clock (time since boot) turned into wall time
+            usec = event.get("usec")
+            when = now - (now_usec - usec) / 1e6 if usec is not None and now_usec else now
+            self._add_xid(event["xid"], event.get("pci"), ruleset, by_pci, when)
 
     def _add_xid(self, xid: int, pci: str | None, ruleset: RuleSet, by_pci: dict[str, Any],
                  when: float) -> None:
@@ -233,17 +253,22 @@ class Daemon:
     # --- what the HTTP endpoints and systemd see ----------------------------------
 
     def health(self) -> tuple[bool, dict[str, Any]]:
+        """Healthy: a fast cycle succeeded recently and the last one did not fail."""
         with self.stats.lock:
-            last = self.stats.last_cycle_time.get("fast")
-        age = None if last is None else round(time.time() - last, 3)
+            last_ok = self.stats.last_success_time.get("fast")
+            last_failed = self.stats.last_cycle_ok.get("fast") is False
+        age = None if last_ok is None else round(time.time() - last_ok, 3)
         limit = 3 * self.cfg.fast_interval + self.cfg.timeout
-        fresh = age is not None and age < limit
-        return fresh, {"alive": True, "last_cycle_age_s": age, "fresh_within_s": limit,
-                       "stale_results": self.store.stale}
+        fresh = age is not None and age < limit and not last_failed
+        return fresh, {"alive": True, "last_successful_cycle_age_s": age,
+                       "fresh_within_s": limit, "last_cycle_failed": last_failed,
+                       "stale_results": self.store.stale,
+                       "stale_reason": self.store.stale_reason()}
 
     def status_document(self) -> dict[str, Any]:
         doc = json_out.document(self._last or Snapshot(), self.store.results())
         doc["stale"] = self.store.stale
+        doc["stale_reason"] = self.store.stale_reason()
         return doc
 
     def status_line(self) -> str:
@@ -253,12 +278,20 @@ class Daemon:
         gpus = len(self._last.gpus) if self._last else 0
         text = (f"{gpus} GPU(s): {worst[Status.CRITICAL]} critical, {worst[Status.WARNING]} "
                 f"warning, {worst[Status.UNKNOWN]} unknown")
-        text += " (NVML not answering: results stale)" if self.store.stale else ""
+        reason = self.store.stale_reason()
+        text += f" (results stale: {reason})" if reason else ""
         for supervisor in self.supervisors:
             snap = supervisor.snapshot()
             moving = f", moving to {snap.state.transition.to}" if snap.state.transition else ""
             text += f"; {snap.service} on {snap.state.active.upper()}{moving}"
         return text
+
+    def _cycles_progress(self) -> bool:
+        with self.stats.lock:
+            last_end = max(self.stats.last_cycle_time.values(), default=None)
+        if self._idle.is_set() or last_end is None:
+            return True  # between cycles, or the first one has not ended yet
+        return time.time() - last_end < 3 * self.cfg.fast_interval + 2 * self.cfg.timeout
 
     # --- the main loop ---------------------------------------------------------------
 
@@ -268,8 +301,9 @@ class Daemon:
             self._config = self.load_config()
             host, port = parse_listen(self.cfg.listen)
             services = load_services(self.cfg.config_path) if self.cfg.config_path else []
-        except (ConfigError, ValueError) as exc:
-            log.error("config_invalid", error=str(exc))
+        except Exception as exc:  # any bad file is exit 3 at start, never a traceback loop
+            log.error("config_invalid", error=f"{exc}" if isinstance(exc, ConfigError | ValueError)
+                      else f"{type(exc).__name__}: {exc}")
             return 3
         tagged = {r.id for r in self._config[1].rules.values() if "failover" in r.tags}
         state_dir = self.cfg.host.state_dir or Path("/var/lib/gpuguard")
@@ -336,8 +370,10 @@ class Daemon:
                     notify.notify(f"STATUS={line}")
                 last_status = line
             # The watchdog is pinged from this loop, not from cycles: a wedged GPU is
-            # reported (driver.responsive) instead of getting the daemon restarted.
-            if ping and time.monotonic() - last_ping >= ping:
+            # reported (driver.responsive) instead of getting the daemon restarted. But
+            # only while cycles come to an end: every read has a deadline, so a cycle that
+            # does not end is a stuck daemon, and systemd restarting it is the right cure.
+            if ping and time.monotonic() - last_ping >= ping and self._cycles_progress():
                 notify.notify("WATCHDOG=1")
                 last_ping = time.monotonic()
 
@@ -351,7 +387,48 @@ class Daemon:
         server.shutdown()
         if self.sampler is not None:
             self.sampler.close()
+        if not self._idle.wait(STOP_GRACE_S):
+            # Every read has a deadline, so this is a bug or a wedged kernel call: stop
+            # anyway, within the unit's TimeoutStopSec, rather than wait for the cycle
+            # thread that the interpreter would otherwise join at exit.
+            log.error("daemon_stopped_during_cycle", waited_s=STOP_GRACE_S)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         return 0
+
+
+class XidMarks:
+    """Which kernel-log Xids were counted already, in bounded memory: the highest kmsg
+    sequence number (or, for a saved log without one, the latest time stamp) seen; only
+    lines without either are remembered one by one, and only while the log still has them."""
+
+    def __init__(self) -> None:
+        self.seq = -1
+        self.usec = -1
+        self.unnumbered: set[tuple[Any, ...]] = set()
+
+    def new_events(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        fresh: list[dict[str, Any]] = []
+        top_seq, top_usec = self.seq, self.usec
+        present: set[tuple[Any, ...]] = set()
+        for event in events:
+            seq, usec = event.get("seq"), event.get("usec")
+            if seq is not None:
+                if seq > self.seq:
+                    fresh.append(event)
+                top_seq = max(top_seq, seq)
+            elif usec is not None:
+                if usec > self.usec:
+                    fresh.append(event)
+                top_usec = max(top_usec, usec)
+            else:
+                key = (event["xid"], event.get("pci"), event.get("text"))
+                present.add(key)
+                if key not in self.unnumbered:
+                    fresh.append(event)
+        self.seq, self.usec, self.unnumbered = top_seq, top_usec, present
+        return fresh
 
 
 def _utcnow() -> Any:

@@ -42,6 +42,10 @@ class DaemonStats:
     cycle_duration_s: dict[str, float] = field(default_factory=dict)
     last_cycle_time: dict[str, float] = field(default_factory=dict)
     cycles_total: dict[str, int] = field(default_factory=dict)
+    # Whether the last cycle of each cadence succeeded, when one last did, and failures.
+    last_cycle_ok: dict[str, bool] = field(default_factory=dict)
+    last_success_time: dict[str, float] = field(default_factory=dict)
+    cycle_failures_total: dict[str, int] = field(default_factory=dict)
     deadline_exceeded_total: int = 0
     reloads_total: int = 0
     reload_success: int = 1
@@ -52,7 +56,8 @@ class DaemonStats:
 
 
 def gpu_labels(gpu: GpuSnapshot) -> list[str]:
-    return [str(gpu.index), gpu.uuid.get_or(""), gpu.pci_bus_id.get_or("")]
+    ref = gpu.ref()
+    return [str(ref.index), ref.uuid or "", ref.pci_bus_id or ""]
 
 
 class DaemonCollector(Collector):
@@ -67,7 +72,8 @@ class DaemonCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._rules()
         snapshot = self.last_snapshot()
-        if snapshot is not None and not self.store.stale:
+        # The telemetry of a failed cycle's snapshot is not current: none rather than old.
+        if snapshot is not None and not self.store.cycle_failed("fast"):
             yield from _telemetry(snapshot)
         yield from self._daemon()
         yield from self._failover()
@@ -130,6 +136,8 @@ class DaemonCollector(Collector):
             durations = dict(stats.cycle_duration_s)
             last = dict(stats.last_cycle_time)
             cycles = dict(stats.cycles_total)
+            last_ok = dict(stats.last_cycle_ok)
+            failures = dict(stats.cycle_failures_total)
             xids = dict(stats.xids)
             xid_last = dict(stats.xid_last)
             deadline, reloads = stats.deadline_exceeded_total, stats.reloads_total
@@ -139,13 +147,23 @@ class DaemonCollector(Collector):
         timestamp = GaugeMetricFamily("gpuguard_last_cycle_timestamp_seconds",
                                       "When the last cycle ended (Unix time).", labels=["cadence"])
         total = CounterMetricFamily("gpuguard_cycles", "Cycles run.", labels=["cadence"])
+        success = GaugeMetricFamily("gpuguard_last_cycle_successful",
+                                    "1 when the last cycle ran to its end, 0 when it failed "
+                                    "(its rules are unknown until one succeeds).",
+                                    labels=["cadence"])
+        failed = CounterMetricFamily("gpuguard_cycle_failures", "Cycles that failed.",
+                                     labels=["cadence"])
         for cadence in sorted(last):
             duration.add_metric([cadence], durations.get(cadence, 0.0))
             timestamp.add_metric([cadence], last[cadence])
             total.add_metric([cadence], cycles.get(cadence, 0))
+            success.add_metric([cadence], 1 if last_ok.get(cadence, True) else 0)
+            failed.add_metric([cadence], failures.get(cadence, 0))
         yield duration
         yield timestamp
         yield total
+        yield success
+        yield failed
         xid = CounterMetricFamily(
             "gpuguard_xid_events", "Xid events seen in the kernel log (since boot) and from "
             "NVML events, by Xid and GPU.", labels=["xid", "severity", "gpu", "pci_bus_id"])
@@ -173,8 +191,9 @@ class DaemonCollector(Collector):
                                 "When the configuration was last loaded (Unix time).",
                                 value=reload_time)
         yield GaugeMetricFamily("gpuguard_results_stale",
-                                "1 when NVML stopped answering and GPU results are the last "
-                                "ones it gave.", value=1 if self.store.stale else 0)
+                                "1 when results are not all fresh: NVML did not answer in "
+                                "time (those GPUs' rules are unknown) or a cycle failed.",
+                                value=1 if self.store.stale else 0)
         yield InfoMetricFamily("gpuguard_build", "gpuguard version.",
                                value={"version": __version__})
 

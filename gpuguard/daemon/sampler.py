@@ -74,7 +74,7 @@ class NvmlSampler:
         self.on_xid = on_xid
         fd, self.progress_path = tempfile.mkstemp(prefix="gpuguard-nvml-progress-")
         os.close(fd)
-        self._progress = nvml._Progress(self.progress_path)
+        self._progress = nvml.Progress(self.progress_path)
         self._worker: _Worker | None = None
         self._stuck: _Worker | None = None
         self._stuck_call: str | None = None
@@ -111,7 +111,7 @@ class NvmlSampler:
                 worker.kill()
                 self._stuck, self._worker = worker, None
                 log.error("nvml_call_hung", call=self._stuck_call, deadline_s=deadline_s)
-                return self._hung(deadline_s, started, still=False)
+                return self._hung(deadline_s, started, still=False, messages=messages)
             try:
                 msg = worker.messages.get(timeout=remaining)
             except queue.Empty:
@@ -124,14 +124,15 @@ class NvmlSampler:
                                  "error": f"exit code {worker.proc.poll()}"})
                 break
             messages.append(msg)
-        snap = nvml._assemble(messages)
+        snap = nvml.assemble(messages)
         snap.nvml.deadline_s = deadline_s
         snap.nvml.elapsed_s = round(time.monotonic() - started, 4)
         return snap
 
-    def _hung(self, deadline_s: float, started: float, still: bool) -> Snapshot:
-        snap = Snapshot()
-        snap.host.source = "nvml"
+    def _hung(self, deadline_s: float, started: float, still: bool,
+              messages: list[dict[str, Any]] | None = None) -> Snapshot:
+        """What the sweep gave before the deadline (the GPUs that answered), marked hung."""
+        snap = nvml.assemble(messages or [])
         call = self._stuck_call or "?"
         if still:
             call = f"{call} (still not returned since {time.ctime(self._stuck_since or 0)})"

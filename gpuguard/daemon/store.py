@@ -7,6 +7,7 @@ anything). State changes are logged with the observed values; steady states are 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ FAILED = (Status.WARNING, Status.CRITICAL)
 def key_of(result: Result) -> Key:
     if result.gpu is None:
         return (result.rule, "")
-    return (result.rule, result.gpu.uuid or result.gpu.pci_bus_id or f"index-{result.gpu.index}")
+    return (result.rule, result.gpu.key)
 
 
 @dataclass
@@ -35,41 +36,85 @@ class Entry:
 
 
 class ResultStore:
+    """The last result of every rule and GPU. `stale` says when they are not all fresh:
+    NVML did not answer (the GPUs it did not answer for are unknown, naming the call), or
+    a cycle failed (its rules turn unknown: an old ok is never served as current)."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[Key, Entry] = {}
         self._cadence_of: dict[Key, str] = {}
-        self.stale = False
+        self._nvml_hung = False
+        self._failed: dict[str, str] = {}  # cadence -> why its last cycle failed
 
-    def update(self, results: list[Result], cadence: str, partial: bool = False) -> None:
-        """Replace this cadence's results. `partial` (a hung NVML sweep) updates only the
-        results given and keeps the rest, marked stale, rather than dropping every GPU."""
+    @property
+    def stale(self) -> bool:
+        with self._lock:
+            return self._nvml_hung or bool(self._failed)
+
+    def cycle_failed(self, cadence: str) -> bool:
+        with self._lock:
+            return cadence in self._failed
+
+    def stale_reason(self) -> str | None:
+        with self._lock:
+            reasons = [f"the last {c} cycle failed: {why}" for c, why in sorted(
+                self._failed.items())]
+            if self._nvml_hung:
+                reasons.append("NVML did not answer in time")
+        return "; ".join(reasons) or None
+
+    def update(self, results: list[Result], cadence: str, nvml_hung: bool = False) -> None:
+        """Replace this cadence's results with a cycle's. Results of rules or GPUs that the
+        cycle no longer has (a GPU that left, a rule no longer selected) go with their series."""
         now = time.time()
         with self._lock:
             seen = set()
             for result in results:
                 key = key_of(result)
                 seen.add(key)
-                old = self._entries.get(key)
-                failed = old.failed_cycles if old else 0
-                if result.status in FAILED:
-                    failed += 1
-                elif result.status is Status.OK:
-                    failed = 0
-                if old is None or old.result.status is not result.status:
-                    _log_change(old.result if old else None, result)
-                    since = now
-                else:
-                    since = old.since
-                self._entries[key] = Entry(result, failed, since)
-                self._cadence_of[key] = cadence
-            if not partial:
-                for key in [k for k, c in self._cadence_of.items()
-                            if c == cadence and k not in seen]:
-                    # a GPU that left, or a rule no longer selected: its series go too
-                    del self._entries[key]
-                    del self._cadence_of[key]
-            self.stale = partial
+                self._put(key, result, cadence, now)
+            for key in [k for k, c in self._cadence_of.items()
+                        if c == cadence and k not in seen]:
+                del self._entries[key]
+                del self._cadence_of[key]
+            self._failed.pop(cadence, None)
+            if cadence == "fast":
+                self._nvml_hung = nvml_hung
+
+    def mark_failed(self, cadence: str, why: str) -> None:
+        """A cycle of `cadence` failed: its rules are unknown until one succeeds. The last
+        status is kept in `observed`; the failure count is left as it was (we learned
+        nothing), as for any unknown result."""
+        now = time.time()
+        with self._lock:
+            self._failed[cadence] = why
+            for key, entry in list(self._entries.items()):
+                if self._cadence_of.get(key) != cadence or \
+                        entry.result.observed.get("stale"):
+                    continue
+                old = entry.result
+                stale = dataclasses.replace(
+                    old, status=Status.UNKNOWN, remediation=None,
+                    message=f"stale: the last {cadence} cycle failed ({why}); the last result "
+                            f"was {old.status.value}: {old.message}",
+                    observed={"stale": True, "last_status": old.status.value})
+                self._put(key, stale, cadence, now)
+
+    def _put(self, key: Key, result: Result, cadence: str, now: float) -> None:
+        old = self._entries.get(key)
+        failed = old.failed_cycles if old else 0
+        if result.status in FAILED:
+            failed += 1
+        elif result.status is Status.OK:
+            failed = 0
+        if old is None or old.result.status is not result.status:
+            _log_change(old.result if old else None, result)
+            since = now
+        else:
+            since = old.since
+        self._entries[key] = Entry(result, failed, since)
+        self._cadence_of[key] = cadence
 
     def entries(self) -> list[Entry]:
         with self._lock:

@@ -54,7 +54,7 @@ RECOVERY_ACTIONS = {
 }
 
 
-class _Progress:
+class Progress:
     """One slot per worker thread (slot 0: host calls, slot i+1: GPU i) in shared memory:
     anonymous for a forked worker, a file for one spawned by the daemon."""
 
@@ -93,7 +93,7 @@ class NvmlProbe:
     def __init__(self, procfs: str, deadline_s: float) -> None:
         self.deadline_s = deadline_s
         self.started = time.monotonic()
-        self._progress = _Progress()
+        self._progress = Progress()
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # child
@@ -113,7 +113,7 @@ class NvmlProbe:
     def result(self) -> Snapshot:
         messages, finished = self._drain()
         elapsed = time.monotonic() - self.started
-        snapshot = _assemble(messages)
+        snapshot = assemble(messages)
         snapshot.nvml.deadline_s = self.deadline_s
         snapshot.nvml.elapsed_s = round(elapsed, 4)
         if not finished:
@@ -121,6 +121,7 @@ class NvmlProbe:
             _abandon(self.pid)
         else:
             _reap(self.pid)
+        fill_unanswered(snapshot)
         return snapshot
 
     def _drain(self) -> tuple[list[dict[str, Any]], bool]:
@@ -177,7 +178,7 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
+def assemble(messages: list[dict[str, Any]]) -> Snapshot:
     import socket
 
     from gpuguard.snapshot import GpuSnapshot, HostInfo, NvmlStatus, Snapshot, from_json
@@ -204,6 +205,38 @@ def _assemble(messages: list[dict[str, Any]]) -> Snapshot:
     return snapshot
 
 
+def fill_unanswered(snapshot: Snapshot, known: list[Any] | None = None) -> None:
+    """GPUs that NVML counted (or that `known`, the last sweep's GPUs, had) but did not
+    answer for, because a call hung or the sweep stopped, are listed with every reading an
+    error naming why: their rules are unknown, never missing from the results."""
+    from gpuguard.snapshot import GPU_READING_FIELDS, GpuSnapshot, Reading
+
+    nvml = snapshot.nvml
+    if nvml.hung_call is not None:
+        why = f"NVML did not answer: {nvml.hung_call} passed its {nvml.deadline_s:g} s deadline"
+    elif nvml.sweep_error is not None:
+        why = f"the NVML sweep stopped early: {nvml.sweep_error}"
+    else:
+        return
+    have = {gpu.index for gpu in snapshot.gpus}
+    count = snapshot.host.gpu_count.get_or(None)
+    wanted = {gpu.index: gpu for gpu in known or []}
+    for index in range(count if isinstance(count, int) else 0):
+        wanted.setdefault(index, None)
+    for index in sorted(set(wanted) - have):
+        like = wanted[index]
+        gpu = GpuSnapshot(index=index)
+        for name in GPU_READING_FIELDS:
+            if like is not None and name in ("uuid", "pci_bus_id", "name", "serial") \
+                    and getattr(like, name).is_ok:
+                setattr(gpu, name, getattr(like, name))  # who it is; not how it is
+            else:
+                setattr(gpu, name, Reading.failed(why))
+        gpu.__post_init__()
+        snapshot.gpus.append(gpu)
+    snapshot.gpus.sort(key=lambda g: g.index)
+
+
 # --- the child side: everything below runs only in the forked worker ---------------
 
 
@@ -220,7 +253,7 @@ def _line_writer(out: Any) -> Callable[[dict[str, Any]], None]:
     return emit
 
 
-def _child_main(out: Any, progress: _Progress, procfs: str) -> None:
+def _child_main(out: Any, progress: Progress, procfs: str) -> None:
     progress.set(0, "import pynvml")
     import pynvml
 
@@ -242,7 +275,10 @@ def _child_main(out: Any, progress: _Progress, procfs: str) -> None:
         pynvml.nvmlShutdown()
 
 
-def _reader(nv: Any, progress: _Progress, slot: int) -> Callable[..., Any]:
+def _reader(nv: Any, progress: Progress, slot: int,
+            lost: list[bool] | None = None) -> Callable[..., Any]:
+    """A call wrapper that turns NVML errors into readings; `lost[0]` becomes True when a
+    call answers NVML_ERROR_GPU_IS_LOST (the GPU fell off the bus): a fact, not unknown."""
     def read(call: str, fn: Callable[[], Any], where: str = "") -> Any:
         progress.set(slot, call + where)
         try:
@@ -252,6 +288,8 @@ def _reader(nv: Any, progress: _Progress, slot: int) -> Callable[..., Any]:
         except (nv.NVMLError_FunctionNotFound, nv.NVMLLibraryMismatchError):
             return {"state": "not_supported", "error": "not in this driver's NVML"}
         except nv.NVMLError as exc:
+            if lost is not None and getattr(exc, "value", None) == nv.NVML_ERROR_GPU_IS_LOST:
+                lost[0] = True
             return {"state": "error", "error": f"{call}: {exc}"}
 
     return read
@@ -261,7 +299,7 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progress,
+def _sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
            procfs: str) -> None:
     read = _reader(nv, progress, 0)
     count = read("nvmlDeviceGetCount", nv.nvmlDeviceGetCount)
@@ -296,19 +334,22 @@ def _sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progress,
         thread.join()
 
 
-def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: _Progress,
+def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
                procfs: str, index: int) -> None:
     slot = index + 1
-    read = _reader(nv, progress, slot)
+    lost = [False]
+    read = _reader(nv, progress, slot, lost)
     where = f" (GPU {index})"
     progress.set(slot, "nvmlDeviceGetHandleByIndex" + where)
     try:
         handle = nv.nvmlDeviceGetHandleByIndex(index)
     except nv.NVMLError as exc:
         failed = {"state": "error", "error": f"nvmlDeviceGetHandleByIndex: {exc}"}
-        emit({"t": "gpu", "index": index, "uuid": failed, "pci_bus_id": failed})
+        emit({"t": "gpu", "index": index, "uuid": failed, "pci_bus_id": failed,
+              "gpu_lost": getattr(exc, "value", None) == nv.NVML_ERROR_GPU_IS_LOST})
     else:
-        emit({"t": "gpu", "index": index, **_read_gpu(nv, handle, where, read, _text, procfs)})
+        readings = _read_gpu(nv, handle, where, read, _text, procfs)
+        emit({"t": "gpu", "index": index, **readings, "gpu_lost": lost[0]})
     progress.set(slot, "")
 
 
@@ -473,7 +514,7 @@ def serve(commands: Any, out: Any, progress_path: str, procfs: str,
     {"t": "end"}; keep NVML initialised between sweeps; retry nvmlInit while it fails
     (the driver may be loaded later). With xid_events, a thread waits for NVML Xid
     events and writes them as {"t": "xid_event", ...} lines as they happen."""
-    progress = _Progress(progress_path)
+    progress = Progress(progress_path)
     progress.set(0, "import pynvml")
     import pynvml
 

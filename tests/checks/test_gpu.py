@@ -1,6 +1,7 @@
 from gpuguard.profile import Profile
 from gpuguard.results import Status
 from gpuguard.snapshot import Reading
+from tests.conftest import set_gpu, with_gpus
 
 
 def test_count_against_profile(h200, run_rule):
@@ -15,3 +16,29 @@ def test_no_profile_no_gpu_is_critical(h200, run_rule):
     h200.host.gpu_count = Reading.ok(0)
     h200.gpus = []
     assert run_rule("gpu.count", h200)[0].status is Status.CRITICAL
+
+
+def test_a_lost_gpu_is_critical_and_an_answering_one_ok(h200, run_rule):
+    with_gpus(h200, ["00000000:18:00.0", "00000000:28:00.0"])
+    set_gpu(h200, 0, gpu_lost=False)
+    set_gpu(h200, 1, gpu_lost=True)
+    ok, lost = run_rule("gpu.lost", h200)
+    assert ok.status is Status.OK
+    assert lost.status is Status.CRITICAL and "fallen off the bus" in lost.message
+    assert lost.gpu.index == 1
+
+
+def test_lost_unknown_when_not_read(h200, run_rule):
+    set_gpu(h200, gpu_lost=Reading.failed("nvmlDeviceGetUUID: timeout"))
+    assert run_rule("gpu.lost", h200)[0].status is Status.UNKNOWN
+
+
+def test_two_gpus_with_one_uuid_is_a_finding(h200, run_rule):
+    with_gpus(h200, ["00000000:18:00.0", "00000000:28:00.0", "00000000:38:00.0"])
+    assert run_rule("gpu.identity", h200)[0].status is Status.OK
+    set_gpu(h200, 2, uuid=h200.gpus[0].uuid.get())
+    [result] = run_rule("gpu.identity", h200)
+    assert result.status is Status.CRITICAL
+    assert "GPUs 0, 2 all report uuid" in result.message
+    set_gpu(h200, 2, uuid="GPU-other", pci_bus_id="00000000:28:00.0")
+    assert "GPUs 1, 2 all report pci_bus_id" in run_rule("gpu.identity", h200)[0].message

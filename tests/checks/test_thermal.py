@@ -41,3 +41,10 @@ def test_no_temperature_at_all_is_skipped(h200, run_rule):
     set_gpu(h200, temperature_tlimit_margin_c=Reading.not_supported(),
             temperature_c=Reading.not_supported())
     assert run_rule("thermal.margin", h200)[0].status is Status.SKIPPED
+
+
+def test_an_unreadable_margin_is_unknown_not_judged_by_another_sensor(h200, run_rule):
+    set_gpu(h200, temperature_tlimit_margin_c=Reading.failed("nvmlDeviceGetMarginTemperature: "
+                                                             "Unknown Error"))
+    [result] = run_rule("thermal.margin", h200)
+    assert result.status is Status.UNKNOWN and "Unknown Error" in result.message
