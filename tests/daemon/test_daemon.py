@@ -118,10 +118,12 @@ def test_hanging_nvml_is_reported_and_the_daemon_recovers(start_daemon, tmp_path
         what="driver.responsive critical")
     assert "nvmlDeviceGetTemperature (GPU 1)" in responsive["message"]
     started = time.monotonic()
-    text = daemon.metrics()  # still answering, with the last GPU results marked stale
+    text = daemon.metrics()  # still answering; the hung GPU's rules unknown, naming the hang
     assert time.monotonic() - started < 1.0
     assert "gpuguard_results_stale 1.0" in text
-    assert daemon.result("thermal.margin", 1) is not None
+    hung = daemon.result("thermal.margin", 1)
+    assert hung["status"] == "unknown" and "nvmlDeviceGetTemperature (GPU 1)" in hung["message"]
+    assert daemon.result("thermal.margin", 0)["status"] == "ok"  # GPU 0 answered: fresh
     assert daemon.status()["stale"] is True
     assert "gpuguard_check_deadline_exceeded_total" in text
 

@@ -66,13 +66,20 @@ def test_store_counts_consecutive_failures_and_unknown_neither_counts_nor_resets
         assert entry.failed_cycles == expected, status
 
 
-def test_store_drops_a_gpu_that_left_but_keeps_results_when_partial():
+def test_store_drops_a_gpu_that_left_and_marks_a_failed_cycle_stale():
     store = ResultStore()
     store.update([result(Status.OK, gpu=0), result(Status.OK, gpu=1)], "fast")
     store.update([result(Status.OK, gpu=0)], "fast")
     assert {e.result.gpu.index for e in store.entries()} == {0}
-    store.update([result(Status.CRITICAL, rule="driver.responsive")], "fast", partial=True)
-    assert store.stale and len(store.entries()) == 2
+    store.update([result(Status.CRITICAL, gpu=0)], "fast", nvml_hung=True)
+    assert store.stale and "NVML did not answer" in store.stale_reason()
+    store.mark_failed("fast", "RuntimeError: boom")
+    [entry] = store.entries()
+    assert entry.result.status is Status.UNKNOWN and entry.failed_cycles == 1
+    store.mark_failed("fast", "again")  # a second failure keeps the first stale text
+    assert "boom" in store.entries()[0].result.message
+    store.update([result(Status.OK, gpu=0)], "fast")
+    assert not store.stale and store.entries()[0].failed_cycles == 0
 
 
 def history_of(h200, values, field, start=0.0, step=5.0):
