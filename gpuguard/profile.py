@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuguard.yamlfile import ConfigError, Mapping, load
+from gpuguard.yamlfile import ConfigError, Mapping, load, short
 
 PROFILE_KEYS = {"gpu_count", "driver", "vbios", "ecc", "rules", "xid_window", "docker"}
 
@@ -55,7 +55,7 @@ def load_profile(path: Path) -> Profile:
         count = doc["gpu_count"]
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ConfigError(path, doc.line_of("gpu_count"),
-                              f"gpu_count must be a whole number >= 0, not {count!r}")
+                              f"gpu_count must be a whole number >= 0, not {short(count)}")
         profile.gpu_count = count
 
     driver = _section(path, doc, "driver", {"min_version", "min_cuda_version"})
@@ -84,7 +84,7 @@ def load_profile(path: Path) -> Profile:
             profile.ecc_expected = False
         else:
             raise ConfigError(path, doc.line_of("ecc"),
-                              f"ecc must be `enabled` or `disabled`, not {ecc!r}")
+                              f"ecc must be `enabled` or `disabled`, not {short(ecc)}")
 
     if "xid_window" in doc:
         try:
@@ -95,7 +95,8 @@ def load_profile(path: Path) -> Profile:
     if "docker" in doc:
         if doc["docker"] not in ("required", "optional"):
             raise ConfigError(path, doc.line_of("docker"),
-                              f"docker must be `required` or `optional`, not {doc['docker']!r}")
+                              "docker must be `required` or `optional`, "
+                              f"not {short(doc['docker'])}")
         profile.docker_required = doc["docker"] == "required"
 
     if "rules" in doc:
@@ -136,7 +137,7 @@ def parse_version(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.strip().split("."))
     except ValueError:
-        raise ValueError(f"{text!r} is not a dotted version such as 570.86.15") from None
+        raise ValueError(f"{short(text)} is not a dotted version such as 570.86.15") from None
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -154,4 +155,4 @@ def parse_window(text: object) -> float | None:
         if value > 0:
             return value * _UNITS[text[-1]]
     raise ValueError(f"xid window must be `boot` or a span such as 90s, 15m, 2h, 1d, "
-                     f"not {text!r}")
+                     f"not {short(text)}")

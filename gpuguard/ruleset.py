@@ -18,7 +18,7 @@ from gpuguard import checks
 from gpuguard.profile import Profile, load_profile
 from gpuguard.results import SEVERITIES, Status
 from gpuguard.snapshot import GPU_READING_FIELDS, HOST_READING_FIELDS
-from gpuguard.yamlfile import ConfigError, Mapping, load
+from gpuguard.yamlfile import ConfigError, Mapping, load, short
 
 if TYPE_CHECKING:
     from gpuguard.expr import Condition
@@ -113,7 +113,11 @@ def load_config(profile_path: Path | None,
 def _yaml_files(directory: Path) -> list[Path]:
     if not directory.is_dir():
         raise ConfigError(directory, None, "rules directory does not exist")
-    return sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+    files = sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml"))
+    for path in files:
+        if not path.is_file():  # a FIFO or a folder named *.yaml is not skipped in silence
+            raise ConfigError(path, None, "not a regular file")
+    return files
 
 
 def _load_file(ruleset: RuleSet, path: Path, default_pack: bool) -> None:
@@ -172,14 +176,14 @@ def _load_xid_catalog(ruleset: RuleSet, path: Path, catalog: Any, line: int) -> 
         if severity not in XID_SEVERITIES:
             raise ConfigError(path, entry.line_of("severity"),
                               f"xid_catalog[{xid}]: severity must be one of "
-                              f"{', '.join(XID_SEVERITIES)}, not {severity!r}")
+                              f"{', '.join(XID_SEVERITIES)}, not {short(severity)}")
         raw_actions = entry.get("action", list(old.actions) if old else [])
         actions = tuple(raw_actions) if isinstance(raw_actions, list) else (raw_actions,)
         bad = [a for a in actions if a not in XID_ACTIONS]
         if bad or not actions:
             raise ConfigError(path, entry.line_of("action"),
                               f"xid_catalog[{xid}]: action must be one or a list of "
-                              f"{', '.join(XID_ACTIONS)}, not {raw_actions!r}")
+                              f"{', '.join(XID_ACTIONS)}, not {short(raw_actions)}")
         meaning = entry.get("meaning", old.meaning if old else "")
         if not isinstance(meaning, str):
             raise ConfigError(path, entry.line_of("meaning"), f"xid_catalog[{xid}]: meaning "
@@ -201,10 +205,10 @@ def _parse_rule(path: Path, entry: Any, list_line: int, default_pack: bool) -> R
             raise ConfigError(path, entry.line, f"rule is missing {required!r}")
     rule_id = entry["id"]
     if not isinstance(rule_id, str) or not RULE_ID.match(rule_id):
-        raise fail("id", f"rule id {rule_id!r} must look like `family.name` (lowercase)")
+        raise fail("id", f"rule id {short(rule_id)} must look like `family.name` (lowercase)")
     scope = entry["scope"]
     if scope not in ("host", "gpu"):
-        raise fail("scope", f"{rule_id}: scope must be `host` or `gpu`, not {scope!r}")
+        raise fail("scope", f"{rule_id}: scope must be `host` or `gpu`, not {short(scope)}")
     severity = _severity(path, entry, rule_id)
     for key in ("summary", "remediation", "message"):
         if key in entry and not isinstance(entry[key], str):
@@ -221,7 +225,7 @@ def _parse_rule(path: Path, entry: Any, list_line: int, default_pack: bool) -> R
         raise fail("enabled", f"{rule_id}: enabled must be true or false")
     cadence = entry.get("cadence", "fast")
     if cadence not in ("fast", "slow"):
-        raise fail("cadence", f"{rule_id}: cadence must be `fast` or `slow`, not {cadence!r}")
+        raise fail("cadence", f"{rule_id}: cadence must be `fast` or `slow`, not {short(cadence)}")
     tags = entry.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise fail("tags", f"{rule_id}: tags must be a list of words")
@@ -273,7 +277,8 @@ def _severity(path: Path, entry: Mapping, rule_id: str) -> Status:
     allowed = [s.value for s in SEVERITIES]
     if raw not in allowed:
         raise ConfigError(path, entry.line_of("severity"),
-                          f"{rule_id}: severity must be one of {', '.join(allowed)}, not {raw!r}")
+                          f"{rule_id}: severity must be one of {', '.join(allowed)}, "
+                          f"not {short(raw)}")
     return Status(raw)
 
 
@@ -320,7 +325,8 @@ def _override_thresholds(rule: Rule, path: Path, change: Mapping) -> None:
         old = rule.thresholds[key]
         if not _same_kind(old, value):
             raise ConfigError(path, line,
-                              f"{rule.id}: threshold {key!r} must be {_kind(old)}, not {value!r}")
+                              f"{rule.id}: threshold {key!r} must be {_kind(old)}, "
+                              f"not {short(value)}")
         rule.thresholds[key] = value
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -68,18 +69,27 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Mappi
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+# A configuration file is a few KiB; anything near these bounds is a mistake or an attack.
+MAX_FILE_BYTES = 4 * 1024 * 1024
+# Values the document holds once YAML aliases are expanded: an alias bomb (`&a [*b, *b]`
+# nested ten deep) stays small in memory but not when printed or walked; refuse it here.
+MAX_VALUES = 100_000
+
+
 def load(path: Path) -> Any:
     """Parse one YAML file; any failure is a ConfigError naming the file and line."""
+    from gpuguard.boundedio import BoundedReadError, read_text
+
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(path, None, f"not UTF-8 text ({exc.reason})") from exc
-    except OSError as exc:
-        raise ConfigError(path, None, f"cannot read: {exc.strerror or exc}") from exc
+        text = read_text(path, MAX_FILE_BYTES, 5.0)
+    except BoundedReadError as exc:
+        raise ConfigError(path, None, str(exc).removeprefix(f"{path}: ")) from exc
     loader = _LineLoader(text)
     loader.name = str(path)
     try:
-        return loader.get_single_data()
+        doc = loader.get_single_data()
+        _check_size(doc, path)
+        return doc
     except ConfigError:
         raise
     except yaml.MarkedYAMLError as exc:
@@ -88,5 +98,31 @@ def load(path: Path) -> Any:
         raise ConfigError(path, line, f"invalid YAML: {exc.problem or exc.context}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(path, None, f"invalid YAML: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError(path, None, "invalid YAML: nested too deep") from exc
     finally:
         loader.dispose()
+
+
+def _check_size(doc: Any, path: Path) -> None:
+    """Count the values as a reader would see them, aliases expanded, and stop early."""
+    count = 0
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        value, line = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise ConfigError(path, line, f"the document expands to more than {MAX_VALUES} "
+                              "values (nested YAML aliases?)")
+        if isinstance(value, Mapping):
+            stack.extend((v, value.key_lines.get(k, value.line)) for k, v in value.items())
+        elif isinstance(value, dict):
+            stack.extend((v, line) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, line) for v in value)
+
+
+def short(value: Any) -> str:
+    """repr() for error messages, cut to a line: a message never prints a whole document."""
+    text = reprlib.Repr(maxlist=4, maxdict=4, maxstring=40, maxother=40, maxlevel=2).repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -17,7 +19,9 @@ from gpuguard.daemon.app import Daemon, DaemonConfig, XidMarks
 from gpuguard.daemon.metrics import DaemonCollector
 from gpuguard.results import Status
 from gpuguard.sources.host import HostOptions
+from tests.conftest import REPO
 from tests.daemon.conftest import LIVE, get, host_snapshot, metric_lines, write_snapshot
+from tests.test_config_safety import alias_bomb, user_rule
 
 
 def in_process_daemon(tmp_path: Path, snapshot: dict) -> tuple[Daemon, Path]:
@@ -33,7 +37,7 @@ def in_process_daemon(tmp_path: Path, snapshot: dict) -> tuple[Daemon, Path]:
 def test_a_cycle_that_fails_turns_its_results_unknown_and_stale(tmp_path):
     """Whatever makes a cycle raise (here: the replayed file's reader itself), the rules it
     owned are unknown, /healthz says so, the metrics say so, until a cycle succeeds."""
-    daemon, path = in_process_daemon(tmp_path, host_snapshot(1))
+    daemon, _ = in_process_daemon(tmp_path, host_snapshot(1))
     daemon.fast_cycle()
     assert daemon.health()[0]
     margin = next(r for r in daemon.store.results() if r.rule == "thermal.margin")
@@ -132,7 +136,7 @@ def test_the_xids_the_daemon_remembers_stay_bounded():
     tracemalloc.start()
     assert len(marks.new_events(events)) == 300_000
     assert marks.new_events(events) == []  # counted once
-    assert len(marks.new_events(events + [{**events[-1], "seq": 300_000}])) == 1
+    assert len(marks.new_events([*events, {**events[-1], "seq": 300_000}])) == 1
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert len(marks.unnumbered) == 0 and peak < 50 * 1024 * 1024
@@ -148,3 +152,34 @@ def test_status_json_lists_stale_reason(start_daemon, tmp_path):
     doc = daemon.status()
     assert doc["stale"] is False and doc["stale_reason"] is None
     assert json.loads(get(daemon.url + "/healthz")[1])["last_cycle_failed"] is False
+
+
+def test_the_daemon_refuses_a_bad_rule_at_start_and_keeps_good_rules_on_reload(
+        start_daemon, tmp_path):
+    rules = tmp_path / "rules.d"
+    rules.mkdir()
+    (rules / "a.yaml").write_text(user_rule('"temperature_c > 1000"'))
+    bad = user_rule('""')
+
+    # At start: exit 3 with the file and line, not a crash systemd would loop on.
+    (tmp_path / "bad.d").mkdir()
+    (tmp_path / "bad.d" / "a.yaml").write_text(bad)
+    proc = subprocess.run([sys.executable, "-m", "gpuguard", "daemon", "--input", str(LIVE),
+                           "--rules", str(tmp_path / "bad.d"), "--no-udev", "--listen",
+                           "127.0.0.1:1", "--log-format", "json"], capture_output=True,
+                          text=True, cwd=REPO, timeout=30, check=False)
+    assert proc.returncode == 3 and "the condition is empty" in proc.stderr, proc.stderr
+
+    daemon = start_daemon("--input", str(LIVE), "--rules", str(rules), "--fast-interval", "0.3")
+    daemon.wait_for(lambda: daemon.result("site.x", 0), what="site.x")
+    for text in (bad, alias_bomb()):
+        (rules / "a.yaml").write_text(text)
+        daemon.proc.send_signal(signal.SIGHUP)
+        daemon.wait_for(lambda: "gpuguard_config_last_reload_successful 0.0" in daemon.metrics(),
+                        what="reload refused")
+        assert daemon.proc.poll() is None
+        assert daemon.result("site.x", 0)["status"] == "ok"  # the last good rule still runs
+        (rules / "a.yaml").write_text(user_rule('"temperature_c > 1000"'))
+        daemon.proc.send_signal(signal.SIGHUP)
+        daemon.wait_for(lambda: "gpuguard_config_last_reload_successful 1.0" in daemon.metrics(),
+                        what="reload accepted")
