@@ -50,3 +50,12 @@ def test_preflight_drop_in_gates_on_critical_only():
     proc = gpuguard("check", "--input", str(warn_only), "--quiet", "--fail-on", "critical")
     assert proc.returncode == 2
     assert gpuguard("check", "--input", str(H200_XML), "--fail-on", "warning").returncode == 0
+
+
+def test_daemon_unit_raises_the_open_file_limit():
+    # systemd's default soft limit (1,024) is what local clients and many GPU processes
+    # would share; the unit sets its own.
+    unit = (REPO / "systemd" / "gpuguard.service").read_text()
+    limits = [line.split("=", 1)[1] for line in unit.splitlines()
+              if line.startswith("LimitNOFILE=")]
+    assert len(limits) == 1 and int(limits[0]) >= 65536, limits

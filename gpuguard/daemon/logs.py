@@ -12,16 +12,22 @@ import structlog
 def configure(log_format: str = "auto", level: str = "info") -> None:
     if log_format == "auto":
         log_format = "console" if sys.stderr.isatty() else "json"
-    renderer: Any = (structlog.processors.JSONRenderer() if log_format == "json"
-                     else structlog.dev.ConsoleRenderer())
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,  # the cycle id bound per cycle
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    if log_format == "json":
+        # The traceback becomes a string field; the JSON renderer escapes its newlines,
+        # so an exception is still one line (one journald entry, one event).
+        processors += [structlog.processors.format_exc_info,
+                       structlog.processors.JSONRenderer()]
+    else:
+        # A person at a terminal: the console renderer prints the traceback itself
+        # (structlog asks not to combine it with format_exc_info).
+        processors.append(structlog.dev.ConsoleRenderer())
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,  # the cycle id bound per cycle
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
