@@ -122,7 +122,13 @@ def _check_size(doc: Any, path: Path) -> None:
             stack.extend((v, line) for v in value)
 
 
+_SHORT = reprlib.Repr()  # attributes, not keywords: Python 3.11 takes none
+_SHORT.maxlist = _SHORT.maxdict = 4
+_SHORT.maxstring = _SHORT.maxother = 40
+_SHORT.maxlevel = 2
+
+
 def short(value: Any) -> str:
     """repr() for error messages, cut to a line: a message never prints a whole document."""
-    text = reprlib.Repr(maxlist=4, maxdict=4, maxstring=40, maxother=40, maxlevel=2).repr(value)
+    text = _SHORT.repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

@@ -67,12 +67,6 @@ class DaemonConfig:
     dry_run: bool = False
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
-
-
 class Daemon:
     def __init__(self, cfg: DaemonConfig) -> None:
         self.cfg = cfg
@@ -299,7 +293,7 @@ class Daemon:
         logs.configure(self.cfg.log_format)
         try:
             self._config = self.load_config()
-            host, port = parse_listen(self.cfg.listen)
+            host, port = http.parse_listen(self.cfg.listen)
             services = load_services(self.cfg.config_path) if self.cfg.config_path else []
         except Exception as exc:  # any bad file is exit 3 at start, never a traceback loop
             log.error("config_invalid", error=f"{exc}" if isinstance(exc, ConfigError | ValueError)
