@@ -61,27 +61,54 @@ def start_udev(trigger: Trigger) -> Any | None:
         return None
 
 
+# A udev event is a few hundred bytes; a longer line is skipped, never held in memory.
+MAX_EVENT_LINE = 64 * 1024
+
+
+def _skip_line(handle: Any, read: int) -> int | None:
+    """Bytes up to the end of an overlong line, or None while its end is not written."""
+    while more := handle.readline(MAX_EVENT_LINE):
+        read += len(more)
+        if more.endswith(b"\n"):
+            return read
+    return None
+
+
 def follow_file(path: Path, trigger: Trigger, stop: threading.Event) -> threading.Thread:
     """Events recorded as JSON lines ({"action": ..., "properties": {...}}) appended to a
     file: a replay of a udev log, and how the tests drive the daemon."""
 
     def run() -> None:
         offset = 0
+        complained = False
         while not stop.is_set():
             try:
-                with path.open() as handle:
+                if not path.exists() or not path.is_file():  # never block on a FIFO
+                    raise FileNotFoundError(path)
+                with path.open("rb") as handle:
                     handle.seek(offset)
-                    for line in handle:
-                        if not line.endswith("\n"):
-                            break
-                        offset += len(line.encode())
+                    while line := handle.readline(MAX_EVENT_LINE):
+                        if not line.endswith(b"\n"):
+                            if len(line) < MAX_EVENT_LINE:
+                                break  # the rest of the line is still being written
+                            skipped = _skip_line(handle, len(line))
+                            if skipped is None:
+                                break
+                            offset += skipped
+                            log.warning("bad_event_line", file=str(path),
+                                        error=f"longer than {MAX_EVENT_LINE} bytes")
+                            continue
+                        offset += len(line)
                         try:
                             event = json.loads(line)
                             handle_udev(event["action"], event.get("properties", {}), trigger)
-                        except (ValueError, KeyError, TypeError) as exc:
-                            log.warning("bad_event_line", file=str(path), error=str(exc))
-            except FileNotFoundError:
-                pass
+                        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                            log.warning("bad_event_line", file=str(path), error=str(exc)[:200])
+                complained = False
+            except OSError as exc:
+                if not complained and not isinstance(exc, FileNotFoundError):
+                    log.warning("events_file_unreadable", file=str(path), error=str(exc))
+                complained = True
             time.sleep(0.05)
 
     thread = threading.Thread(target=run, name="event-file", daemon=True)
