@@ -7,43 +7,12 @@ the sequence number acknowledged with `gpuguard xid ack` are left out.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from typing import Any
 
 from gpuguard.checks import CheckContext, Finding, host_check, ok, warning
-from gpuguard.ruleset import XidEntry
 from gpuguard.sources.kmsg import normalise_pci
-
-ACTION_WORDS = {
-    "restart_app": "restart the application",
-    "reset_gpu": "drain and reset the GPU (nvidia-smi -r -i <index>)",
-    "reboot": "drain and reboot the node",
-    "contact_vendor": "open a case with the vendor if it comes back",
-    "ignore": "no action needed",
-    "follow_text": "follow the action in the message",
-}
-# Xid 154 carries the recovery action in its text.
-_CHANGED_TO = re.compile(r"\bto 0x[0-9a-f]+ \(([^)]*)\)")
-_RECOVERY_154 = (("node reboot required", "critical"), ("gpu reset required", "critical"),
-                 ("drain and reset", "critical"), ("drain p2p", "warning"), ("none", "ignore"))
-
-
-def _grade(event: dict[str, Any], catalog: dict[int, XidEntry]) -> tuple[str, str, str]:
-    """(severity, meaning, action text) of one event."""
-    entry = catalog.get(event["xid"])
-    if entry is None:
-        return ("warning", "not in gpuguard's catalog",
-                "look it up in NVIDIA's Xid catalog; re-grade it in rules.d")
-    severity = entry.severity
-    if severity != "ignore" and "follow_text" in entry.actions:
-        # "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)": the
-        # action it changed *to* is what the GPU needs now.
-        text = (event.get("text") or "").lower()
-        target = _CHANGED_TO.search(text)
-        wanted = target.group(1) if target else text
-        severity = next((sev for words, sev in _RECOVERY_154 if words in wanted), "critical")
-    return severity, entry.meaning, "; ".join(ACTION_WORDS[a] for a in entry.actions)
+from gpuguard.xids import grade
 
 
 @host_check("xid.recent")
@@ -65,7 +34,8 @@ def recent(ctx: CheckContext) -> Finding:
                 and now - usec > window_s * 1_000_000:
             aged += 1
             continue
-        severity, meaning, action = _grade(event, ctx.ruleset.xid_catalog)
+        graded = grade(event["xid"], event.get("text"), ctx.ruleset.xid_catalog)
+        severity, meaning, action = graded.severity, graded.meaning, graded.action
         if severity == "ignore":
             ignored += 1
             continue

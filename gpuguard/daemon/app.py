@@ -41,6 +41,7 @@ from gpuguard.sources import nvml, replay
 from gpuguard.sources.kmsg import normalise_pci
 from gpuguard.supervisor.config import load_services
 from gpuguard.supervisor.service import Supervisor
+from gpuguard.xids import grade
 from gpuguard.yamlfile import ConfigError
 
 log = structlog.get_logger("gpuguard.daemon")
@@ -219,12 +220,12 @@ class Daemon:
             # the kernel log's clock (time since boot) turned into wall time
             usec = event.get("usec")
             when = now - (now_usec - usec) / 1e6 if usec is not None and now_usec else now
-            self._add_xid(event["xid"], event.get("pci"), ruleset, by_pci, when)
+            self._add_xid(event["xid"], event.get("pci"), event.get("text"), ruleset, by_pci,
+                          when)
 
-    def _add_xid(self, xid: int, pci: str | None, ruleset: RuleSet, by_pci: dict[str, Any],
-                 when: float) -> None:
-        entry = ruleset.xid_catalog.get(xid)
-        severity = entry.severity if entry else "warning"
+    def _add_xid(self, xid: int, pci: str | None, text: str | None, ruleset: RuleSet,
+                 by_pci: dict[str, Any], when: float) -> None:
+        severity = grade(xid, text, ruleset.xid_catalog).severity
         gpu = by_pci.get(pci or "")
         label = (str(xid), severity, "" if gpu is None else str(gpu.index),
                  "" if gpu is None else gpu.pci_bus_id.get())
@@ -240,7 +241,7 @@ class Daemon:
             by_pci = {normalise_pci(g.pci_bus_id.get()): g for g in snap.gpus
                       if g.pci_bus_id.is_ok}
             pci = normalise_pci(event["pci"]) if event.get("pci") else None
-            self._add_xid(int(event["xid"]), pci, self._config[1], by_pci,
+            self._add_xid(int(event["xid"]), pci, None, self._config[1], by_pci,
                           float(event.get("time") or time.time()))
         self.run_now("nvml xid event")
 

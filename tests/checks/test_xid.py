@@ -127,3 +127,34 @@ def test_unreadable_kernel_log_is_unknown_never_ok(h200, run_rule, tmp_path):
     [result] = run_rule("xid.recent", snap)
     assert result.status is Status.UNKNOWN
     assert "CAP_SYSLOG" in result.message
+
+
+RECOVERY_TEXTS = ["GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)",
+                  "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+                  "GPU recovery action changed from 0x0 (None) to 0x3 (Drain P2P)",
+                  "GPU recovery action changed from 0x0 (None) to 0x4 (Drain and Reset)",
+                  "GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)",
+                  "GPU recovery action changed to something new"]
+
+
+def test_the_check_and_the_metrics_grade_every_xid_alike(h200, run_rule, tmp_path):
+    """One grading: for every catalog entry (and every Xid 154 text), the severity xid.recent
+    gives an event equals the severity label of gpuguard_xid_events_total."""
+    from gpuguard.daemon.app import Daemon, DaemonConfig
+
+    rules = load_ruleset()
+    cases = [(xid, "some text") for xid in rules.xid_catalog if xid != 154]
+    cases += [(154, text) for text in RECOVERY_TEXTS] + [(999, "not in the catalog")]
+    for n, (xid, text) in enumerate(cases):
+        log = tmp_path / f"{n}.log"
+        log.write_text(f"[ 10.000000] NVRM: Xid (PCI:0000:18:00): {xid}, pid=1, name=x, "
+                       f"{text}\n")
+        snap = host(h200, log)
+        [result] = run_rule("xid.recent", snap)
+        events = result.observed["events"]
+        by_check = events[0]["severity"] if events else "ignore"
+        daemon = Daemon(DaemonConfig())
+        daemon._count_xids(snap, rules)
+        [(label, count)] = daemon.stats.xids.items()
+        assert count == 1
+        assert label[1] == by_check, (xid, text, label, by_check)

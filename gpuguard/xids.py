@@ -1,0 +1,49 @@
+"""How an Xid is graded: the one place that turns an Xid (and, for Xid 154, the recovery
+action in its text) into a severity, a meaning and an action. xid.recent, the daemon's
+`gpuguard_xid_*` metrics and so the fatal-Xid alert all call grade()."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpuguard.ruleset import XidEntry
+
+ACTION_WORDS = {
+    "restart_app": "restart the application",
+    "reset_gpu": "drain and reset the GPU (nvidia-smi -r -i <index>)",
+    "reboot": "drain and reboot the node",
+    "contact_vendor": "open a case with the vendor if it comes back",
+    "ignore": "no action needed",
+    "follow_text": "follow the action in the message",
+}
+# Xid 154 carries the recovery action in its text.
+_CHANGED_TO = re.compile(r"\bto 0x[0-9a-f]+ \(([^)]*)\)")
+_RECOVERY_154 = (("node reboot required", "critical"), ("gpu reset required", "critical"),
+                 ("drain and reset", "critical"), ("drain p2p", "warning"), ("none", "ignore"))
+
+
+@dataclass(frozen=True)
+class Grade:
+    severity: str  # critical, warning or ignore
+    meaning: str
+    action: str
+
+
+def grade(xid: int, text: str | None, catalog: dict[int, XidEntry]) -> Grade:
+    entry = catalog.get(xid)
+    if entry is None:
+        return Grade("warning", "not in gpuguard's catalog",
+                     "look it up in NVIDIA's Xid catalog; re-grade it in rules.d")
+    severity = entry.severity
+    if severity != "ignore" and "follow_text" in entry.actions:
+        # "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)": the
+        # action it changed *to* is what the GPU needs now. No text (an NVML event): the
+        # catalog's own severity stands.
+        lowered = (text or "").lower()
+        target = _CHANGED_TO.search(lowered)
+        wanted = target.group(1) if target else lowered
+        severity = next((sev for words, sev in _RECOVERY_154 if words in wanted), severity)
+    return Grade(severity, entry.meaning, "; ".join(ACTION_WORDS[a] for a in entry.actions))
