@@ -123,6 +123,7 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     host_probe = host_sources.ForkedHostFacts(host_opts)  # beside the NVML worker
     try:
         profile, ruleset = _load_config(profile_path, rules_dirs)
+        _check_filters(only, skip, list(ruleset.rules))
         if xid_window is not None:
             profile.xid_window_s = _window(xid_window)
         snapshot = _replay(input_path, timeout) if input_path is not None else None
@@ -133,7 +134,7 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
 
     # Everything imported from here to probe.result() overlaps with the NVML worker.
     from gpuguard.engine import evaluate
-    from gpuguard.results import exit_code
+    from gpuguard.results import Verdict
 
     render = _renderer(fmt)
     if probe is not None:
@@ -141,17 +142,15 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     assert snapshot is not None
     host_sources.merge(snapshot, host_probe.result(_host_deadline(started, timeout, host_opts)))
     host_sources.collect_gpus(snapshot, host_opts)
-    results = evaluate(snapshot, ruleset, profile, only, skip)
-    raw_code = exit_code(results)
-    code = gated(raw_code, fail_on)
-    if fmt == "table" and quiet and raw_code == 0:
+    verdict = Verdict(evaluate(snapshot, ruleset, profile, only, skip), fail_on)
+    if fmt == "table" and quiet and verdict.nagios_code == 0:
         text = ""
     else:
         colour = output is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
-        text = render(snapshot, results, duration_s=time.monotonic() - started, colour=colour,
+        text = render(snapshot, verdict, duration_s=time.monotonic() - started, colour=colour,
                       quiet=quiet)
     _emit(text, output)
-    sys.exit(code)
+    sys.exit(verdict.code)
 
 
 @main.command()
@@ -396,6 +395,17 @@ def rules_fields() -> None:
 # --- helpers -----------------------------------------------------------------------
 
 
+def _check_filters(only: tuple[str, ...], skip: tuple[str, ...], rule_ids: list[str]) -> None:
+    """A filter that names no rule is a typo: say so rather than pass on nothing checked."""
+    import fnmatch
+
+    for option, patterns in (("--only", only), ("--skip", skip)):
+        for pattern in patterns:
+            if not any(fnmatch.fnmatchcase(rule_id, pattern) for rule_id in rule_ids):
+                raise ConfigProblem(f"{option} {pattern!r} matches no rule; see "
+                                    "`gpuguard rules list`")
+
+
 def _host_deadline(started: float, timeout: float, opts: HostOptions) -> float:
     """When `check` stops waiting for the host sources (a monotonic time): NVML's share of
     --timeout, or longer when a probe container was asked for (it has its own timeout)."""
@@ -405,12 +415,6 @@ def _host_deadline(started: float, timeout: float, opts: HostOptions) -> float:
     if opts.probe_image:
         share = max(share, opts.probe_timeout + 2.0)
     return started + share
-
-
-def gated(code: int, fail_on: str) -> int:
-    """Nagios code, with statuses below --fail-on turned into 0."""
-    allowed = {"unknown": set(), "warning": {3}, "critical": {1, 3}}[fail_on]
-    return 0 if code in allowed else code
 
 
 def _host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,
@@ -457,16 +461,16 @@ def _renderer(fmt: str) -> Callable[..., str]:
     if fmt == "json":
         from gpuguard.outputs import json_out
 
-        return lambda snapshot, results, **_: json_out.render(snapshot, results)
+        return lambda snapshot, verdict, **_: json_out.render(snapshot, verdict)
     if fmt == "prometheus":
         from gpuguard.outputs import prometheus
 
-        return lambda snapshot, results, duration_s, **_: prometheus.render(
-            snapshot, results, duration_s)
+        return lambda snapshot, verdict, duration_s, **_: prometheus.render(
+            snapshot, verdict, duration_s)
     from gpuguard.outputs import table
 
-    return lambda snapshot, results, colour, quiet, **_: table.render(
-        snapshot, results, colour, quiet)
+    return lambda snapshot, verdict, colour, quiet, **_: table.render(
+        snapshot, verdict, colour, quiet)
 
 
 def _paths(sysfs: Path, procfs: Path, rootfs: Path) -> Paths:

@@ -71,15 +71,51 @@ class Result:
 
 
 def exit_code(results: list[Result]) -> int:
-    """Nagios-style: 2 any critical, else 1 any warning, else 3 any unknown, else 0."""
+    """Nagios-style: 2 any critical, else 1 any warning, else 3 any unknown, else 0.
+    No result at all is 3: nothing was checked, so nothing is known to be well."""
     statuses = {r.status for r in results}
     if Status.CRITICAL in statuses:
         return 2
     if Status.WARNING in statuses:
         return 1
-    if Status.UNKNOWN in statuses:
+    if Status.UNKNOWN in statuses or not results:
         return 3
     return 0
+
+
+FAIL_ON = ("unknown", "warning", "critical")
+# Codes that --fail-on lets pass (exit 0): below the status it names.
+_PASSES = {"unknown": frozenset(), "warning": frozenset({3}), "critical": frozenset({1, 3})}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One check's results and the exit code they give under --fail-on: decided here once;
+    every renderer prints `code` and the process exits with it."""
+
+    results: list[Result]
+    fail_on: str = "unknown"
+
+    @property
+    def nagios_code(self) -> int:
+        return exit_code(self.results)
+
+    @property
+    def code(self) -> int:
+        nagios = self.nagios_code
+        return 0 if nagios in _PASSES[self.fail_on] else nagios
+
+    def summary(self) -> dict[str, int]:
+        return summary(self.results)
+
+    def describe_exit(self) -> str:
+        """The footer's words: the code, and why when --fail-on changed it or nothing ran."""
+        if not self.results:
+            return (f"exit {self.code}: no rule gave a result (GPU rules need a GPU the "
+                    "driver lists; see --only and --skip)")
+        if self.code != self.nagios_code:
+            return f"exit {self.code} under --fail-on {self.fail_on}; {self.nagios_code} without"
+        return f"exit {self.code}"
 
 
 def summary(results: list[Result]) -> dict[str, int]:

@@ -119,7 +119,9 @@ def test_a_list_as_pci_bus_id_is_an_error_reading_in_every_format(tmp_path):
     path = bad_snapshot(tmp_path, gpu__pci_bus_id=["00000000:18:00.0"])
     for fmt in ("table", "json", "prometheus"):
         proc = gpuguard("check", "--format", fmt, "--input", str(path))
-        assert proc.returncode in (0, 1, 2, 3) and "Traceback" not in proc.stderr, proc.stderr
+        # no rule of this replay reads the address (no sysfs named): the same verdict in
+        # every format, and never a crash
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert 'pci_bus_id=""' in gpuguard("check", "--format", "prometheus", "--input",
                                        str(path)).stdout
 

@@ -33,7 +33,7 @@ from gpuguard.engine import evaluate
 from gpuguard.history import History
 from gpuguard.outputs import json_out
 from gpuguard.profile import Profile
-from gpuguard.results import Status
+from gpuguard.results import Status, Verdict
 from gpuguard.ruleset import RuleSet, load_config
 from gpuguard.snapshot import Snapshot
 from gpuguard.sources import host as host_sources
@@ -261,7 +261,7 @@ class Daemon:
                        "stale_reason": self.store.stale_reason()}
 
     def status_document(self) -> dict[str, Any]:
-        doc = json_out.document(self._last or Snapshot(), self.store.results())
+        doc = json_out.document(self._last or Snapshot(), Verdict(self.store.results()))
         doc["stale"] = self.store.stale
         doc["stale_reason"] = self.store.stale_reason()
         return doc

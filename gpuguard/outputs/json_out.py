@@ -6,13 +6,13 @@ import json
 from typing import Any
 
 from gpuguard import __version__
-from gpuguard.results import Result, exit_code, summary
+from gpuguard.results import Verdict
 from gpuguard.snapshot import Snapshot
 
 SCHEMA = 1
 
 
-def document(snapshot: Snapshot, results: list[Result]) -> dict[str, Any]:
+def document(snapshot: Snapshot, verdict: Verdict) -> dict[str, Any]:
     host = snapshot.host
     return {
         "schema": SCHEMA,
@@ -26,10 +26,11 @@ def document(snapshot: Snapshot, results: list[Result]) -> dict[str, Any]:
             "nvml_version": host.nvml_version.value,
             "gpu_count": host.gpu_count.value,
         },
-        "results": [r.to_json() for r in results],
-        "summary": {**summary(results), "exit_code": exit_code(results)},
+        "results": [r.to_json() for r in verdict.results],
+        "summary": {**verdict.summary(), "exit_code": verdict.code,
+                    "fail_on": verdict.fail_on},
     }
 
 
-def render(snapshot: Snapshot, results: list[Result]) -> str:
-    return json.dumps(document(snapshot, results), indent=2) + "\n"
+def render(snapshot: Snapshot, verdict: Verdict) -> str:
+    return json.dumps(document(snapshot, verdict), indent=2) + "\n"

@@ -13,7 +13,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from gpuguard import __version__
-from gpuguard.results import Result, Status, exit_code, summary
+from gpuguard.results import Status, Verdict
 from gpuguard.snapshot import Snapshot
 
 STATUS_VALUE = {
@@ -26,9 +26,10 @@ STATUS_VALUE = {
 
 
 class CheckCollector(Collector):
-    def __init__(self, snapshot: Snapshot, results: list[Result], duration_s: float) -> None:
+    def __init__(self, snapshot: Snapshot, verdict: Verdict, duration_s: float) -> None:
         self.snapshot = snapshot
-        self.results = results
+        self.verdict = verdict
+        self.results = verdict.results
         self.duration_s = duration_s
 
     def collect(self) -> Iterator[GaugeMetricFamily | InfoMetricFamily]:
@@ -49,13 +50,13 @@ class CheckCollector(Collector):
         yield status
         counts = GaugeMetricFamily("gpuguard_check_results", "Results of the last check by status.",
                                    labels=["status"])
-        for name, n in summary(self.results).items():
+        for name, n in self.verdict.summary().items():
             counts.add_metric([name], n)
         yield counts
         yield GaugeMetricFamily(
             "gpuguard_check_exit_code",
             "Exit code of the last check: 0 ok, 1 warning, 2 critical, 3 unknown.",
-            value=exit_code(self.results),
+            value=self.verdict.code,
         )
         yield GaugeMetricFamily("gpuguard_check_duration_seconds",
                                 "Wall time of the last check.", value=self.duration_s)
@@ -66,7 +67,7 @@ class CheckCollector(Collector):
                                value={"version": __version__})
 
 
-def render(snapshot: Snapshot, results: list[Result], duration_s: float) -> str:
+def render(snapshot: Snapshot, verdict: Verdict, duration_s: float) -> str:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(CheckCollector(snapshot, results, duration_s))
+    registry.register(CheckCollector(snapshot, verdict, duration_s))
     return generate_latest(registry).decode()

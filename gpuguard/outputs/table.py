@@ -6,7 +6,7 @@ import shutil
 import textwrap
 from collections import defaultdict
 
-from gpuguard.results import Result, Status, exit_code, summary
+from gpuguard.results import Result, Status, Verdict
 from gpuguard.snapshot import Snapshot
 
 _COLOURS = {
@@ -19,7 +19,8 @@ _COLOURS = {
 _RESET = "\033[0m"
 
 
-def render(snapshot: Snapshot, results: list[Result], colour: bool, quiet: bool = False) -> str:
+def render(snapshot: Snapshot, verdict: Verdict, colour: bool, quiet: bool = False) -> str:
+    results = verdict.results
     width = shutil.get_terminal_size((120, 24)).columns
     lines: list[str] = []
     host = snapshot.host
@@ -64,11 +65,11 @@ def render(snapshot: Snapshot, results: list[Result], colour: bool, quiet: bool 
         if remediation and s in (Status.CRITICAL, Status.WARNING):
             for i, fix in enumerate(textwrap.wrap(remediation, msg_w - 5)):
                 lines.append(" " * indent + ("fix: " if i == 0 else "     ") + fix)
-    counts = summary(results)
+    counts = verdict.summary()
     parts = [f"{counts[s.value]} {s.value}" for s in
              (Status.CRITICAL, Status.WARNING, Status.UNKNOWN, Status.OK, Status.SKIPPED)]
     lines.append("")
-    lines.append(f"{', '.join(parts)}  (exit {exit_code(results)})")
+    lines.append(f"{', '.join(parts)}  ({verdict.describe_exit()})")
     return "\n".join(lines) + "\n"
 
 
