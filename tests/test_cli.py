@@ -247,3 +247,24 @@ def test_a_lost_gpu_is_a_result_not_a_crash(fake_env):
     # NVML's "GPU is lost" is a fact: that GPU is critical (gpu.lost), and so is the exit.
     assert lost["gpu.lost"]["status"] == "critical" and doc["summary"]["critical"] == 1
     assert proc.returncode == 2
+
+
+def test_every_output_prints_the_exit_code_the_process_returns():
+    warn_only = ("--input", str(FIXTURES / "nvidia-smi-v11-two-gpus.xml"), "--only",
+                 "persistence.mode", "--fail-on", "critical")
+    table = gpuguard("check", *warn_only)
+    assert table.returncode == 0
+    assert "(exit 0 under --fail-on critical; 1 without)" in table.stdout
+    as_json = gpuguard("check", "--format", "json", *warn_only)
+    assert as_json.returncode == 0 and json.loads(as_json.stdout)["summary"]["exit_code"] == 0
+    prom = gpuguard("check", "--format", "prometheus", *warn_only)
+    assert prom.returncode == 0 and "gpuguard_check_exit_code 0.0" in prom.stdout
+    plain = gpuguard("check", *warn_only[:-2])
+    assert plain.returncode == 1 and "(exit 1)" in plain.stdout
+
+
+def test_a_filter_that_leaves_nothing_does_not_pass():
+    typo = gpuguard("check", "--input", str(H200_XML), "--only", "pcie.lnk*")
+    assert typo.returncode == 3 and "--only 'pcie.lnk*' matches no rule" in typo.stderr
+    none = gpuguard("check", "--input", str(H200_XML), "--only", "pcie.*", "--skip", "pcie.*")
+    assert none.returncode == 3 and "no rule gave a result" in none.stdout
