@@ -15,25 +15,13 @@ from typing import Any
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    InfoMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
 
-from gpuguard import __version__
 from gpuguard.daemon.store import ResultStore
-from gpuguard.outputs.prometheus import STATUS_VALUE
-from gpuguard.snapshot import GpuSnapshot, Snapshot
-
-GPU_LABELS = ["gpu", "uuid", "pci_bus_id"]
-CLOCK_REASONS = {
-    "gpu_idle": 0x1,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-}
+from gpuguard.outputs import families
+from gpuguard.snapshot import Snapshot
 
 
 @dataclass
@@ -55,11 +43,6 @@ class DaemonStats:
     xid_last: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
 
 
-def gpu_labels(gpu: GpuSnapshot) -> list[str]:
-    ref = gpu.ref()
-    return [str(ref.index), ref.uuid or "", ref.pci_bus_id or ""]
-
-
 class DaemonCollector(Collector):
     def __init__(self, store: ResultStore, stats: DaemonStats,
                  last_snapshot: Callable[[], Snapshot | None],
@@ -74,7 +57,7 @@ class DaemonCollector(Collector):
         snapshot = self.last_snapshot()
         # The telemetry of a failed cycle's snapshot is not current: none rather than old.
         if snapshot is not None and not self.store.cycle_failed("fast"):
-            yield from _telemetry(snapshot)
+            yield from families.telemetry(snapshot)
         yield from self._daemon()
         yield from self._failover()
 
@@ -112,22 +95,16 @@ class DaemonCollector(Collector):
         yield from (active, moving, failed, transitions, last, errors)
 
     def _rules(self) -> Iterator[Metric]:
-        status = GaugeMetricFamily(
-            "gpuguard_rule_status",
-            "Last result of a rule: 0 ok, 1 warning, 2 critical, 3 unknown, -1 skipped.",
-            labels=["rule", "severity", *GPU_LABELS])
+        entries = self.store.entries()
         failed = GaugeMetricFamily(
             "gpuguard_rule_failed_cycles",
             "Consecutive cycles a rule failed (warning or critical); only series above 0.",
-            labels=["rule", *GPU_LABELS])
-        for entry in self.store.entries():
-            r = entry.result
-            gpu = ["", "", ""] if r.gpu is None else \
-                [str(r.gpu.index), r.gpu.uuid or "", r.gpu.pci_bus_id or ""]
-            status.add_metric([r.rule, r.severity.value, *gpu], STATUS_VALUE[r.status])
+            labels=["rule", *families.GPU_LABELS])
+        for entry in entries:
             if entry.failed_cycles:
-                failed.add_metric([r.rule, *gpu], entry.failed_cycles)
-        yield status
+                failed.add_metric([entry.result.rule, *families.result_labels(entry.result)],
+                                  entry.failed_cycles)
+        yield families.rule_status(e.result for e in entries)
         yield failed
 
     def _daemon(self) -> Iterator[Metric]:
@@ -194,72 +171,4 @@ class DaemonCollector(Collector):
                                 "1 when results are not all fresh: NVML did not answer in "
                                 "time (those GPUs' rules are unknown) or a cycle failed.",
                                 value=1 if self.store.stale else 0)
-        yield InfoMetricFamily("gpuguard_build", "gpuguard version.",
-                               value={"version": __version__})
-
-
-def _telemetry(snapshot: Snapshot) -> Iterator[Metric]:
-    host = snapshot.host
-
-    def gauge(name: str, help_text: str, extra: list[str] | None = None) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, help_text, labels=[*GPU_LABELS, *(extra or [])])
-
-    info = InfoMetricFamily("gpuguard_gpu", "GPU identity.",
-                            labels=[*GPU_LABELS, "model", "vbios", "driver"])
-    temp = gauge("gpuguard_gpu_temperature_celsius", "GPU temperature.")
-    margin = gauge("gpuguard_gpu_tlimit_margin_celsius",
-                   "Degrees below T.Limit, where the GPU starts slowing down.")
-    power = gauge("gpuguard_gpu_power_draw_watts", "Power draw (1 s average on Ampere+).")
-    limit = gauge("gpuguard_gpu_power_limit_watts", "Enforced power limit.")
-    util = gauge("gpuguard_gpu_utilization_ratio", "GPU utilization, 0 to 1.")
-    mem = gauge("gpuguard_gpu_memory_used_bytes", "GPU memory in use (without the driver's "
-                "reservation where the driver says).")
-    ecc = CounterMetricFamily("gpuguard_gpu_ecc_errors", "ECC errors: volatile since the "
-                              "driver loaded, aggregate over the GPU's life.",
-                              labels=[*GPU_LABELS, "type", "counter"])
-    aer = CounterMetricFamily("gpuguard_gpu_pcie_aer_errors", "PCIe AER errors since boot on "
-                              "the GPU and the bridges above it, summed.",
-                              labels=[*GPU_LABELS, "type"])
-    replays = CounterMetricFamily("gpuguard_gpu_pcie_replays", "PCIe replay counter.",
-                                  labels=GPU_LABELS)
-    gen = gauge("gpuguard_gpu_pcie_link_generation", "PCIe link generation.", ["state"])
-    width = gauge("gpuguard_gpu_pcie_link_width", "PCIe link width (lanes).", ["state"])
-    reasons = gauge("gpuguard_gpu_clock_event_reason", "1 while a clock event reason is "
-                    "active (idle is normal).", ["reason"])
-
-    def put(family: Any, labels: list[str], reading: Any, scale: float = 1.0,
-            extra: list[str] | None = None) -> None:
-        if reading.is_ok and isinstance(reading.value, int | float):
-            family.add_metric([*labels, *(extra or [])], reading.value * scale)
-
-    for gpu in snapshot.gpus:
-        labels = gpu_labels(gpu)
-        info.add_metric(labels, {"model": gpu.name.get_or(""),
-                                 "vbios": gpu.vbios_version.get_or(""),
-                                 "driver": host.driver_version.get_or("")})
-        put(temp, labels, gpu.temperature_c)
-        put(margin, labels, gpu.temperature_tlimit_margin_c)
-        put(power, labels, gpu.power_draw_w)
-        put(limit, labels, gpu.power_limit_enforced_w)
-        put(util, labels, gpu.utilization_gpu_percent, 0.01)
-        put(mem, labels, gpu.memory_used_bytes)
-        put(ecc, labels, gpu.ecc_volatile_corrected, extra=["corrected", "volatile"])
-        put(ecc, labels, gpu.ecc_volatile_uncorrected, extra=["uncorrected", "volatile"])
-        put(ecc, labels, gpu.ecc_aggregate_corrected, extra=["corrected", "aggregate"])
-        put(ecc, labels, gpu.ecc_aggregate_uncorrected, extra=["uncorrected", "aggregate"])
-        put(replays, labels, gpu.pcie_replay_counter)
-        put(gen, labels, gpu.pcie_link_gen_current, extra=["current"])
-        put(gen, labels, gpu.pcie_link_gen_max, extra=["max"])
-        put(width, labels, gpu.pcie_link_width_current, extra=["current"])
-        put(width, labels, gpu.pcie_link_width_max, extra=["max"])
-        if gpu.pcie_aer.is_ok:
-            for kind in ("correctable", "nonfatal", "fatal"):
-                count = sum((d.get(kind) or {}).get("TOTAL", 0) for d in gpu.pcie_aer.get())
-                aer.add_metric([*labels, kind], count)
-        if gpu.clock_event_reasons.is_ok:
-            mask = gpu.clock_event_reasons.get()
-            for name, bit in CLOCK_REASONS.items():
-                reasons.add_metric([*labels, name], 1 if mask & bit else 0)
-    yield from (info, temp, margin, power, limit, util, mem, ecc, aer, replays, gen, width,
-                reasons)
-
+        yield families.build_info()

@@ -4,7 +4,7 @@ import re
 import shutil
 import subprocess
 
-from tests.conftest import FIXTURES, H200_XML, REPO, gpuguard
+from tests.conftest import FIXTURES, REPO, gpuguard
 from tests.daemon.conftest import host_snapshot, write_snapshot
 
 DOC = (REPO / "docs" / "metrics.md").read_text()
@@ -43,6 +43,10 @@ def test_daemon_exports_what_the_doc_lists(start_daemon, tmp_path):
         in text
 
 
-def test_check_exports_what_the_doc_lists():
-    text = gpuguard("check", "--input", str(H200_XML), "--format", "prometheus").stdout
+def test_check_exports_what_the_doc_lists(tmp_path):
+    snap = tmp_path / "host.json"
+    write_snapshot(snap, host_snapshot(2, {(0, "pci_bus_id"): "00000000:3B:00.0",
+                                           (1, "pci_bus_id"): "00000000:86:00.0"}))
+    text = gpuguard("check", "--input", str(snap), "--format", "prometheus",
+                    "--path.sysfs", str(FIXTURES / "sysfs-aer")).stdout
     assert exported(text) == documented("## `gpuguard check --format prometheus`")

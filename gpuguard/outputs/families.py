@@ -1,0 +1,129 @@
+"""Metric families that `check --format prometheus` (node_exporter's textfile collector)
+and the daemon both export: built here once, so a name, its labels and its encoding
+cannot differ between the two."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+
+from gpuguard import __version__
+from gpuguard.results import Result, Status
+from gpuguard.snapshot import GpuSnapshot, Snapshot
+
+GPU_LABELS = ["gpu", "uuid", "pci_bus_id"]
+# gpuguard_rule_status: Nagios order, and -1 for a rule that did not run.
+STATUS_VALUE = {
+    Status.OK: 0,
+    Status.WARNING: 1,
+    Status.CRITICAL: 2,
+    Status.UNKNOWN: 3,
+    Status.SKIPPED: -1,
+}
+CLOCK_REASONS = {
+    "gpu_idle": 0x1,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+}
+
+
+def gpu_labels(gpu: GpuSnapshot) -> list[str]:
+    ref = gpu.ref()
+    return [str(ref.index), ref.uuid or "", ref.pci_bus_id or ""]
+
+
+def result_labels(result: Result) -> list[str]:
+    gpu = result.gpu
+    return ["", "", ""] if gpu is None else [str(gpu.index), gpu.uuid or "",
+                                             gpu.pci_bus_id or ""]
+
+
+def rule_status(results: Iterable[Result]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(
+        "gpuguard_rule_status",
+        "Last result of a rule: 0 ok, 1 warning, 2 critical, 3 unknown, -1 skipped.",
+        labels=["rule", "severity", *GPU_LABELS])
+    for r in results:
+        family.add_metric([r.rule, r.severity.value, *result_labels(r)], STATUS_VALUE[r.status])
+    return family
+
+
+def build_info() -> InfoMetricFamily:
+    return InfoMetricFamily("gpuguard_build", "gpuguard version.", value={"version": __version__})
+
+
+def telemetry(snapshot: Snapshot) -> Iterator[Metric]:
+    host = snapshot.host
+
+    def gauge(name: str, help_text: str, extra: list[str] | None = None) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, help_text, labels=[*GPU_LABELS, *(extra or [])])
+
+    info = InfoMetricFamily("gpuguard_gpu", "GPU identity.",
+                            labels=[*GPU_LABELS, "model", "vbios", "driver"])
+    temp = gauge("gpuguard_gpu_temperature_celsius", "GPU temperature.")
+    margin = gauge("gpuguard_gpu_tlimit_margin_celsius",
+                   "Degrees below T.Limit, where the GPU starts slowing down.")
+    power = gauge("gpuguard_gpu_power_draw_watts", "Power draw (1 s average on Ampere+).")
+    limit = gauge("gpuguard_gpu_power_limit_watts", "Enforced power limit.")
+    util = gauge("gpuguard_gpu_utilization_ratio", "GPU utilization, 0 to 1.")
+    mem = gauge("gpuguard_gpu_memory_used_bytes", "GPU memory in use (without the driver's "
+                "reservation where the driver says).")
+    ecc = CounterMetricFamily("gpuguard_gpu_ecc_errors", "ECC errors: volatile since the "
+                              "driver loaded, aggregate over the GPU's life.",
+                              labels=[*GPU_LABELS, "type", "counter"])
+    aer = CounterMetricFamily("gpuguard_gpu_pcie_aer_errors", "PCIe AER errors since boot on "
+                              "the GPU and the bridges above it, summed.",
+                              labels=[*GPU_LABELS, "type"])
+    replays = CounterMetricFamily("gpuguard_gpu_pcie_replays", "PCIe replay counter.",
+                                  labels=GPU_LABELS)
+    gen = gauge("gpuguard_gpu_pcie_link_generation", "PCIe link generation.", ["state"])
+    width = gauge("gpuguard_gpu_pcie_link_width", "PCIe link width (lanes).", ["state"])
+    reasons = gauge("gpuguard_gpu_clock_event_reason", "1 while a clock event reason is "
+                    "active (idle is normal).", ["reason"])
+
+    def put(family: Any, labels: list[str], reading: Any, scale: float = 1.0,
+            extra: list[str] | None = None) -> None:
+        if reading.is_ok and isinstance(reading.value, int | float):
+            family.add_metric([*labels, *(extra or [])], reading.value * scale)
+
+    for gpu in snapshot.gpus:
+        labels = gpu_labels(gpu)
+        info.add_metric(labels, {"model": gpu.name.get_or(""),
+                                 "vbios": gpu.vbios_version.get_or(""),
+                                 "driver": host.driver_version.get_or("")})
+        put(temp, labels, gpu.temperature_c)
+        put(margin, labels, gpu.temperature_tlimit_margin_c)
+        put(power, labels, gpu.power_draw_w)
+        put(limit, labels, gpu.power_limit_enforced_w)
+        put(util, labels, gpu.utilization_gpu_percent, 0.01)
+        put(mem, labels, gpu.memory_used_bytes)
+        put(ecc, labels, gpu.ecc_volatile_corrected, extra=["corrected", "volatile"])
+        put(ecc, labels, gpu.ecc_volatile_uncorrected, extra=["uncorrected", "volatile"])
+        put(ecc, labels, gpu.ecc_aggregate_corrected, extra=["corrected", "aggregate"])
+        put(ecc, labels, gpu.ecc_aggregate_uncorrected, extra=["uncorrected", "aggregate"])
+        put(replays, labels, gpu.pcie_replay_counter)
+        put(gen, labels, gpu.pcie_link_gen_current, extra=["current"])
+        put(gen, labels, gpu.pcie_link_gen_max, extra=["max"])
+        put(width, labels, gpu.pcie_link_width_current, extra=["current"])
+        put(width, labels, gpu.pcie_link_width_max, extra=["max"])
+        if gpu.pcie_aer.is_ok:
+            for kind in ("correctable", "nonfatal", "fatal"):
+                count = sum((d.get(kind) or {}).get("TOTAL", 0) for d in gpu.pcie_aer.get())
+                aer.add_metric([*labels, kind], count)
+        if gpu.clock_event_reasons.is_ok:
+            mask = gpu.clock_event_reasons.get()
+            for name, bit in CLOCK_REASONS.items():
+                reasons.add_metric([*labels, name], 1 if mask & bit else 0)
+    yield from (info, temp, margin, power, limit, util, mem, ecc, aer, replays, gen, width,
+                reasons)
+
