@@ -1,4 +1,5 @@
 from gpuguard.results import Status
+from gpuguard.ruleset import load_ruleset
 from tests.conftest import set_gpu
 
 
@@ -38,11 +39,22 @@ def test_link_gen_low_under_load_warns(h200, run_rule):
     assert "Gen3" in result.message and "Gen5" in result.message
 
 
-def test_busy_threshold_comes_from_the_rule(h200, run_rule, default_rules):
+def test_busy_threshold_comes_from_the_rule(h200, run_rule, default_rules, tmp_path):
     # 15% is below the default busy threshold (20): not judged.
     set_gpu(h200, pcie_link_width_current=8, utilization_gpu_percent=15)
-    [result] = run_rule("pcie.link_width", h200)
-    assert result.status is Status.OK
+    for rule_id in ("pcie.link_width", "pcie.link_gen"):
+        assert run_rule(rule_id, h200)[0].status is Status.OK
+    # The same 15% is busy once the rule's threshold says 10: the number is the rule's.
+    rules = tmp_path / "rules.d"
+    rules.mkdir()
+    (rules / "busy.yaml").write_text(
+        "overrides:\n  pcie.link_width: {thresholds: {busy_utilization_percent: 10}}\n")
+    lowered = load_ruleset([rules])
+    assert run_rule("pcie.link_width", h200, rules=lowered)[0].status is Status.CRITICAL
+    set_gpu(h200, utilization_gpu_percent=10)  # at the threshold is busy
+    assert run_rule("pcie.link_width", h200, rules=lowered)[0].status is Status.CRITICAL
+    set_gpu(h200, utilization_gpu_percent=9)
+    assert run_rule("pcie.link_width", h200, rules=lowered)[0].status is Status.OK
 
 
 def test_replays(h200, run_rule):
