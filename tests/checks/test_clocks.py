@@ -65,8 +65,9 @@ def test_capping_at_a_lowered_limit_is_power_limit_s_finding(h200, run_rule):
     [limit] = run_rule("power.limit", h200)
     assert limit.status is Status.WARNING and "capped at it now" in limit.message
     # within power.limit's tolerance (1 W) the limit counts as the default
-    busy(h200, power_limit_enforced_w=699.5, clock_sm_mhz=900)
-    assert run_rule("clocks.power_cap", h200)[0].status is Status.WARNING
+    for enforced in (699.5, 699.0):
+        busy(h200, power_limit_enforced_w=enforced, clock_sm_mhz=900)
+        assert run_rule("clocks.power_cap", h200)[0].status is Status.WARNING, enforced
 
 
 def test_clock_held_far_below_the_max_at_the_limit_warns(h200, run_rule):
@@ -119,6 +120,9 @@ def test_daemon_fails_only_when_held_back_through_most_of_the_window(h200, defau
     result = run_with_history(h200, default_rules, history)
     assert result.status is Status.WARNING and "below 350 W throughout 7" in result.message
     assert result.observed["minutes_low_draw"] == 7
+    # exactly 6 whole minutes (60% of 10) is enough
+    history = history_of(h200, [(t, low) for t in range(0, 6 * 60, 5)])
+    assert run_with_history(h200, default_rules, history).status is Status.WARNING
     # 5 minutes: not yet (fails at 6)
     history = history_of(h200, [(t, low) for t in range(0, 5 * 60, 5)])
     result = run_with_history(h200, default_rules, history)
@@ -149,3 +153,13 @@ def test_daemon_window_forgets_old_minutes(h200, default_rules):
     result = run_with_history(h200, default_rules, history_of(h200, samples))
     assert result.status is Status.WARNING
     assert "below 990 MHz throughout 6 of the last 10 minutes (now" in result.message
+
+
+def test_daemon_counts_only_capped_samples(h200, default_rules):
+    # seven idle minutes (no cap bit, 345 MHz, 80 W), then one capped sample at TDP
+    idle = {"clock_event_reasons": 0x1, "clock_sm_mhz": 345, "power_draw_w": 80.0}
+    samples = [(t, idle) for t in range(0, 7 * 60, 5)] + [(7 * 60, {})]
+    result = run_with_history(h200, default_rules, history_of(h200, samples))
+    assert result.status is Status.OK, result.message
+    assert result.observed["minutes_low_clock"] == 0
+    assert result.observed["minutes_low_draw"] == 0
