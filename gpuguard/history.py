@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gpuguard.snapshot import GpuSnapshot, Snapshot
 
 HW_SLOWDOWN_BITS = 0x8 | 0x40 | 0x80
+SW_POWER_CAP_BIT = 0x4
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,11 @@ class Sample:
     aer_correctable: int | None
     replays: int | None
     hw_slowdown: bool | None
+    # clocks.power_cap judges capping over time: the SW power cap bit, the (1 s average)
+    # draw and the SM clock of each cycle.
+    power_cap: bool | None = None
+    power_draw_w: float | None = None
+    clock_sm_mhz: int | None = None
 
 
 def gpu_key(gpu: GpuSnapshot) -> str:
@@ -41,6 +47,9 @@ def sample(gpu: GpuSnapshot, t: float) -> Sample:
         aer_correctable=aer,
         replays=gpu.pcie_replay_counter.value if gpu.pcie_replay_counter.is_ok else None,
         hw_slowdown=None if reasons is None else bool(reasons & HW_SLOWDOWN_BITS),
+        power_cap=None if reasons is None else bool(reasons & SW_POWER_CAP_BIT),
+        power_draw_w=gpu.power_draw_w.get_or(None),
+        clock_sm_mhz=gpu.clock_sm_mhz.get_or(None),
     )
 
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 RULE_ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
 RULE_KEYS = {"id", "scope", "severity", "summary", "message", "remediation", "thresholds",
-             "enabled", "tags", "when", "cadence"}
+             "enabled", "tags", "when", "cadence", "problem"}
 OVERRIDE_KEYS = {"severity", "enabled", "thresholds", "remediation"}
 TOP_LEVEL_KEYS = {"rules", "overrides", "xid_catalog"}
 XID_SEVERITIES = ("critical", "warning", "ignore")
@@ -52,6 +52,8 @@ class Rule:
     # The daemon runs "fast" rules every few seconds, "slow" ones (versions, VBIOS,
     # toolkit) every minute; `gpuguard check` runs both.
     cadence: str = "fast"
+    # What is wrong when the rule fails (alert texts); `summary` states what it checks.
+    problem: str | None = None
 
 
 @dataclass
@@ -210,7 +212,7 @@ def _parse_rule(path: Path, entry: Any, list_line: int, default_pack: bool) -> R
     if scope not in ("host", "gpu"):
         raise fail("scope", f"{rule_id}: scope must be `host` or `gpu`, not {short(scope)}")
     severity = _severity(path, entry, rule_id)
-    for key in ("summary", "remediation", "message"):
+    for key in ("summary", "remediation", "message", "problem"):
         if key in entry and not isinstance(entry[key], str):
             raise fail(key, f"{rule_id}: {key} must be text")
     thresholds = entry.get("thresholds", Mapping())
@@ -269,6 +271,7 @@ def _parse_rule(path: Path, entry: Any, list_line: int, default_pack: bool) -> R
         message=entry.get("message"),
         when=condition,
         cadence=cadence,
+        problem=entry["problem"].strip() if "problem" in entry else None,
     )
 
 

@@ -34,6 +34,11 @@ def rule_alerts() -> list[dict[str, Any]]:
             # It judges the kernel log since boot (or a window): one old Xid would hold it
             # critical until reboot. New fatal Xids alert through GPUGuardFatalXid instead.
             continue
+        # An alert fires on a failure, so it says what is wrong (`problem:`), never the
+        # healthy condition the rule checks (`summary:`, what `rules list` shows).
+        if not rule.problem:
+            raise SystemExit(f"{rule.origin}: {rule.id} has no `problem:` text for its alerts")
+        problem = rule.problem[0].upper() + rule.problem[1:]
         # A result held for three daemon cycles: the supervisor's three strikes.
         for level, value in (("critical", 2), ("warning", 1)):
             alerts.append({
@@ -43,8 +48,9 @@ def rule_alerts() -> list[dict[str, Any]]:
                          f'(gpuguard_rule_failed_cycles{{rule="{rule.id}"}} >= 3)'),
                 "labels": {"severity": level, "gpuguard_rule": rule.id},
                 "annotations": {
-                    "summary": f"{rule.id} {level} on {{{{ $labels.instance }}}} {GPU}",
-                    "description": f"{rule.summary}: {level} for 3 cycles or more.",
+                    "summary": f"{rule.id} {level} on {{{{ $labels.instance }}}} {GPU}: "
+                               f"{rule.problem}",
+                    "description": f"{problem} ({rule.id}, {level} for 3 cycles or more).",
                     "runbook": rule.remediation,
                 },
             })

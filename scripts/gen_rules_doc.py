@@ -52,10 +52,53 @@ the last cycle (a drop is a counter reset after a driver reload, not an error);
 width (1e-12 x lane rate x 60 per lane per minute); `clocks.hw_slowdown` fails only when
 slowdown was seen in at least 60% of the minutes of a 10-minute window.
 
+## Alert texts
+
+`summary:` says what a rule checks (the healthy condition, shown by `gpuguard rules
+list` and `explain`); `problem:` says what is wrong when it fails. The Prometheus alerts
+(`scripts/gen_alerts.py`) are built from `problem:`, so an alert never describes the
+healthy state.
+
+## Power capping (`clocks.power_cap`, `power.limit`)
+
+A GPU under full load runs at its power limit: that is what the board is built to do,
+and the driver sets the SW power cap clock reason (0x4) while it holds the draw there.
+Measured on an H200 (default limit 700 W, SM maximum 1980 MHz) under bf16 matmuls of
+three sizes for two minutes: the bit was set in every busy sample, the 1 s average draw
+read 689-696 W, and the SM clock 1380-1485 MHz (8192x8192), 1635-1860 MHz (2048x2048)
+and 1200-1470 MHz (16384x16384); the recorded busy snapshot shows 1470 MHz. That is
+ok, never a warning. The rule reports only what is actually wrong:
+
+- the limit is lowered below the default: `power.limit` owns that finding (and says
+  when the GPU is capped at the lowered limit); `clocks.power_cap` stays ok and points
+  at it, so one cause raises one warning;
+- the SM clock is held below `min_sm_clock_ratio` (0.5) of the SKU's maximum while
+  capped: the board burns its whole power budget at clocks far under what it reaches
+  at its limit (the lowest measured: 1200 MHz, 0.61). Suspect cooling (a hot GPU
+  leaks more power per clock), power delivery or the sensor. Heavier kernels (FP8)
+  may run lower than bf16 does; override the ratio if yours do;
+- capped while drawing below `low_draw_ratio` (0.5) of the limit. One sample cannot
+  tell this from a load step: at every start and stop of the load the bit stayed set
+  for up to a second while the 1 s average read 179-593 W (the cap follows the
+  instant draw, which peaked at 777 W). So `gpuguard check` reports one low-draw sample
+  as ok, and the daemon warns only when every sample of at least 60% of the minutes of
+  a 10-minute window was capped at a low draw (a bursty server has a load step in
+  many minutes, but not in every sample of one). The daemon judges the low clock
+  the same way; `check` warns on a low clock at once, as `clocks.hw_slowdown` does.
+
+## Persistence (`persistence.daemon`, `persistence.mode`)
+
+Either nvidia-persistenced or the legacy persistence mode keeps the driver initialised
+between clients. A host where the mode is on for every GPU is healthy even without the
+daemon (the usual VM image); the daemon is recommended since the mode is being
+retired. `persistence.daemon` warns when neither keeps a GPU up, and is unknown when
+the daemon is not running and some GPU's mode could not be read (or the driver counts
+more GPUs than were read): an unread GPU never makes it ok.
+
 ## The rules
 
-| rule | scope | severity | cadence | tags | checks | thresholds |
-| --- | --- | --- | --- | --- | --- | --- |
+| rule | scope | severity | cadence | tags | checks | fails when | thresholds |
+| --- | --- | --- | --- | --- | --- | --- | --- |
 """
 
 TAIL = """
@@ -89,7 +132,7 @@ def render() -> str:
         thresholds = ", ".join(f"`{k}`={v}" for k, v in r.thresholds.items()) or "-"
         rows.append(f"| `{r.id}` | {r.scope} | {r.severity.value} | {r.cadence} "
                     f"| {', '.join(r.tags) or '-'} "
-                    f"| {r.summary} | {thresholds} |")
+                    f"| {r.summary} | {r.problem or '-'} | {thresholds} |")
     catalog = "\n".join(
         f"| {xid} | {e.severity} | {', '.join(e.actions)} | {e.meaning} |"
         for xid, e in sorted(ruleset.xid_catalog.items()))

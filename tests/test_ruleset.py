@@ -167,7 +167,7 @@ def test_binary_rule_file(tmp_path):
     folder = tmp_path / "rules.d"
     folder.mkdir()
     (folder / "junk.yaml").write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(ConfigError, match=r"junk\.yaml: not UTF-8"):
+    with pytest.raises(ConfigError, match=r"junk\.yaml: not a text file \(not UTF-8"):
         load_ruleset([folder])
 
 

@@ -11,6 +11,9 @@ def limit(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     enforced, default = gpu.power_limit_enforced_w.get(), gpu.power_limit_default_w.get()
     observed = {"enforced_w": enforced, "default_w": default}
     if enforced < default - ctx.threshold("tolerance_w"):
-        return ctx.fail(f"power limit is {enforced:.0f} W, below the default {default:.0f} W",
-                        **observed)
+        # clocks.power_cap leaves capping at a lowered limit to this rule: say so here.
+        capped = gpu.clock_event_reasons.get_or(0) & 0x4
+        now = ", and the GPU is capped at it now" if capped else ""
+        return ctx.fail(f"power limit is {enforced:.0f} W, below the default {default:.0f} W"
+                        f"{now}", **observed)
     return ok(f"power limit {enforced:.0f} W (default {default:.0f} W)", **observed)

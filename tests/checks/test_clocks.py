@@ -1,4 +1,6 @@
+from gpuguard.history import History
 from gpuguard.results import Status
+from gpuguard.snapshot import Reading
 from tests.conftest import set_gpu
 
 
@@ -31,12 +33,133 @@ def test_sw_thermal_warns(h200, run_rule):
     assert result.status is Status.WARNING
 
 
-def test_power_cap_only_counts_at_the_limit(h200, run_rule):
-    set_gpu(h200, clock_event_reasons=0x4, power_draw_w=690.0, power_limit_enforced_w=700.0)
-    [result] = run_rule("clocks.power_cap", h200)
+def busy(h200, **values):
+    """The busy H200 fixture's readings: capped at its default 700 W limit under a matmul."""
+    base = {"clock_event_reasons": 0x4, "power_draw_w": 692.0, "power_limit_enforced_w": 700.0,
+            "power_limit_default_w": 700.0, "clock_sm_mhz": 1455, "clock_sm_max_mhz": 1980}
+    return set_gpu(h200, **(base | values))
+
+
+def test_capping_at_the_default_limit_under_load_is_normal(h200, run_rule):
+    """Measured: 689-696 W of 700 W, SM 1200-1860 MHz under bf16 matmuls of three sizes."""
+    for draw, sm in ((692.0, 1455), (696.0, 1200), (689.0, 1860), (588.8, 1470)):
+        [result] = run_rule("clocks.power_cap", busy(h200, power_draw_w=draw, clock_sm_mhz=sm))
+        assert result.status is Status.OK, (draw, sm, result.message)
+        assert "as the board is built to" in result.message
+
+
+def test_busy_fixture_is_ok(run_rule):
+    from gpuguard.sources import replay
+    from tests.conftest import FIXTURES
+
+    snapshot = replay.load(FIXTURES / "h200-live" / "busy-snapshot.json")
+    set_gpu(snapshot, power_draw_w=692.0)  # what nvidia-smi showed over a minute of that load
+    [result] = run_rule("clocks.power_cap", snapshot)
+    assert result.status is Status.OK, result.message
+
+
+def test_capping_at_a_lowered_limit_is_power_limit_s_finding(h200, run_rule):
+    busy(h200, power_limit_enforced_w=500.0, power_draw_w=495.0, clock_sm_mhz=900)
+    [cap] = run_rule("clocks.power_cap", h200)
+    assert cap.status is Status.OK and "power.limit" in cap.message
+    [limit] = run_rule("power.limit", h200)
+    assert limit.status is Status.WARNING and "capped at it now" in limit.message
+    # within power.limit's tolerance (1 W) the limit counts as the default
+    for enforced in (699.5, 699.0):
+        busy(h200, power_limit_enforced_w=enforced, clock_sm_mhz=900)
+        assert run_rule("clocks.power_cap", h200)[0].status is Status.WARNING, enforced
+
+
+def test_clock_held_far_below_the_max_at_the_limit_warns(h200, run_rule):
+    floor = 0.5 * 1980  # min_sm_clock_ratio of the 1980 MHz maximum
+    [result] = run_rule("clocks.power_cap", busy(h200, clock_sm_mhz=int(floor) - 1))
     assert result.status is Status.WARNING
-    assert "690" in result.message
-    set_gpu(h200, power_draw_w=300.0)
-    [result] = run_rule("clocks.power_cap", h200)
-    assert result.status is Status.OK
-    assert "transient" in result.message
+    assert "989 MHz" in result.message and "1980" in result.message
+    assert run_rule("clocks.power_cap", busy(h200, clock_sm_mhz=990))[0].status is Status.OK
+
+
+def test_one_low_draw_sample_is_a_load_step_not_a_fault(h200, run_rule):
+    # At a load step the bit was set while the 1 s average read 179 W (measured).
+    for draw in (179.0, 349.0, 350.0):
+        [result] = run_rule("clocks.power_cap", busy(h200, power_draw_w=draw))
+        assert result.status is Status.OK
+        assert ("load step" in result.message) == (draw < 350.0), result.message
+    # a low clock fails even with a low draw
+    [result] = run_rule("clocks.power_cap", busy(h200, power_draw_w=179.0, clock_sm_mhz=600))
+    assert result.status is Status.WARNING
+
+
+def test_unread_readings_never_make_capping_ok(h200, run_rule):
+    for name in ("power_draw_w", "clock_sm_mhz", "clock_sm_max_mhz", "power_limit_default_w"):
+        busy(h200)
+        set_gpu(h200, **{name: Reading.failed("GPU is lost")})
+        [result] = run_rule("clocks.power_cap", h200)
+        assert result.status is Status.UNKNOWN, (name, result.message)
+
+
+def history_of(h200, t_and_values):
+    history = History()
+    for t, values in t_and_values:
+        history.add(busy(h200, **values), t)
+    return history
+
+
+def run_with_history(h200, default_rules, history):
+    from gpuguard.engine import evaluate
+    from gpuguard.profile import Profile
+
+    [result] = evaluate(h200, default_rules, Profile(), only=["clocks.power_cap"],
+                        history=history)
+    return result
+
+
+def test_daemon_fails_only_when_held_back_through_most_of_the_window(h200, default_rules):
+    low = {"power_draw_w": 200.0}
+    # 7 whole minutes at a low draw (every 5 s sample): persistent
+    history = history_of(h200, [(t, low) for t in range(0, 7 * 60, 5)])
+    result = run_with_history(h200, default_rules, history)
+    assert result.status is Status.WARNING and "below 350 W throughout 7" in result.message
+    assert result.observed["minutes_low_draw"] == 7
+    # exactly 6 whole minutes (60% of 10) is enough
+    history = history_of(h200, [(t, low) for t in range(0, 6 * 60, 5)])
+    assert run_with_history(h200, default_rules, history).status is Status.WARNING
+    # 5 minutes: not yet (fails at 6)
+    history = history_of(h200, [(t, low) for t in range(0, 5 * 60, 5)])
+    result = run_with_history(h200, default_rules, history)
+    assert result.status is Status.OK and "not yet persistent" in result.message
+    # a bursty server: one load step (low draw) in every minute, normal capping between
+    steps = [(t, low if t % 60 == 0 else {}) for t in range(0, 10 * 60 + 5, 5)]
+    result = run_with_history(h200, default_rules, history_of(h200, steps))
+    assert result.status is Status.OK and result.observed["minutes_low_draw"] == 0
+    # low clock held for 7 minutes
+    history = history_of(h200, [(t, {"clock_sm_mhz": 700}) for t in range(0, 7 * 60, 5)])
+    result = run_with_history(h200, default_rules, history)
+    assert result.status is Status.WARNING and "SM 700" not in result.message
+    assert "SM clock 700 of 1980 MHz" in result.message
+    assert result.observed["minutes_low_clock"] == 7
+
+
+def test_daemon_window_forgets_old_minutes(h200, default_rules):
+    low = {"clock_sm_mhz": 700}
+    # 7 low minutes, then 5 normal ones: minutes older than the 600 s window do not count
+    samples = [(t, low) for t in range(0, 7 * 60, 5)] + \
+        [(t, {}) for t in range(7 * 60, 12 * 60, 5)]
+    result = run_with_history(h200, default_rules, history_of(h200, samples))
+    assert result.status is Status.OK, result.message
+    assert result.observed["minutes_low_clock"] == 5
+    # one more low minute inside the window fails, and says what the GPU does now
+    samples = [(t, low) for t in range(0, 7 * 60, 5)] + \
+        [(t, {}) for t in range(7 * 60, 11 * 60, 5)]
+    result = run_with_history(h200, default_rules, history_of(h200, samples))
+    assert result.status is Status.WARNING
+    assert "below 990 MHz throughout 6 of the last 10 minutes (now" in result.message
+
+
+def test_daemon_counts_only_capped_samples(h200, default_rules):
+    # seven idle minutes (no cap bit, 345 MHz, 80 W), then one capped sample at TDP
+    idle = {"clock_event_reasons": 0x1, "clock_sm_mhz": 345, "power_draw_w": 80.0}
+    samples = [(t, idle) for t in range(0, 7 * 60, 5)] + [(7 * 60, {})]
+    result = run_with_history(h200, default_rules, history_of(h200, samples))
+    assert result.status is Status.OK, result.message
+    assert result.observed["minutes_low_clock"] == 0
+    assert result.observed["minutes_low_draw"] == 0

@@ -42,6 +42,8 @@ def make_host(root, n):
         changes = {(2, "utilization_gpu_percent"): 95, (2, "pcie_link_width_current"): 8}
     if n == 7:  # GPU 5 ran out of spare rows
         changes = {(5, "remapped_rows_failure"): True}
+    if n == 19:  # no nvidia-persistenced (below) and persistence mode off on GPU 4: nothing
+        changes = {(4, "persistence_mode"): False}  # keeps that GPU initialised
     write_snapshot(host / "snapshot.json", host_snapshot(8, changes))
     kmsg = "[  100.000000] Linux version 6.8.0 (buildd@lcy02-amd64-103)\n"
     if n == 15:  # one old fatal Xid, two hours before the end of the log
@@ -132,6 +134,7 @@ scrape_configs:
             ("GPUGuardRuleCritical", "host-03", "pcie.link_width", "2"),
             ("GPUGuardRuleCritical", "host-07", "memory.row_remap", "5"),
             ("GPUGuardRuleWarning", "host-19", "persistence.daemon", ""),
+            ("GPUGuardRuleWarning", "host-19", "persistence.mode", "4"),
         }
 
         def wait_for(want):

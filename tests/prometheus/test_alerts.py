@@ -1,5 +1,6 @@
 """The shipped alert rules, unit-tested with `promtool test rules` (Debian's prometheus)."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -38,8 +39,9 @@ def critical_alert(rule_id):
                        "instance": "h1:9412", "job": "gpuguard", "rule": rule_id,
                        "gpu": "3", "uuid": "U3", "pci_bus_id": "0000:3b:00.0"},
         "exp_annotations": {
-            "summary": f"{rule_id} critical on h1:9412 GPU 3 (0000:3b:00.0)",
-            "description": f"{rule.summary}: critical for 3 cycles or more.",
+            "summary": f"{rule_id} critical on h1:9412 GPU 3 (0000:3b:00.0): {rule.problem}",
+            "description": f"{rule.problem[0].upper()}{rule.problem[1:]} ({rule_id}, critical "
+                           "for 3 cycles or more).",
             "runbook": rule.remediation,
         },
     }
@@ -49,8 +51,10 @@ def warning_alert(rule_id):
     alert = critical_alert(rule_id)
     rule = load_ruleset().rules[rule_id]
     alert["exp_labels"]["severity"] = "warning"
-    alert["exp_annotations"]["summary"] = f"{rule_id} warning on h1:9412 GPU 3 (0000:3b:00.0)"
-    alert["exp_annotations"]["description"] = f"{rule.summary}: warning for 3 cycles or more."
+    alert["exp_annotations"]["summary"] = (f"{rule_id} warning on h1:9412 GPU 3 "
+                                           f"(0000:3b:00.0): {rule.problem}")
+    alert["exp_annotations"]["description"] = (f"{rule.problem[0].upper()}{rule.problem[1:]} "
+                                               f"({rule_id}, warning for 3 cycles or more).")
     return alert
 
 
@@ -200,3 +204,45 @@ def test_kubernetes_manifests_parse_and_carry_the_same_alerts():
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
     kinds = [d["kind"] for d in yaml.safe_load_all((k8s / "servicemonitor.yaml").read_text())]
     assert kinds == ["Service", "ServiceMonitor"]
+
+
+# Texts that describe the healthy state: "no hardware slowdown", "not capped", "the GPU
+# is not ...", "persistence mode is on", "... stay below the thresholds", "... answers".
+HEALTHY_OPENINGS = re.compile(r"^(no|not|none|every|all)\b|^the (gpu|board) is not\b",
+                              re.IGNORECASE)
+HEALTHY_PHRASES = re.compile(r"\b(is on|stay below|stays below|stays low|stays clear|is not "
+                             r"below|returns within|runs at its full|meets the|are the same "
+                             r"driver|is on the|can be initialised)\b")
+
+
+def describes_a_problem(text: str) -> bool:
+    return not HEALTHY_OPENINGS.search(text) and not HEALTHY_PHRASES.search(text)
+
+
+def test_every_rule_alert_says_what_is_wrong():
+    """The alert fires on a failure: its summary and description must name the problem,
+    never restate the healthy condition the rule checks (`summary:` in rules/)."""
+    doc = yaml.safe_load(ALERTS.read_text())
+    by_rule = {}
+    for group in doc["groups"]:
+        for alert in group["rules"]:
+            if "gpuguard_rule" in alert["labels"]:
+                by_rule.setdefault(alert["labels"]["gpuguard_rule"], []).append(alert)
+    # The criterion rejects the texts these alerts carried before `problem:` existed.
+    for healthy in ("no hardware slowdown, HW thermal slowdown or HW power brake",
+                    "persistence mode is on (the driver keeps the GPU initialised)",
+                    "the GPU is not capped at its power limit (TDP throttling)",
+                    "the enforced power limit is not below the board's default"):
+        assert not describes_a_problem(healthy), healthy
+    rules = load_ruleset().ordered()
+    assert {r.id for r in rules} - {"xid.recent"} == set(by_rule)
+    for rule in rules:
+        for alert in by_rule.get(rule.id, []):
+            for key in ("summary", "description"):
+                text = alert["annotations"][key]
+                tail = text.split("}}: ", 1)[-1] if key == "summary" else text
+                assert describes_a_problem(tail), (rule.id, key, text)
+                assert rule.summary.lower() not in text.lower(), (rule.id, key, text)
+                problem = getattr(rule, "problem", None)
+                assert problem and describes_a_problem(problem), (rule.id, problem)
+                assert problem.lower() in text.lower(), (rule.id, key, text)
