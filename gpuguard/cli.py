@@ -21,7 +21,7 @@ from gpuguard import __version__
 if TYPE_CHECKING:
     from gpuguard.paths import Paths
     from gpuguard.profile import Profile
-    from gpuguard.ruleset import RuleSet
+    from gpuguard.rule import RuleSet
     from gpuguard.snapshot import Snapshot
     from gpuguard.sources.host import HostOptions
 

@@ -12,7 +12,7 @@ from gpuguard.checks import CheckContext, Finding
 from gpuguard.history import History
 from gpuguard.profile import Profile
 from gpuguard.results import Result, Status
-from gpuguard.ruleset import Rule, RuleSet
+from gpuguard.rule import Rule, RuleSet
 from gpuguard.snapshot import (
     GPU_READING_FIELDS,
     HOST_READING_FIELDS,

@@ -10,18 +10,18 @@ raises ConfigError naming the file and the line, before a single rule runs.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuguard import checks
 from gpuguard.profile import Profile, load_profile
 from gpuguard.results import SEVERITIES, Status
+from gpuguard.rule import Rule, RuleSet, XidEntry
 from gpuguard.snapshot import GPU_READING_FIELDS, HOST_READING_FIELDS
 from gpuguard.yamlfile import ConfigError, Mapping, load, short
 
 if TYPE_CHECKING:
-    from gpuguard.expr import Condition
+    pass
 
 RULE_ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
 RULE_KEYS = {"id", "scope", "severity", "summary", "message", "remediation", "thresholds",
@@ -33,45 +33,6 @@ XID_ACTIONS = ("restart_app", "reset_gpu", "reboot", "contact_vendor", "ignore",
 
 GPU_CONDITION_NAMES = (*GPU_READING_FIELDS, "index", *HOST_READING_FIELDS)
 HOST_CONDITION_NAMES = HOST_READING_FIELDS
-
-
-@dataclass
-class Rule:
-    id: str
-    scope: str
-    severity: Status
-    summary: str
-    remediation: str
-    origin: str
-    thresholds: dict[str, Any] = field(default_factory=dict)
-    enabled: bool = True
-    tags: tuple[str, ...] = ()
-    message: str | None = None
-    when: Condition | None = None
-    overrides: list[str] = field(default_factory=list)
-    # The daemon runs "fast" rules every few seconds, "slow" ones (versions, VBIOS,
-    # toolkit) every minute; `gpuguard check` runs both.
-    cadence: str = "fast"
-    # What is wrong when the rule fails (alert texts); `summary` states what it checks.
-    problem: str | None = None
-
-
-@dataclass
-class XidEntry:
-    severity: str
-    actions: tuple[str, ...]
-    meaning: str
-    origin: str
-
-
-@dataclass
-class RuleSet:
-    rules: dict[str, Rule] = field(default_factory=dict)
-    files: list[Path] = field(default_factory=list)
-    xid_catalog: dict[int, XidEntry] = field(default_factory=dict)
-
-    def ordered(self) -> list[Rule]:
-        return [self.rules[k] for k in sorted(self.rules)]
 
 
 def default_pack_dir() -> Path:

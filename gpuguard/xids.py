@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpuguard.ruleset import XidEntry
+    from gpuguard.rule import XidEntry
 
 ACTION_WORDS = {
     "restart_app": "restart the application",

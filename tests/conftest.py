@@ -16,7 +16,8 @@ import pytest
 from gpuguard.engine import evaluate
 from gpuguard.profile import Profile
 from gpuguard.results import Result
-from gpuguard.ruleset import RuleSet, load_ruleset
+from gpuguard.rule import RuleSet
+from gpuguard.ruleset import load_ruleset
 from gpuguard.snapshot import Reading, Snapshot
 from gpuguard.sources import nvidia_smi_xml
 

@@ -20,7 +20,7 @@ from gpuguard.results import Status
 if TYPE_CHECKING:
     from gpuguard.history import History
     from gpuguard.profile import Profile
-    from gpuguard.ruleset import Rule, RuleSet
+    from gpuguard.rule import Rule, RuleSet
     from gpuguard.snapshot import GpuSnapshot, Snapshot
 
 FAMILIES = (

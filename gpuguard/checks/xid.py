@@ -11,7 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 from gpuguard.checks import CheckContext, Finding, host_check, ok, warning
-from gpuguard.sources.kmsg import normalise_pci
+from gpuguard.pci import normalise_pci
 from gpuguard.xids import grade
 
 

@@ -32,13 +32,14 @@ from gpuguard.daemon.store import ResultStore
 from gpuguard.engine import evaluate
 from gpuguard.history import History
 from gpuguard.outputs import json_out
+from gpuguard.pci import normalise_pci
 from gpuguard.profile import Profile
 from gpuguard.results import Status, Verdict
-from gpuguard.ruleset import RuleSet, load_config
+from gpuguard.rule import RuleSet
+from gpuguard.ruleset import load_config
 from gpuguard.snapshot import Snapshot
 from gpuguard.sources import host as host_sources
 from gpuguard.sources import nvml, replay
-from gpuguard.sources.kmsg import normalise_pci
 from gpuguard.supervisor.config import load_services
 from gpuguard.supervisor.service import Supervisor
 from gpuguard.xids import grade

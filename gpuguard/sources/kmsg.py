@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.boundedio import MIB, BoundedReadError, read_bytes
+from gpuguard.pci import normalise_pci
 from gpuguard.snapshot import Reading
 
 # The kernel's ring buffer is at most 32 MiB (log_buf_len); twice that is not a kernel log.
@@ -114,14 +115,6 @@ def xid_event(record: Record) -> dict[str, Any] | None:
     event["seq"] = record.seq
     event["usec"] = record.usec
     return event
-
-
-def normalise_pci(address: str) -> str:
-    """`0000:3b:00`, `00000000:3B:00.0` and `0000:3b:00.0` all become `0000:3b:00.0`."""
-    parts = address.lower().split(":")
-    domain, bus, rest = parts[-3], parts[-2], parts[-1]
-    device, _, function = rest.partition(".")
-    return f"{int(domain, 16):04x}:{bus}:{device}.{function or '0'}"
 
 
 # Xid events kept in a summary: the newest ones. A log holding more (a storm of one

@@ -1,5 +1,6 @@
 import pytest
 
+from gpuguard.pci import normalise_pci
 from gpuguard.sources import kmsg
 from tests.conftest import FIXTURES
 
@@ -53,9 +54,9 @@ def test_unsigned_module_and_api_mismatch():
 
 
 def test_pci_addresses_are_normalised():
-    assert kmsg.normalise_pci("00000000:3B:00.0") == "0000:3b:00.0"
-    assert kmsg.normalise_pci("0000:3b:00") == "0000:3b:00.0"
-    assert kmsg.normalise_pci("PCI:0000:3b:00".removeprefix("PCI:")) == "0000:3b:00.0"
+    assert normalise_pci("00000000:3B:00.0") == "0000:3b:00.0"
+    assert normalise_pci("0000:3b:00") == "0000:3b:00.0"
+    assert normalise_pci("PCI:0000:3b:00".removeprefix("PCI:")) == "0000:3b:00.0"
 
 
 def test_truncated_log(tmp_path):

@@ -1,0 +1,52 @@
+"""What a loaded rule is: the model that the loader (ruleset.py) builds and the checks,
+the engine and the daemon read. Below both, so that neither imports the other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuguard.results import Status
+
+if TYPE_CHECKING:
+    from gpuguard.expr import Condition
+
+
+@dataclass
+class Rule:
+    id: str
+    scope: str
+    severity: Status
+    summary: str
+    remediation: str
+    origin: str
+    thresholds: dict[str, Any] = field(default_factory=dict)
+    enabled: bool = True
+    tags: tuple[str, ...] = ()
+    message: str | None = None
+    when: Condition | None = None
+    overrides: list[str] = field(default_factory=list)
+    # The daemon runs "fast" rules every few seconds, "slow" ones (versions, VBIOS,
+    # toolkit) every minute; `gpuguard check` runs both.
+    cadence: str = "fast"
+    # What is wrong when the rule fails (alert texts); `summary` states what it checks.
+    problem: str | None = None
+
+
+@dataclass
+class XidEntry:
+    severity: str
+    actions: tuple[str, ...]
+    meaning: str
+    origin: str
+
+
+@dataclass
+class RuleSet:
+    rules: dict[str, Rule] = field(default_factory=dict)
+    files: list[Path] = field(default_factory=list)
+    xid_catalog: dict[int, XidEntry] = field(default_factory=dict)
+
+    def ordered(self) -> list[Rule]:
+        return [self.rules[k] for k in sorted(self.rules)]
