@@ -34,7 +34,9 @@ debootstrap "${args[@]}" "$work/root" "$mirror" > "$work/debootstrap.log" 2>&1 |
 }
 # Apt's package lists and downloaded .debs are not needed to boot; the root stays small.
 rm -rf "$work/root/var/cache/apt/archives/"*.deb "$work/root/var/lib/apt/lists/"*
-# A container has no console to log in on and no hardware clock or udev to wait for.
+# A container has no console to log in on and no udev or clock to manage. Measured on
+# bookworm: it reaches `running` without these masks too (the units skip themselves in a
+# container); they keep a unit that a later point release starts here out of the way.
 chroot "$work/root" systemctl mask getty@tty1.service console-getty.service \
     systemd-udevd.service systemd-udev-trigger.service systemd-timesyncd.service \
     >/dev/null 2>&1 || true

@@ -94,6 +94,19 @@ def test_watchdog_restarts_a_frozen_daemon(machine: Machine, daemon_port: int) -
     assert "Failed with result 'watchdog'" in journal
 
 
+def test_reload_rereads_rules_in_the_same_process(machine: Machine, daemon_port: int) -> None:
+    # ExecReload= sends SIGHUP; the daemon reloads its rules and profile and stays the
+    # same process, still active
+    set_daemon(machine, daemon_port)
+    machine.ok("systemctl", "start", "gpuguard.service")
+    before = machine.show("gpuguard.service", "MainPID", "NRestarts", "ActiveState")
+    machine.ok("systemctl", "reload", "gpuguard.service")
+    machine.wait_for("config_reloaded in the journal", lambda: '"event": "config_reloaded"'
+                     in machine.journal("gpuguard.service"))
+    assert machine.show("gpuguard.service", "MainPID", "NRestarts", "ActiveState") == before
+    assert before["ActiveState"] == "active"
+
+
 LLM_UNIT = """[Unit]
 Description=a stand-in inference service
 [Service]
