@@ -13,6 +13,7 @@ command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)  # verify the 
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx-light)  # the router
 [ -x /usr/bin/prometheus-alertmanager ] || need_apt+=(prometheus-alertmanager)  # fleet test
 command -v make >/dev/null 2>&1 || need_apt+=(make)                # make package
+command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)  # systemd as PID 1 (tests/systemd_pid1)
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import ensurepip' 2>/dev/null \
     || need_apt+=(python3-venv)                                    # the .deb's own venv
 if [ ${#need_apt[@]} -gt 0 ]; then
