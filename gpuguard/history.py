@@ -11,10 +11,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from gpuguard import clock_events
 from gpuguard.snapshot import GpuSnapshot, Snapshot
-
-HW_SLOWDOWN_BITS = 0x8 | 0x40 | 0x80
-SW_POWER_CAP_BIT = 0x4
 
 
 @dataclass(frozen=True)
@@ -46,8 +44,8 @@ def sample(gpu: GpuSnapshot, t: float) -> Sample:
         else None,
         aer_correctable=aer,
         replays=gpu.pcie_replay_counter.value if gpu.pcie_replay_counter.is_ok else None,
-        hw_slowdown=None if reasons is None else bool(reasons & HW_SLOWDOWN_BITS),
-        power_cap=None if reasons is None else bool(reasons & SW_POWER_CAP_BIT),
+        hw_slowdown=None if reasons is None else bool(reasons & clock_events.HW_ANY),
+        power_cap=None if reasons is None else bool(reasons & clock_events.SW_POWER_CAP),
         power_draw_w=gpu.power_draw_w.get_or(None),
         clock_sm_mhz=gpu.clock_sm_mhz.get_or(None),
     )

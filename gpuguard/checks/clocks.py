@@ -8,24 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpuguard import clock_events
 from gpuguard.checks import CheckContext, Finding, gpu_check, ok
 from gpuguard.history import Sample
 from gpuguard.snapshot import GpuSnapshot
 
-SW_POWER_CAP = 0x4
-HW_SLOWDOWN = 0x8
-SW_THERMAL = 0x20
-HW_THERMAL = 0x40
-HW_POWER_BRAKE = 0x80
 
-HW_REASONS = {HW_SLOWDOWN: "HW slowdown", HW_THERMAL: "HW thermal slowdown",
-              HW_POWER_BRAKE: "HW power brake"}
 
 
 @gpu_check("clocks.hw_slowdown")
 def hw_slowdown(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     mask = gpu.clock_event_reasons.get()
-    active = [name for bit, name in HW_REASONS.items() if mask & bit]
+    active = [name for bit, name in clock_events.HW_NAMES.items() if mask & bit]
     if ctx.history is not None:
         # gpud's rule: unhealthy when slowdown was seen in most minutes of a window,
         # not on one blip.
@@ -59,7 +53,7 @@ def _minutes_with_slowdown(samples: list[Sample], window_s: float) -> int:
 @gpu_check("clocks.sw_thermal")
 def sw_thermal(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     mask = gpu.clock_event_reasons.get()
-    if mask & SW_THERMAL:
+    if mask & clock_events.SW_THERMAL:
         return ctx.fail(f"the driver lowers clocks to stay under its temperature target "
                         f"(reasons 0x{mask:x})", reasons=f"0x{mask:x}")
     return ok("no software thermal slowdown", reasons=f"0x{mask:x}")
@@ -71,7 +65,7 @@ def power_cap(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     busy H200 sits at 690 of 700 W with the bit set): a finding only when the cap holds
     the GPU back abnormally. A lowered limit is power.limit's finding, not this one's."""
     mask = gpu.clock_event_reasons.get()
-    if not mask & SW_POWER_CAP:
+    if not mask & clock_events.SW_POWER_CAP:
         return ok("not power capped", reasons=f"0x{mask:x}")
     draw, limit = gpu.power_draw_w.get(), gpu.power_limit_enforced_w.get()
     default = gpu.power_limit_default_w.get()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuguard import clock_events
 from gpuguard.checks import CheckContext, Finding, gpu_check, ok
 from gpuguard.snapshot import GpuSnapshot
 
@@ -12,7 +13,7 @@ def limit(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     observed = {"enforced_w": enforced, "default_w": default}
     if enforced < default - ctx.threshold("tolerance_w"):
         # clocks.power_cap leaves capping at a lowered limit to this rule: say so here.
-        capped = gpu.clock_event_reasons.get_or(0) & 0x4
+        capped = gpu.clock_event_reasons.get_or(0) & clock_events.SW_POWER_CAP
         now = ", and the GPU is capped at it now" if capped else ""
         return ctx.fail(f"power limit is {enforced:.0f} W, below the default {default:.0f} W"
                         f"{now}", **observed)

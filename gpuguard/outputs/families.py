@@ -14,7 +14,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from gpuguard import __version__
+from gpuguard import __version__, clock_events
 from gpuguard.results import Result, Status
 from gpuguard.snapshot import GpuSnapshot, Snapshot
 
@@ -26,14 +26,6 @@ STATUS_VALUE = {
     Status.CRITICAL: 2,
     Status.UNKNOWN: 3,
     Status.SKIPPED: -1,
-}
-CLOCK_REASONS = {
-    "gpu_idle": 0x1,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
 }
 
 
@@ -122,7 +114,8 @@ def telemetry(snapshot: Snapshot) -> Iterator[Metric]:
                 aer.add_metric([*labels, kind], count)
         if gpu.clock_event_reasons.is_ok:
             mask = gpu.clock_event_reasons.get()
-            for name, bit in CLOCK_REASONS.items():
+            for name in clock_events.EXPORTED:
+                bit = clock_events.BITS[name]
                 reasons.add_metric([*labels, name], 1 if mask & bit else 0)
     yield from (info, temp, margin, power, limit, util, mem, ecc, aer, replays, gen, width,
                 reasons)

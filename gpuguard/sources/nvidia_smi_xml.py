@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from gpuguard import clock_events
 from gpuguard.snapshot import GpuSnapshot, HostInfo, NvmlStatus, Process, Reading, Snapshot
 
 T = TypeVar("T")
@@ -22,17 +23,6 @@ _NOT_SUPPORTED = {"n/a", "[n/a]", "not supported", "[not supported]", "not avail
 _ERRORS = ("unknown error", "[unknown error]", "gpu is lost", "[gpu is lost]", "error")
 _MIB = 1024 * 1024
 
-CLOCK_EVENT_BITS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clocks_setting": 0x100,
-}
 
 
 class XmlDumpError(ValueError):
@@ -231,7 +221,7 @@ def _clock_event_reasons(g: ET.Element) -> Reading[int]:
         seen = False
         for child in node:
             name = child.tag.removeprefix(prefix)
-            bit = CLOCK_EVENT_BITS.get(name)
+            bit = clock_events.BITS.get(name)
             value = (child.text or "").strip().lower()
             if bit is None or value in _NOT_SUPPORTED:
                 continue
