@@ -14,8 +14,6 @@ from gpuguard.history import Sample
 from gpuguard.snapshot import GpuSnapshot
 
 
-
-
 @gpu_check("clocks.hw_slowdown")
 def hw_slowdown(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     mask = gpu.clock_event_reasons.get()
