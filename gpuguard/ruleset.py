@@ -54,6 +54,8 @@ def load_ruleset(
     if missing:
         raise ConfigError(pack_dir or default_pack_dir(), None,
                           f"checks without a rule in the pack: {', '.join(sorted(missing))}")
+    for rule in ruleset.rules.values():
+        _check_declared_thresholds(rule)
     for directory in user_dirs or []:
         for path in _yaml_files(directory):
             _load_file(ruleset, path, default_pack=False)
@@ -61,6 +63,21 @@ def load_ruleset(
         path, overrides = profile_overrides
         _apply_overrides(ruleset, path, overrides)
     return ruleset
+
+
+def _check_declared_thresholds(rule: Rule) -> None:
+    """The pack's file declares exactly the thresholds its check reads: one it reads but the
+    file lacks would fail at run time, one it declares but never reads misleads."""
+    wanted = set(checks.THRESHOLDS.get(rule.id, ()))
+    have = set(rule.thresholds)
+    path, _, line = rule.origin.rpartition(":")
+    if wanted - have:
+        raise ConfigError(path, int(line), f"{rule.id}: its check reads threshold(s) "
+                          f"{', '.join(sorted(wanted - have))}, which this file does not declare")
+    if have - wanted:
+        raise ConfigError(path, int(line), f"{rule.id}: threshold(s) "
+                          f"{', '.join(sorted(have - wanted))} are declared but its check "
+                          "never reads them")
 
 
 def load_config(profile_path: Path | None,

@@ -237,3 +237,51 @@ def test_docs_list_every_rule(default_rules):
     check = subprocess.run([sys.executable, "scripts/gen_rules_doc.py", "--check"], cwd=REPO,
                            capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stderr
+
+
+def _thresholds_read(fn, seen=None) -> set[str]:
+    """Threshold names a check's code reads (`ctx.threshold("x")`), following the helpers of
+    its own module that it calls: read from the bytecode, so no declaration can drift."""
+    import dis
+    import types
+
+    seen = set() if seen is None else seen
+    if fn in seen:
+        return set()
+    seen.add(fn)
+    names: set[str] = set()
+    codes = [fn.__code__, *(c for c in fn.__code__.co_consts if isinstance(c, types.CodeType))]
+    for code in codes:
+        ins = list(dis.get_instructions(code))
+        for i, inst in enumerate(ins):
+            if inst.argval == "threshold" and inst.opname in ("LOAD_ATTR", "LOAD_METHOD") \
+                    and ins[i + 1].opname == "LOAD_CONST":
+                names.add(ins[i + 1].argval)
+            if inst.opname == "LOAD_GLOBAL":
+                helper = fn.__globals__.get(inst.argval)
+                if isinstance(helper, types.FunctionType) and helper.__module__ == fn.__module__:
+                    names |= _thresholds_read(helper, seen)
+    return names
+
+
+def test_each_check_declares_exactly_the_thresholds_it_reads(default_rules):
+    from gpuguard import checks
+
+    for rule_id, fn in {**checks.HOST_CHECKS, **checks.GPU_CHECKS}.items():
+        declared = set(checks.THRESHOLDS[rule_id])
+        assert _thresholds_read(fn) == declared, rule_id
+        assert set(default_rules.rules[rule_id].thresholds) == declared, rule_id
+
+
+def test_a_pack_file_missing_a_threshold_its_check_reads_is_a_load_error(tmp_path):
+    import shutil
+
+    from gpuguard.ruleset import default_pack_dir
+
+    pack = tmp_path / "pack"
+    shutil.copytree(default_pack_dir(), pack)
+    text = (pack / "thermal.yaml").read_text()
+    (pack / "thermal.yaml").write_text(text.replace("warn_margin_c", "warn_margin"))
+    with pytest.raises(ConfigError, match=r"thermal\.yaml:\d+: thermal.margin: its check reads "
+                                          r"threshold\(s\) warn_margin_c"):
+        load_ruleset(pack_dir=pack)

@@ -46,6 +46,9 @@ class CheckContext:
     history: History | None = None
 
     def threshold(self, name: str) -> Any:
+        if name not in THRESHOLDS.get(self.rule.id, ()) or name not in self.rule.thresholds:
+            raise KeyError(f"{self.rule.id} reads threshold {name!r}, which it does not "
+                           "declare")  # the engine reports it unknown; the tests catch it
         return self.rule.thresholds[name]
 
     def fail(self, message: str, **observed: Any) -> Finding:
@@ -78,19 +81,27 @@ GpuCheck = Callable[["GpuSnapshot", CheckContext], Finding]
 
 HOST_CHECKS: dict[str, HostCheck] = {}
 GPU_CHECKS: dict[str, GpuCheck] = {}
+# The threshold names each check reads: their values and defaults live once, in the rule
+# file; the loader refuses a pack whose file does not declare exactly these
+# (tests/test_ruleset.py proves each list is what the check's code reads).
+THRESHOLDS: dict[str, tuple[str, ...]] = {}
 
 
-def host_check(rule_id: str) -> Callable[[HostCheck], HostCheck]:
+def host_check(rule_id: str, thresholds: tuple[str, ...] = ()
+               ) -> Callable[[HostCheck], HostCheck]:
     def register(fn: HostCheck) -> HostCheck:
         HOST_CHECKS[rule_id] = fn
+        THRESHOLDS[rule_id] = thresholds
         return fn
 
     return register
 
 
-def gpu_check(rule_id: str) -> Callable[[GpuCheck], GpuCheck]:
+def gpu_check(rule_id: str, thresholds: tuple[str, ...] = ()
+              ) -> Callable[[GpuCheck], GpuCheck]:
     def register(fn: GpuCheck) -> GpuCheck:
         GPU_CHECKS[rule_id] = fn
+        THRESHOLDS[rule_id] = thresholds
         return fn
 
     return register

@@ -14,7 +14,7 @@ from gpuguard.history import Sample
 from gpuguard.snapshot import GpuSnapshot
 
 
-@gpu_check("clocks.hw_slowdown")
+@gpu_check("clocks.hw_slowdown", thresholds=("min_fraction", "window_s"))
 def hw_slowdown(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     mask = gpu.clock_event_reasons.get()
     active = [name for bit, name in clock_events.HW_NAMES.items() if mask & bit]
@@ -57,7 +57,8 @@ def sw_thermal(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     return ok("no software thermal slowdown", reasons=f"0x{mask:x}")
 
 
-@gpu_check("clocks.power_cap")
+@gpu_check("clocks.power_cap",
+           thresholds=("low_draw_ratio", "min_fraction", "min_sm_clock_ratio", "window_s"))
 def power_cap(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     """Capping at the power limit under full load is what the board is built to do (a
     busy H200 sits at 690 of 700 W with the bit set): a finding only when the cap holds

@@ -26,7 +26,7 @@ def mode(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     return ok(f"ECC {_word(current)}", **observed)
 
 
-@gpu_check("ecc.uncorrected")
+@gpu_check("ecc.uncorrected", thresholds=("max_volatile_uncorrected",))
 def uncorrected(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     count = gpu.ecc_volatile_uncorrected.get()
     observed = {
@@ -39,7 +39,7 @@ def uncorrected(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     return ok("no uncorrectable ECC errors since the driver loaded", **observed)
 
 
-@gpu_check("ecc.corrected")
+@gpu_check("ecc.corrected", thresholds=("max_dram", "max_sram", "max_total"))
 def corrected(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     sram, dram = gpu.ecc_volatile_sram_corrected, gpu.ecc_volatile_dram_corrected
     over = []

@@ -8,7 +8,7 @@ from gpuguard.snapshot import GpuSnapshot
 _GIB = 1024**3
 
 
-@gpu_check("memory.retired_pages")
+@gpu_check("memory.retired_pages", thresholds=("max_retired",))
 def retired_pages(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     # Hopper and newer answer NotSupported here (row remapping replaced page
     # retirement): .get() turns that into "skipped", never a failure.
@@ -23,7 +23,7 @@ def retired_pages(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     return ok(f"{total} pages retired, none pending", **observed)
 
 
-@gpu_check("memory.row_remap")
+@gpu_check("memory.row_remap", thresholds=("warn_uncorrectable_rows",))
 def row_remap(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     failure = gpu.remapped_rows_failure.get()
     pending = gpu.remapped_rows_pending.get()
@@ -41,7 +41,7 @@ def row_remap(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     return ok(f"rows remapped: {corr} correctable, {unc} uncorrectable; none pending", **observed)
 
 
-@gpu_check("memory.orphaned")
+@gpu_check("memory.orphaned", thresholds=("max_unowned_gib",))
 def orphaned(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     processes = gpu.compute_processes.get()
     used = gpu.memory_used_bytes.get()

@@ -17,7 +17,7 @@ def _busy(gpu: GpuSnapshot, ctx: CheckContext) -> bool:
     return bool(gpu.utilization_gpu_percent.get() >= ctx.threshold("busy_utilization_percent"))
 
 
-@gpu_check("pcie.link_width")
+@gpu_check("pcie.link_width", thresholds=("busy_utilization_percent",))
 def link_width(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     current, maximum = gpu.pcie_link_width_current.get(), gpu.pcie_link_width_max.get()
     observed = {"current": current, "max": maximum,
@@ -31,7 +31,7 @@ def link_width(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
                     **observed)
 
 
-@gpu_check("pcie.link_gen")
+@gpu_check("pcie.link_gen", thresholds=("busy_utilization_percent",))
 def link_gen(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     current, maximum = gpu.pcie_link_gen_current.get(), gpu.pcie_link_gen_max.get()
     observed = {"current": current, "max": maximum,
@@ -53,7 +53,7 @@ def expected_replays_per_minute(gen: int, width: int) -> float:
     return 1e-12 * LANE_RATE.get(gen, 32e9) * 60 * width
 
 
-@gpu_check("pcie.replays")
+@gpu_check("pcie.replays", thresholds=("max_replays",))
 def replays(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     count = gpu.pcie_replay_counter.get()
     if ctx.history is not None:
@@ -91,7 +91,7 @@ def _replay_rate(samples: list[Sample]) -> tuple[float, float] | None:
     return (usable[-1][1] - usable[0][1]) * 60 / span, span
 
 
-@gpu_check("pcie.aer")
+@gpu_check("pcie.aer", thresholds=("max_correctable",))
 def aer(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     chain = gpu.pcie_aer.get()
     problems: list[str] = []

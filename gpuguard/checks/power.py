@@ -7,7 +7,7 @@ from gpuguard.checks import CheckContext, Finding, gpu_check, ok
 from gpuguard.snapshot import GpuSnapshot
 
 
-@gpu_check("power.limit")
+@gpu_check("power.limit", thresholds=("tolerance_w",))
 def limit(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     enforced, default = gpu.power_limit_enforced_w.get(), gpu.power_limit_default_w.get()
     observed = {"enforced_w": enforced, "default_w": default}

@@ -11,7 +11,7 @@ from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
 from gpuguard.snapshot import GpuSnapshot
 
 
-@gpu_check("thermal.margin")
+@gpu_check("thermal.margin", thresholds=("warn_margin_c",))
 def margin(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     # A margin the driver offers but that could not be read is unknown: falling back to
     # the absolute threshold would judge a different, cooler sensor and could say ok.

@@ -15,7 +15,7 @@ from gpuguard.pci import normalise_pci
 from gpuguard.xids import grade
 
 
-@host_check("xid.recent")
+@host_check("xid.recent", thresholds=("repeat_for_vendor",))
 def recent(ctx: CheckContext) -> Finding:
     log = ctx.snapshot.host.kernel_log.get()
     window_s = ctx.profile.xid_window_s
