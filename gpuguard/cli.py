@@ -495,10 +495,13 @@ def _load_config(profile_path: Path | None,
 def _replay(path: Path, timeout: float) -> Snapshot:
     from gpuguard.sources.replay import InputError, load
 
+    started = time.monotonic()
     try:
-        return load(path, timeout)
+        snapshot = load(path, timeout)
     except InputError as exc:
         raise ConfigProblem(str(exc)) from exc
+    snapshot.record("input", started)
+    return snapshot
 
 
 def _emit(text: str, output: Path | None) -> None:

@@ -256,11 +256,46 @@ class NvmlStatus:
 
 
 @dataclass
+class SourceRun:
+    """How one source did in this snapshot: gpuguard_source_success{source} and
+    gpuguard_source_duration_seconds{source}. Success: it answered in time and none of its
+    readings is an error (not supported is not a failure)."""
+
+    success: bool
+    duration_s: float
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"success": self.success, "duration_s": round(self.duration_s, 4),
+                "error": self.error}
+
+
+@dataclass
 class Snapshot:
     host: HostInfo = field(default_factory=HostInfo)
     nvml: NvmlStatus = field(default_factory=NvmlStatus)
     gpus: list[GpuSnapshot] = field(default_factory=list)
     schema: int = SCHEMA_VERSION
+    sources: dict[str, SourceRun] = field(default_factory=dict)
+
+    def record(self, source: str, started: float, readings: Any = (),
+               error: str | None = None) -> None:
+        """Note how `source` did: its time since `started` (monotonic) and whether any of
+        `readings` is an error; `error` says it failed outright."""
+        import time
+
+        failed = [r for r in readings if isinstance(r, Reading) and r.state == "error"]
+        if error is None and failed:
+            error = failed[0].error
+        self.sources[source] = SourceRun(error is None, time.monotonic() - started, error)
+
+    def record_nvml(self) -> None:
+        """How the NVML sweep went, as a source: it failed when NVML did not start, a call
+        hung or the sweep stopped early."""
+        nvml = self.nvml
+        error = nvml.init_error or (f"hung in {nvml.hung_call}" if nvml.hung_call else None) \
+            or nvml.sweep_error
+        self.sources["nvml"] = SourceRun(error is None, nvml.elapsed_s or 0.0, error)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -269,6 +304,7 @@ class Snapshot:
             "host": _dataclass_to_json(self.host),
             "nvml": dataclasses.asdict(self.nvml),
             "gpus": [_dataclass_to_json(g) for g in self.gpus],
+            "sources": {name: run.to_json() for name, run in sorted(self.sources.items())},
         }
 
     @classmethod
@@ -286,6 +322,14 @@ class Snapshot:
         host = from_json(HostInfo, raw.get("host", {}))
         nvml = _nvml_status(raw.get("nvml", {}))
         gpus = [from_json(GpuSnapshot, g) for g in raw.get("gpus", [])]
+        sources = raw.get("sources", {})
+        if not isinstance(sources, dict) or not all(
+                isinstance(v, dict) and isinstance(v.get("success"), bool) and
+                isinstance(v.get("duration_s"), int | float) and
+                isinstance(v.get("error"), str | None) for v in sources.values()):
+            raise ValueError("sources must map a source to {success, duration_s, error}")
+        # How the recorded host's sources did stays in the file: `sources` of a replay says
+        # how this run's reads went (the input file, the roots named beside it).
         return cls(host=host, nvml=nvml, gpus=gpus, schema=schema)
 
 

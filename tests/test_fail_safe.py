@@ -168,3 +168,13 @@ def test_a_kernel_log_line_with_a_huge_number_is_text(tmp_path):
     proc = gpuguard("check", "--format", "json", "--input", str(LIVE), "--kmsg-file", str(log))
     xid = results_of(proc)[("xid.recent", None)]
     assert xid["status"] == "critical" and xid["observed"]["counted"] == 1, xid
+
+
+def test_each_source_reports_its_own_success(tmp_path, fake_env):
+    proc = gpuguard("check", "--format", "prometheus", "--timeout", "2", "--kmsg-file",
+                    str(fifo(tmp_path)), env=fake_env(gpus=1), timeout=30)
+    lines = proc.stdout.splitlines()
+    assert 'gpuguard_source_success{source="kernel_log"} 0.0' in lines
+    assert 'gpuguard_source_success{source="nvml"} 1.0' in lines
+    assert any(line.startswith('gpuguard_source_duration_seconds{source="nvml"}')
+               for line in lines)

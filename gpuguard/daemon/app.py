@@ -128,11 +128,14 @@ class Daemon:
 
     def _collect_nvml(self) -> Snapshot:
         if self.cfg.input_path is not None:
+            started = time.monotonic()
             try:
                 snap = replay.load(self.cfg.input_path, self.cfg.timeout)
+                snap.record("input", started)
             except replay.InputError as exc:
                 snap = Snapshot()
                 snap.nvml.sweep_error = str(exc)
+                snap.record("input", started, error=str(exc))
         else:
             assert self.sampler is not None
             snap = self.sampler.sweep(self.cfg.timeout)
@@ -184,7 +187,10 @@ class Daemon:
         snap = self._collect_nvml()
         host_sources.merge(snap, self._slow_facts)
         if self.cfg.host.kernel_log:
+            started = time.monotonic()
             snap.host.kernel_log = host_sources.read_kernel_log(self.cfg.host)
+            snap.host.__post_init__()
+            snap.record("kernel_log", started, [snap.host.kernel_log])
             snap.host.__post_init__()
         host_sources.collect_gpus(snap, self.cfg.host)
         hung = snap.nvml.hung_call is not None

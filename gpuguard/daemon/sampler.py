@@ -127,6 +127,7 @@ class NvmlSampler:
         snap = nvml.assemble(messages)
         snap.nvml.deadline_s = deadline_s
         snap.nvml.elapsed_s = round(time.monotonic() - started, 4)
+        snap.record_nvml()
         return snap
 
     def _hung(self, deadline_s: float, started: float, still: bool,
@@ -139,6 +140,7 @@ class NvmlSampler:
         snap.nvml.hung_call = call
         snap.nvml.deadline_s = deadline_s
         snap.nvml.elapsed_s = round(time.monotonic() - started, 4)
+        snap.record_nvml()
         return snap
 
     def close(self) -> None:

@@ -50,6 +50,19 @@ def rule_status(results: Iterable[Result]) -> GaugeMetricFamily:
     return family
 
 
+def sources(snapshot: Snapshot) -> Iterator[Metric]:
+    success = GaugeMetricFamily("gpuguard_source_success", "1 when the source answered in "
+                                "time and none of its readings is an error.",
+                                labels=["source"])
+    duration = GaugeMetricFamily("gpuguard_source_duration_seconds",
+                                 "How long the source took to read.", labels=["source"])
+    for name, run in sorted(snapshot.sources.items()):
+        success.add_metric([name], 1 if run.success else 0)
+        duration.add_metric([name], run.duration_s)
+    yield success
+    yield duration
+
+
 def build_info() -> InfoMetricFamily:
     return InfoMetricFamily("gpuguard_build", "gpuguard version.", value={"version": __version__})
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.paths import Paths
-from gpuguard.snapshot import Reading, Snapshot
+from gpuguard.snapshot import Reading, Snapshot, SourceRun
 from gpuguard.sources.pipe import read_until
 
 # The source modules are imported where they are used: `gpuguard check` runs them in a
@@ -125,6 +125,7 @@ def collect_host(snapshot: Snapshot, opts: HostOptions,
     for source in HOST_SOURCES:
         if not source.wanted(opts):
             continue
+        started = time.monotonic()
         try:
             values = source.read(opts)
         except Exception as exc:  # a broken source is unknown, never the end of the run
@@ -133,9 +134,10 @@ def collect_host(snapshot: Snapshot, opts: HostOptions,
                       for name in source.fields}
         for name, reading in values.items():
             setattr(snapshot.host, name, reading)
+        snapshot.host.__post_init__()  # validated: an invalid value is an error reading
+        snapshot.record(source.name, started, [getattr(snapshot.host, n) for n in values])
         if done is not None:
-            done(source.name, values)
-    snapshot.host.__post_init__()
+            done(source.name, {n: getattr(snapshot.host, n) for n in values})
 
 
 def _want_docker(opts: HostOptions) -> bool:
@@ -168,12 +170,15 @@ class ForkedHostFacts:
             try:
                 os.close(read_fd)
                 with os.fdopen(write_fd, "w", buffering=1) as out:
+                    facts = Snapshot()
+
                     def done(name: str, values: dict[str, Reading[Any]]) -> None:
-                        out.write(json.dumps({"source": name, "readings": {
+                        out.write(json.dumps({"source": name, "run": facts.sources[
+                            name].to_json(), "readings": {
                             field_name: reading.to_json()
                             for field_name, reading in values.items()}}) + "\n")
 
-                    collect_host(Snapshot(), opts, done)
+                    collect_host(facts, opts, done)
             except BaseException:
                 code = 1
             finally:
@@ -198,6 +203,9 @@ class ForkedHostFacts:
             for name, reading in readings.items():
                 if name in HOST_SOURCE_FIELDS and reading.state != "absent":
                     setattr(facts.host, name, reading)
+            run = message.get("run") or {}
+            facts.sources[message["source"]] = SourceRun(
+                bool(run.get("success")), float(run.get("duration_s") or 0.0), run.get("error"))
         waited = round(time.monotonic() - self.started, 1)
         for source in HOST_SOURCES:
             if source.wanted(self.opts) and source.name not in answered:
@@ -205,6 +213,7 @@ class ForkedHostFacts:
                        else "stopped without an answer")
                 for name in source.fields:
                     setattr(facts.host, name, Reading.failed(f"the {source.name} source {why}"))
+                facts.sources[source.name] = SourceRun(False, waited, f"the source {why}")
         if not finished:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
@@ -223,10 +232,12 @@ def collect_gpus(snapshot: Snapshot, opts: HostOptions) -> None:
         return
     from gpuguard.sources import sysfs
 
+    started = time.monotonic()
     for gpu in snapshot.gpus:
         if gpu.pci_bus_id.is_ok:
             gpu.pcie_aer = sysfs.aer_chain(opts.paths.sysfs, gpu.pci_bus_id.get())
             gpu.__post_init__()
+    snapshot.record("pcie_aer", started, [gpu.pcie_aer for gpu in snapshot.gpus])
 
 
 def merge(into: Snapshot, host_from: Snapshot) -> None:
@@ -236,6 +247,7 @@ def merge(into: Snapshot, host_from: Snapshot) -> None:
         value = getattr(host_from.host, name)
         if value.state != "absent":
             setattr(into.host, name, value)
+    into.sources.update(host_from.sources)
     into.host.__post_init__()
 
 

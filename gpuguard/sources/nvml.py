@@ -122,6 +122,7 @@ class NvmlProbe:
         else:
             _reap(self.pid)
         fill_unanswered(snapshot)
+        snapshot.record_nvml()
         return snapshot
 
     def _drain(self) -> tuple[list[dict[str, Any]], bool]:
