@@ -28,6 +28,7 @@ import structlog
 
 from gpuguard.snapshot import Snapshot
 from gpuguard.sources import nvml
+from gpuguard.sources.nvml_progress import Progress
 
 log = structlog.get_logger("gpuguard.nvml")
 
@@ -74,7 +75,7 @@ class NvmlSampler:
         self.on_xid = on_xid
         fd, self.progress_path = tempfile.mkstemp(prefix="gpuguard-nvml-progress-")
         os.close(fd)
-        self._progress = nvml.Progress(self.progress_path)
+        self._progress = Progress(self.progress_path)
         self._worker: _Worker | None = None
         self._stuck: _Worker | None = None
         self._stuck_call: str | None = None

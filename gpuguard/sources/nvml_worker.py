@@ -1,11 +1,87 @@
-"""Entry point of the daemon's NVML worker: `python -m gpuguard.sources.nvml_worker
-PROGRESS_FILE PROCFS [--no-xid-events]`. Reads commands on stdin, writes JSON lines."""
+"""The daemon's NVML worker: `python -m gpuguard.sources.nvml_worker PROGRESS_FILE PROCFS
+[--no-xid-events]`. Reads commands on stdin (`sweep`, `quit`), answers each sweep with
+the JSON lines of sources/nvml_read.py ended by {"t": "end"}, and writes NVML Xid events
+as they happen. The daemon side of this protocol is gpuguard/daemon/sampler.py."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
-from gpuguard.sources.nvml import serve
+from gpuguard.sources.nvml_progress import Progress
+from gpuguard.sources.nvml_read import line_writer, sweep, text
+
+
+def serve(commands: Any, out: Any, progress_path: str, procfs: str,
+          xid_events: bool = True) -> None:
+    """Answer `sweep` lines with the same JSON lines as the forked worker, ended by
+    {"t": "end"}; keep NVML initialised between sweeps; retry nvmlInit while it fails
+    (the driver may be loaded later). With xid_events, a thread waits for NVML Xid
+    events and writes them as {"t": "xid_event", ...} lines as they happen."""
+    progress = Progress(progress_path)
+    progress.set(0, "import pynvml")
+    import pynvml
+
+    emit = line_writer(out)
+    initialised = False
+    for command in commands:
+        command = command.strip()
+        if command == "quit":
+            break
+        if command != "sweep":
+            emit({"t": "fatal", "kind": "BadCommand", "error": command[:80]})
+            emit({"t": "end"})
+            continue
+        if not initialised:
+            progress.set(0, "nvmlInit")
+            try:
+                pynvml.nvmlInit()
+                initialised = True
+            except pynvml.NVMLError as exc:
+                emit({"t": "init_error", "kind": type(exc).__name__, "error": str(exc)})
+            progress.set(0, "")
+            if initialised and xid_events:
+                threading.Thread(target=_xid_events, args=(pynvml, emit), daemon=True).start()
+        if initialised:
+            try:
+                sweep(pynvml, emit, progress, procfs)
+                emit({"t": "done"})
+            except Exception as exc:
+                emit({"t": "fatal", "kind": type(exc).__name__, "error": str(exc)})
+        emit({"t": "end"})
+    if initialised:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+
+def _xid_events(nv: Any, emit: Callable[[dict[str, Any]], None]) -> None:
+    """Xids as the driver raises them (nvmlEventSetWait), beside the kernel log."""
+    try:
+        event_set = nv.nvmlEventSetCreate()
+        for index in range(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            with contextlib.suppress(nv.NVMLError):
+                nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
+    except (nv.NVMLError, AttributeError) as exc:
+        emit({"t": "xid_events_unavailable", "error": f"{type(exc).__name__}: {exc}"})
+        return
+    while True:
+        try:
+            data = nv.nvmlEventSetWait(event_set, 5000)
+        except nv.NVMLError_Timeout:
+            continue
+        except nv.NVMLError as exc:
+            emit({"t": "xid_events_unavailable", "error": f"{type(exc).__name__}: {exc}"})
+            return
+        try:
+            pci = text(nv.nvmlDeviceGetPciInfo(data.device).busId)
+        except nv.NVMLError:
+            pci = None
+        emit({"t": "xid_event", "xid": int(data.eventData), "pci": pci, "time": time.time()})
 
 
 def main() -> None:

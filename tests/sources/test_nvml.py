@@ -3,7 +3,7 @@
 import json
 from types import SimpleNamespace
 
-from gpuguard.sources import nvml
+from gpuguard.sources import nvml_read
 from tests.conftest import gpuguard
 
 
@@ -12,15 +12,15 @@ def test_process_names_from_procfs(tmp_path):
     (tmp_path / "4242" / "comm").write_text("vllm\n")
     listed = [SimpleNamespace(pid=4242, usedGpuMemory=1 << 30),
               SimpleNamespace(pid=77, usedGpuMemory=None)]  # exited since NVML listed it
-    assert nvml._processes(listed, str(tmp_path)) == [
+    assert nvml_read.processes(listed, str(tmp_path)) == [
         {"pid": 4242, "used_memory_bytes": 1 << 30, "name": "vllm"},
         {"pid": 77, "used_memory_bytes": None, "name": None},
     ]
 
 
 def test_cuda_version():
-    assert nvml._cuda_version(13000) == "13.0"
-    assert nvml._cuda_version(12080) == "12.8"
+    assert nvml_read.cuda_version(13000) == "13.0"
+    assert nvml_read.cuda_version(12080) == "12.8"
 
 
 def test_snapshot_through_fake_nvml(fake_env):
