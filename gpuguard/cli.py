@@ -282,29 +282,16 @@ def failover() -> None:
               show_default=True)
 def failover_status(state_dir: Path) -> None:
     """Which variant of each service serves, since when and why."""
-    import json
-    import time as _time
+    from gpuguard.supervisor import state
 
-    files = sorted(state_dir.glob("failover-*.json"))
-    files = [f for f in files if not f.name.endswith(".request.json")]
-    if not files:
-        click.echo(f"no supervised service has state in {state_dir}")
-        return
-    for path in files:
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            click.echo(f"{path}: unreadable ({exc})")
-            continue
-        name = path.name.removeprefix("failover-").removesuffix(".json")
-        since = _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(raw.get("since", 0)))
-        click.echo(f"{name}: {raw.get('active', '?').upper()} since {since} "
-                   f"({raw.get('reason')})")
-        if raw.get("transition"):
-            t = raw["transition"]
-            click.echo(f"  moving to {t['to']}, at step {t['step']} ({t['reason']})")
-        click.echo(f"  failed cycles {raw.get('failed_cycles')}, healthy cycles "
-                   f"{raw.get('healthy_cycles')}, errors {raw.get('errors')}")
+    try:
+        lines, unreadable = state.describe_all(state_dir)
+    except state.CannotAccess as exc:
+        raise ConfigProblem(str(exc)) from exc
+    for line in lines:
+        click.echo(line)
+    if unreadable:
+        raise ConfigProblem(f"{unreadable} state file(s) in {state_dir} could not be read")
 
 
 @failover.command("to")
@@ -317,22 +304,18 @@ def failover_status(state_dir: Path) -> None:
               help="Seconds to wait for the daemon to finish the move (0: do not wait).")
 def failover_to(variant: str, service: str, reason: str, state_dir: Path, wait: float) -> None:
     """Ask the daemon to move SERVICE to its VARIANT now (and wait until it has)."""
-    import json
     import time as _time
 
-    from gpuguard.atomic import write_text
     from gpuguard.supervisor import state
 
-    if not state.path_for(state_dir, service).exists():
-        raise ConfigProblem(f"no supervised service {service!r} in {state_dir}")
-    write_text(state.request_path(state_dir, service),
-               json.dumps({"to": variant, "reason": reason, "at": _time.time()}))
+    try:
+        state.write_request(state_dir, service, variant, reason)
+    except (state.NoSuchService, state.CannotAccess) as exc:
+        raise ConfigProblem(str(exc)) from exc
     click.echo(f"asked the daemon to move {service} to {variant}")
     end = _time.monotonic() + wait
     while _time.monotonic() < end:
-        raw = json.loads(state.path_for(state_dir, service).read_text())
-        if raw.get("active") == variant and not raw.get("transition") and \
-                not state.request_path(state_dir, service).exists():
+        if state.move_done(state_dir, service, variant):
             click.echo(f"{service} now runs on {variant.upper()}")
             return
         _time.sleep(0.2)

@@ -22,21 +22,124 @@
         router:                     # optional: switch without lost requests
           nginx: {upstream_file: /etc/nginx/gpuguard/llm.conf,
                   gpu: "127.0.0.1:8001", cpu: "127.0.0.1:8002",
-                  reload: [nginx, -s, reload]}
+                  reload: [nginx, -s, reload], drain: 2}
+
+The whole file is checked when it is loaded, against the Structs below (gpuguard.schema):
+an unknown key at any depth or a value of the wrong type is `file:line: what is wrong`,
+before anything is stopped or started. The Structs are the file's shape; the dataclasses
+(Service, Probe, Nginx) are what the supervisor works with.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
+
+from gpuguard import schema
 from gpuguard.yamlfile import ConfigError, Mapping, load
 
-SERVICE_KEYS = {"name", "failover_after", "failback_after", "min_cpu_time", "failback", "rules",
-                "gpus", "probe", "backend", "docker", "systemd", "exec", "router"}
-DOCKER_VARIANT_KEYS = {"name", "image", "command", "env", "ports", "volumes", "labels",
-                       "network_mode", "gpus", "runtime", "stop_timeout"}
+# --- the file's shape -------------------------------------------------------------------
+
+Text = Annotated[str, msgspec.Meta(min_length=1)]
+# a command is argv, never a shell string: a non-empty list of non-empty strings
+Command = Annotated[list[Text], msgspec.Meta(min_length=1)]
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+GpuIndex = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class PerVariantUrl(_Strict):
+    gpu: Text
+    cpu: Text
+
+
+class PerVariantCommand(_Strict):
+    gpu: Command
+    cpu: Command
+
+
+class ProbeSpec(_Strict):
+    http: Text | PerVariantUrl | None = None
+    status: Annotated[int, msgspec.Meta(ge=100, le=599)] = 200
+    docker_health: bool = False
+    exec: Command | PerVariantCommand | None = None
+    timeout: Seconds = 60.0
+
+
+class DockerVariant(_Strict):
+    name: Text
+    image: Text
+    command: Text | list[str] | None = None
+    env: dict[str, str | int | float] | None = None
+    # passed to the docker SDK as they are (its own shapes: ints, lists, mappings)
+    ports: dict[str, Any] | None = None
+    volumes: dict[str, Any] | list[str] | None = None
+    labels: dict[str, str] | None = None
+    network_mode: Text | None = None
+    gpus: Literal["all", "none"] | list[GpuIndex] | None = None
+    runtime: Text | None = None
+    stop_timeout: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class DockerSection(_Strict):
+    gpu: DockerVariant
+    cpu: DockerVariant
+
+
+class SystemdSection(_Strict):
+    gpu: Text
+    cpu: Text
+
+
+class ExecSection(_Strict):
+    start_gpu: Command
+    stop_gpu: Command
+    start_cpu: Command
+    stop_cpu: Command
+    running_gpu: Command | None = None
+    running_cpu: Command | None = None
+
+
+class NginxSpec(_Strict):
+    upstream_file: Text
+    gpu: Text
+    cpu: Text
+    reload: Command = msgspec.field(default_factory=lambda: ["nginx", "-s", "reload"])
+    drain: Annotated[float, msgspec.Meta(ge=0)] = 2.0
+
+
+class RouterSpec(_Strict):
+    nginx: NginxSpec
+
+
+class ServiceSpec(_Strict):
+    name: Text
+    # backend and failback are checked below, with messages that list the choices
+    backend: str
+    probe: ProbeSpec
+    failover_after: Annotated[int, msgspec.Meta(ge=1)] = 3
+    failback_after: Annotated[int, msgspec.Meta(ge=1)] = 10
+    min_cpu_time: Annotated[float, msgspec.Meta(ge=0)] = 300.0
+    failback: str = "auto"
+    rules: list[Text] | None = None
+    gpus: list[GpuIndex] | None = None
+    docker: DockerSection | None = None
+    systemd: SystemdSection | None = None
+    exec: ExecSection | None = None
+    router: RouterSpec | None = None
+
+
+class ServicesFile(_Strict):
+    services: list[ServiceSpec] | None = None
+
+
+# --- what the supervisor works with -----------------------------------------------------
 
 
 @dataclass
@@ -57,8 +160,8 @@ class Nginx:
     cpu: str
     reload: list[str] = field(default_factory=lambda: ["nginx", "-s", "reload"])
     # `nginx -s reload` returns before the old workers stop taking requests: wait this
-    # long after switching before the old variant is stopped.
-    drain_s: float = 2.0
+    # long after switching before the old variant is stopped (`drain:` in the file).
+    drain: float = 2.0
 
 
 @dataclass
@@ -81,95 +184,63 @@ def load_services(path: Path) -> list[Service]:
     doc = load(path)
     if doc is None:
         return []
-    if not isinstance(doc, Mapping) or set(doc) - {"services"}:
-        raise ConfigError(path, getattr(doc, "line", 1), "expected a mapping with `services:`")
+    parsed = schema.convert(doc, ServicesFile, path)
     entries = doc.get("services") or []
-    if not isinstance(entries, list):
-        raise ConfigError(path, doc.line_of("services"), "`services` must be a list")
-    services = [_service(path, entry, doc.line_of("services")) for entry in entries]
-    names = [s.name for s in services]
-    duplicate = next((n for n in names if names.count(n) > 1), None)
-    if duplicate:
-        raise ConfigError(path, None, f"service {duplicate!r} is defined twice")
+    services = [_service(path, spec, entry)
+                for spec, entry in zip(parsed.services or [], entries, strict=True)]
+    seen: set[str] = set()
+    for service, entry in zip(services, entries, strict=True):
+        if service.name in seen:
+            raise ConfigError(path, entry.line_of("name"),
+                              f"service {service.name!r} is defined twice")
+        seen.add(service.name)
     return services
 
 
-def _service(path: Path, entry: Any, line: int) -> Service:
-    if not isinstance(entry, Mapping):
-        raise ConfigError(path, line, "each service must be a mapping")
+def _service(path: Path, spec: ServiceSpec, entry: Mapping) -> Service:
+    """The checks that span keys (a backend needs its section), on a well-typed entry."""
+    name = spec.name
 
     def fail(key: str, problem: str) -> ConfigError:
-        return ConfigError(path, entry.line_of(key), problem)
+        return ConfigError(path, entry.line_of(key), f"{name}: {problem}")
 
-    if (key := entry.first_unknown(SERVICE_KEYS)) is not None:
-        raise fail(key, f"unknown service key {key!r}")
-    for required in ("name", "backend", "probe"):
-        if required not in entry:
-            raise ConfigError(path, entry.line, f"service is missing {required!r}")
-    name = entry["name"]
-    backend = entry["backend"]
-    if backend not in ("docker", "systemd", "exec"):
-        raise fail("backend", f"{name}: backend must be docker, systemd or exec")
-    if backend not in entry or not isinstance(entry[backend], Mapping):
-        raise ConfigError(path, entry.line, f"{name}: backend {backend} needs a `{backend}:` "
-                          "section with its gpu and cpu variants")
-    section = entry[backend]
-    if backend in ("docker", "systemd"):
-        for variant in ("gpu", "cpu"):
-            if variant not in section:
-                raise fail(backend, f"{name}: {backend}.{variant} is missing")
-        if backend == "docker":
-            for variant in ("gpu", "cpu"):
-                spec = section[variant]
-                if not isinstance(spec, Mapping) or "name" not in spec or "image" not in spec:
-                    raise ConfigError(path, section.line_of(variant),
-                                      f"{name}: docker.{variant} needs a name and an image")
-                if (key := spec.first_unknown(DOCKER_VARIANT_KEYS)) is not None:
-                    raise ConfigError(path, spec.line_of(key),
-                                      f"{name}: unknown docker.{variant} key {key!r}")
-    else:
-        for key in ("start_gpu", "stop_gpu", "start_cpu", "stop_cpu"):
-            if not isinstance(section.get(key), list):
-                raise ConfigError(path, section.line, f"{name}: exec.{key} must be a command "
-                                  "list")
-    probe_raw = entry["probe"]
-    if not isinstance(probe_raw, Mapping) or \
-            not ({"http", "docker_health", "exec"} & set(probe_raw)):
-        raise fail("probe", f"{name}: probe needs `http: URL`, `exec: [command]` or "
+    if spec.backend not in ("docker", "systemd", "exec"):
+        raise fail("backend", "backend must be docker, systemd or exec")
+    section = getattr(spec, spec.backend)
+    if section is None:
+        raise ConfigError(path, entry.line, f"{name}: backend {spec.backend} needs a "
+                          f"`{spec.backend}:` section with its gpu and cpu variants")
+    if spec.failback not in ("auto", "manual"):
+        raise fail("failback", "failback must be auto or manual")
+    probe = spec.probe
+    kinds = [k for k, on in (("http", probe.http is not None), ("exec", probe.exec is not None),
+                             ("docker_health", probe.docker_health)) if on]
+    if len(kinds) != 1:
+        problem = "probe needs" if not kinds else f"probe has {' and '.join(kinds)}: it takes"
+        raise fail("probe", f"{problem} one of `http: URL`, `exec: [command]` or "
                    "`docker_health: true`")
-    http = probe_raw.get("http")
-    probe = Probe(http=dict(http) if isinstance(http, Mapping) else http,
-                  status=int(probe_raw.get("status", 200)),
-                  docker_health=bool(probe_raw.get("docker_health", False)),
-                  exec=(dict(probe_raw["exec"]) if isinstance(probe_raw.get("exec"), Mapping)
-                        else probe_raw.get("exec")),
-                  timeout=float(probe_raw.get("timeout", 60)))
-    failback = entry.get("failback", "auto")
-    if failback not in ("auto", "manual"):
-        raise fail("failback", f"{name}: failback must be auto or manual")
     nginx = None
-    if "router" in entry:
-        router = entry["router"]
-        if not isinstance(router, Mapping) or not isinstance(router.get("nginx"), Mapping):
-            raise fail("router", f"{name}: router supports `nginx:`")
-        raw = router["nginx"]
-        for key in ("upstream_file", "gpu", "cpu"):
-            if key not in raw:
-                raise ConfigError(path, raw.line, f"{name}: router.nginx.{key} is missing")
-        nginx = Nginx(Path(raw["upstream_file"]), str(raw["gpu"]), str(raw["cpu"]),
-                      list(raw.get("reload", ["nginx", "-s", "reload"])),
-                      float(raw.get("drain", 2.0)))
-    for key in ("failover_after", "failback_after"):
-        value = entry.get(key, 3 if key == "failover_after" else 10)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise fail(key, f"{name}: {key} must be a whole number >= 1")
+    if spec.router is not None:
+        raw = spec.router.nginx
+        nginx = Nginx(Path(raw.upstream_file), raw.gpu, raw.cpu, list(raw.reload), raw.drain)
+    # the backends take their section as plain data; unset options are left out
+    backend_config = msgspec.to_builtins(section)
+    if spec.backend == "docker":
+        backend_config = {v: {k: x for k, x in backend_config[v].items() if x is not None}
+                          for v in ("gpu", "cpu")}
+    else:
+        backend_config = {k: x for k, x in backend_config.items() if x is not None}
     return Service(
-        name=str(name), backend=backend, backend_config=dict(section), probe=probe,
-        failover_after=entry.get("failover_after", 3),
-        failback_after=entry.get("failback_after", 10),
-        min_cpu_time=float(entry.get("min_cpu_time", 300)),
-        manual_failback=failback == "manual",
-        rules=list(entry["rules"]) if "rules" in entry else None,
-        gpus=[int(g) for g in entry["gpus"]] if "gpus" in entry else None,
-        nginx=nginx, origin=f"{path}:{entry.line}",
+        name=name, backend=spec.backend, backend_config=backend_config,
+        probe=Probe(http=_plain(probe.http), status=probe.status,
+                    docker_health=probe.docker_health, exec=_plain(probe.exec),
+                    timeout=probe.timeout),
+        failover_after=spec.failover_after, failback_after=spec.failback_after,
+        min_cpu_time=spec.min_cpu_time, manual_failback=spec.failback == "manual",
+        rules=spec.rules, gpus=spec.gpus, nginx=nginx, origin=f"{path}:{entry.line}",
     )
+
+
+def _plain(value: Any) -> Any:
+    """A per-variant Struct as the {gpu: ..., cpu: ...} dict the supervisor reads."""
+    return msgspec.to_builtins(value) if isinstance(value, msgspec.Struct) else value

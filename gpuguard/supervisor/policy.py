@@ -19,6 +19,10 @@ Action = Literal["to_cpu", "to_gpu"] | None
 # Rules tagged `failover` in rules/ count by default.
 DEFAULT_TAG = "failover"
 
+# After a failed transition the next try waits 10 s, then 20, 40, ... up to 5 minutes.
+BACKOFF_FIRST_S = 10.0
+BACKOFF_MAX_S = 300.0
+
 
 @dataclass
 class Counts:
@@ -60,3 +64,10 @@ def decide(active: str, counts: Counts, result: Outcome, now: float, on_cpu_sinc
             and on_cpu_since is not None and now - on_cpu_since >= min_cpu_s:
         return counts, "to_gpu"
     return counts, None
+
+
+def backoff_s(failures_in_row: int) -> float:
+    """Seconds to wait after the n-th failed transition in a row. The exponent is capped
+    first: 2 ** n of a large n is a number no float holds (OverflowError)."""
+    doublings = min(max(failures_in_row, 1) - 1, 16)
+    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** doublings)

@@ -30,7 +30,7 @@ def route(service: str, cfg: Nginx, variant: str) -> None:
     proc = subprocess.run(cfg.reload, capture_output=True, text=True, timeout=30, check=False)
     if proc.returncode != 0:
         raise RouterError(f"{' '.join(cfg.reload)} failed: {proc.stderr.strip()[-300:]}")
-    time.sleep(cfg.drain_s)
+    time.sleep(cfg.drain)
 
 
 def routed(cfg: Nginx) -> str | None:

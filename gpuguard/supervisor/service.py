@@ -8,12 +8,17 @@ port, so it is stop, start, wait (the downtime is measured in docs/benchmarks.md
 On start the supervisor reads its state and looks at what actually runs: a
 transition left half done (SIGKILL) is run again from its first step; otherwise the
 active variant is made the only one running and routed. A failed transition puts the
-source back as it was, counts an error and waits with a growing backoff.
+source back as it was, counts an error and waits with a growing backoff. The putting
+back comes first and is guarded on its own: no bookkeeping error may leave the service
+with neither variant running.
+
+A request file of `gpuguard failover to` is read only when it is a small regular file of
+the daemon's user (state.take_request); anything else is moved aside and logged, and
+never stops the counting of cycles.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import threading
@@ -64,6 +69,8 @@ class Supervisor:
         self._backend = backend
         self.state = state.ServiceState()
         self.corrupt_file: str | None = None
+        # the last bad request that could not be moved aside: logged once, not every 0.5 s
+        self._ignored_request: str | None = None
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -107,24 +114,31 @@ class Supervisor:
                 item = self._queue.get(timeout=0.5)
             except queue.Empty:
                 item = ("idle",)
+            # Apart: whatever the request file is, the cycle is counted.
             try:
                 self._check_request()
-                if item[0] == "cycle":
-                    self.handle_cycle(item[1], item[2])
             except Exception:
-                self.log.exception("failover_step_failed")
+                self.log.exception("failover_request_failed")
+            if item[0] == "cycle":
+                try:
+                    self.handle_cycle(item[1], item[2])
+                except Exception:
+                    self.log.exception("failover_step_failed")
 
     def recover(self) -> None:
         try:
             loaded = state.load(self.path)
         except state.CorruptState as exc:
-            self.corrupt_file = str(exc.moved_to)
+            self.corrupt_file = str(exc.moved_to or exc.path)
             self.log.error("failover_state_corrupt", file=str(exc.path),
                            moved_to=str(exc.moved_to), reason=exc.reason,
                            action="taking the truth from what runs")
             loaded = None
         if loaded is None:
             loaded = self._from_reality()
+        # a retry time far ahead (a clock set back, a file edited by hand) would block
+        # every failover: never wait longer than the longest backoff from now
+        loaded.next_retry = min(loaded.next_retry, time.time() + policy.BACKOFF_MAX_S)
         with self._lock:
             self.state = loaded
         if loaded.transition is not None:
@@ -171,7 +185,7 @@ class Supervisor:
         except (BackendError, router.RouterError, NotReady) as exc:
             self.log.error("failover_converge_failed", active=active, error=str(exc))
             with self._lock:
-                self.state.errors += 1
+                self.state.errors = min(self.state.errors + 1, state.MAX_COUNT)
 
     def handle_cycle(self, results: list[Result], now: float) -> None:
         svc = self.service
@@ -197,20 +211,19 @@ class Supervisor:
         self.transition(to, reason)
 
     def _check_request(self) -> None:
-        path = state.request_path(self.state_dir, self.service.name)
         try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
+            request = state.take_request(self.state_dir, self.service.name)
+        except state.BadRequest as exc:
+            # moved aside: a new file next time; left in place: say so once
+            if exc.moved_to is not None or exc.reason != self._ignored_request:
+                self.log.error("failover_request_rejected", file=str(exc.path),
+                               reason=exc.reason, moved_to=str(exc.moved_to))
+            self._ignored_request = None if exc.moved_to is not None else exc.reason
             return
-        except ValueError:
-            self.log.error("failover_request_invalid", file=str(path))
-            os.unlink(path)
+        if request is None:
+            self._ignored_request = None
             return
-        os.unlink(path)
-        to, reason = raw.get("to"), raw.get("reason") or "manual"
-        if to not in ("gpu", "cpu"):
-            self.log.error("failover_request_invalid", file=str(path), to=to)
-            return
+        to, reason = request.to, request.reason
         self.log.info("failover_manual_request", to=to, reason=reason)
         if to == self.state.active and self.state.transition is None:
             return
@@ -255,8 +268,7 @@ class Supervisor:
             self._failed(to, str(exc))
             return False
         except Exception as exc:  # whatever went wrong, the source is put back
-            self.log.exception("failover_unexpected_error")
-            self._failed(to, f"{type(exc).__name__}: {exc}")
+            self._failed(to, f"{type(exc).__name__}: {exc}", unexpected=exc)
             return False
         done = time.time()
         with self._lock:
@@ -265,6 +277,7 @@ class Supervisor:
             st.failed_cycles = st.healthy_cycles = 0
             st.on_cpu_since = done if to == "cpu" else None
             st.next_retry = 0.0
+            st.failures_in_row = 0
             st.transitions[f"to_{to}"] = st.transitions.get(f"to_{to}", 0) + 1
             st.last_transition = done
         self._save()
@@ -272,29 +285,40 @@ class Supervisor:
                          took_s=round(done - now, 3))
         return True
 
-    def _failed(self, to: str, error: str) -> None:
+    def _failed(self, to: str, error: str, unexpected: Exception | None = None) -> None:
         source = other(to)
+        # First put the source back as it was (running, routed; the target stopped), in
+        # its own guard: nothing of the bookkeeping below may come before it or skip it.
+        try:
+            self._roll_back(to)
+        except Exception as exc:  # nothing more to do here than say so
+            rollback_error: str | None = f"{type(exc).__name__}: {exc}"
+        else:
+            rollback_error = None
         with self._lock:
             st = self.state
             step = st.transition.step if st.transition else "?"
-            st.errors += 1
-            backoff = min(300.0, 10.0 * 2 ** (st.errors - 1))
+            st.transition = None
+            st.errors = min(st.errors + 1, state.MAX_COUNT)
+            st.failures_in_row = min(st.failures_in_row + 1, state.MAX_COUNT)
+            backoff = policy.backoff_s(st.failures_in_row)
             st.next_retry = time.time() + backoff
+        if unexpected is not None:
+            self.log.error("failover_unexpected_error", exc_info=unexpected)
+        if rollback_error is not None:
+            self.log.error("failover_rollback_failed", error=rollback_error)
         self.log.error("failover_failed", to=to, step=step, error=error, retry_in_s=backoff,
                        keeping=source)
-        # Put the source back as it was: running, routed; the target stopped.
-        try:
-            if not self.backend.running(source):
-                self.backend.start(source)
-            if self.service.nginx and router.routed(self.service.nginx) != source:
-                router.route(self.service.name, self.service.nginx, source)
-            if self.backend.running(to):
-                self.backend.stop(to)
-        except Exception as exc:  # nothing more to do here than say so
-            self.log.error("failover_rollback_failed", error=f"{type(exc).__name__}: {exc}")
-        with self._lock:
-            self.state.transition = None
         self._save()
+
+    def _roll_back(self, to: str) -> None:
+        source = other(to)
+        if not self.backend.running(source):
+            self.backend.start(source)
+        if self.service.nginx and router.routed(self.service.nginx) != source:
+            router.route(self.service.name, self.service.nginx, source)
+        if self.backend.running(to):
+            self.backend.stop(to)
 
     def _wait_ready(self, variant: str) -> None:
         cfg = self.service.probe

@@ -1,18 +1,35 @@
 """The supervisor's state on disk: which variant serves, since when, why, and the step of
 a transition in progress. Written atomically and fsynced before every step, so a restart
 after SIGKILL knows where it stopped. A file that cannot be read is moved aside and
-reported, never trusted and never silently replaced by "gpu"."""
+reported, never trusted and never silently replaced by "gpu".
+
+This module is the only reader and writer of the state directory's supervisor files:
+the daemon (service.py) and the command line (`gpuguard failover status|to`) both go
+through it. Every read is of a regular file only, opened without blocking (a FIFO must
+not hang the daemon) and bounded in size.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from gpuguard.atomic import write_text
+
+# A state file is a few hundred bytes; a request less. Anything bigger is not ours.
+MAX_FILE_BYTES = 64 * 1024
+# Counters are bounded: a state file written by hand (or by a very long outage) must not
+# make a number the bookkeeping cannot handle.
+MAX_COUNT = 1_000_000_000
+MAX_REASON_CHARS = 500
 
 
 @dataclass
@@ -32,20 +49,67 @@ class ServiceState:
     failed_cycles: int = 0
     healthy_cycles: int = 0
     on_cpu_since: float | None = None
+    # every failed transition or convergence, for gpuguard_failover_errors_total
     errors: int = 0
+    # failed transitions since the last one that worked: the retry backoff grows with it
+    failures_in_row: int = 0
     next_retry: float = 0.0
     transitions: dict[str, int] = field(default_factory=lambda: {"to_cpu": 0, "to_gpu": 0})
     last_transition: float | None = None
 
 
+# keys without which a file says nothing we can trust (a missing `active` is not "gpu")
+_REQUIRED = ("active", "since", "reason")
+
+
+class Unreadable(Exception):
+    """A supervisor file that is not what it must be; `reason` says what it is instead."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
 class CorruptState(Exception):
-    def __init__(self, path: Path, moved_to: Path, reason: str) -> None:
+    def __init__(self, path: Path, moved_to: Path | None, reason: str) -> None:
         self.path, self.moved_to, self.reason = path, moved_to, reason
-        super().__init__(f"{path}: {reason}; moved aside to {moved_to}")
+        where = f"moved aside to {moved_to}" if moved_to else "could not be moved aside"
+        super().__init__(f"{path}: {reason}; {where}")
+
+
+class CannotAccess(Exception):
+    """The state directory cannot be read or written: `cannot write PATH: why`."""
+
+
+class NoSuchService(Exception):
+    pass
+
+
+@dataclass
+class Request:
+    """`gpuguard failover to`: move the service to `to`."""
+
+    to: str
+    reason: str
+
+
+class BadRequest(Exception):
+    """A request file that is not read; it was moved aside (moved_to) or left (None)."""
+
+    def __init__(self, path: Path, reason: str, moved_to: Path | None) -> None:
+        self.path, self.reason, self.moved_to = path, reason, moved_to
+        super().__init__(f"{path}: {reason}")
 
 
 def path_for(state_dir: Path, service: str) -> Path:
     return state_dir / f"failover-{service}.json"
+
+
+def request_path(state_dir: Path, service: str) -> Path:
+    return state_dir / f"failover-{service}.request.json"
+
+
+# --- the daemon's state file ----------------------------------------------------------
 
 
 def save(path: Path, state: ServiceState) -> None:
@@ -53,28 +117,223 @@ def save(path: Path, state: ServiceState) -> None:
     write_text(path, json.dumps(asdict(state), indent=1) + "\n", mode=0o600)
 
 
-def load(path: Path) -> ServiceState | None:
-    """None when there is no file yet; CorruptState when there is one we cannot trust."""
+def read(path: Path) -> ServiceState | None:
+    """None when there is no file; Unreadable when there is one we cannot trust. Changes
+    nothing (the command line reads with it too)."""
     try:
-        text = path.read_text()
+        data, _ = _read_regular(path, follow=True)
     except FileNotFoundError:
         return None
+    return _parse_state(data)
+
+
+def load(path: Path) -> ServiceState | None:
+    """The daemon's read: None when there is no file yet; CorruptState when there is one we
+    cannot trust, after moving it aside so that the next save can take its place."""
     try:
-        raw: dict[str, Any] = json.loads(text)
-        transition = raw.pop("transition", None)
-        state = ServiceState(**raw)
-        if state.active not in ("gpu", "cpu"):
-            raise ValueError(f"active is {state.active!r}")
-        if transition is not None:
-            state.transition = Transition(**transition)
-            if state.transition.to not in ("gpu", "cpu"):
-                raise ValueError(f"transition.to is {state.transition.to!r}")
-        return state
-    except (ValueError, TypeError) as exc:
-        moved = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+        return read(path)
+    except Unreadable as exc:
+        moved = _move_aside(path, "corrupt")
+        raise CorruptState(path, moved, f"not a valid state file ({exc.reason})") from exc
+
+
+def _parse_state(data: bytes) -> ServiceState:
+    try:
+        raw = msgspec.json.decode(data)
+        if not isinstance(raw, dict):
+            raise Unreadable(f"a JSON {type(raw).__name__}, not an object")
+        missing = [k for k in _REQUIRED if k not in raw]
+        if missing:
+            raise Unreadable(f"{', '.join(missing)} missing")
+        state = msgspec.convert(raw, ServiceState)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise Unreadable(str(exc)) from exc
+    if state.active not in ("gpu", "cpu"):
+        raise Unreadable(f"active is {state.active!r}")
+    if state.transition is not None and state.transition.to not in ("gpu", "cpu"):
+        raise Unreadable(f"transition.to is {state.transition.to!r}")
+    for name in ("since", "next_retry", "on_cpu_since", "last_transition"):
+        value = getattr(state, name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise Unreadable(f"{name} is {value!r}")
+    for name in ("failed_cycles", "healthy_cycles", "errors", "failures_in_row"):
+        if getattr(state, name) < 0:
+            raise Unreadable(f"{name} is negative")
+        setattr(state, name, min(getattr(state, name), MAX_COUNT))
+    return state
+
+
+# --- requests from `gpuguard failover to` ---------------------------------------------
+
+
+def write_request(state_dir: Path, service: str, to: str, reason: str) -> Path:
+    """Ask the daemon to move `service`; NoSuchService when it has no state here, and
+    CannotAccess (`cannot write PATH: why`) when the request cannot be written."""
+    try:
+        os.lstat(path_for(state_dir, service))
+    except FileNotFoundError as exc:
+        raise NoSuchService(f"no supervised service {service!r} in {state_dir}") from exc
+    except OSError as exc:
+        raise CannotAccess(f"cannot read {state_dir}: {exc.strerror or exc}") from exc
+    path = request_path(state_dir, service)
+    text = json.dumps({"to": to, "reason": reason[:MAX_REASON_CHARS], "at": time.time()})
+    try:
+        write_text(path, text, mode=0o600)
+    except OSError as exc:
+        raise CannotAccess(f"cannot write {path}: {exc.strerror or exc}") from exc
+    return path
+
+
+def move_done(state_dir: Path, service: str, to: str) -> bool:
+    """Has the daemon taken the request and finished the move to `to`?"""
+    if os.path.lexists(request_path(state_dir, service)):
+        return False
+    try:
+        current = read(path_for(state_dir, service))
+    except Unreadable:
+        return False
+    return current is not None and current.active == to and current.transition is None
+
+
+def take_request(state_dir: Path, service: str) -> Request | None:
+    """The pending request, consumed; None when there is none. A request path that is not
+    a small regular file of ours, or not a valid request, is moved aside and BadRequest
+    raised: it is never read twice, and never blocks (a FIFO) or fills memory."""
+    path = request_path(state_dir, service)
+    try:
+        data, info = _read_regular(path, follow=False)
+        _check_trusted(path, info)
+        raw = json.loads(data)
+    except FileNotFoundError:
+        return None
+    except Unreadable as exc:
+        raise _reject(path, exc.reason) from None
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise _reject(path, f"not JSON ({exc})") from None
+    to = raw.get("to") if isinstance(raw, dict) else None
+    reason = raw.get("reason") if isinstance(raw, dict) else None
+    if to not in ("gpu", "cpu") or not isinstance(reason, str | None):
+        raise _reject(path, 'not a request ({"to": "gpu" or "cpu", "reason": text})')
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return Request(str(to), (reason or "manual")[:MAX_REASON_CHARS])
+
+
+def _check_trusted(path: Path, info: os.stat_result) -> None:
+    """Only the daemon's user (or root) may ask it to move a service; in a directory
+    others can write to, the file must not be writable by them either."""
+    if info.st_uid not in (os.geteuid(), 0):
+        raise Unreadable(f"owned by uid {info.st_uid}, not by the daemon's user or root")
+    try:
+        dir_mode = os.stat(path.parent).st_mode
+    except OSError as exc:
+        raise Unreadable(f"its directory cannot be read ({exc.strerror})") from exc
+    others = stat.S_IWGRP | stat.S_IWOTH
+    if dir_mode & others and info.st_mode & others:
+        raise Unreadable("writable by group or others, in a directory they can write to")
+
+
+def _reject(path: Path, reason: str) -> BadRequest:
+    return BadRequest(path, reason, _move_aside(path, "rejected"))
+
+
+def _move_aside(path: Path, why: str) -> Path | None:
+    """`path` renamed to `path.WHY-TIME` (a rename never opens, so never blocks on a
+    FIFO); None when it cannot be moved."""
+    moved = path.with_name(f"{path.name}.{why}-{int(time.time())}")
+    try:
         os.replace(path, moved)
-        raise CorruptState(path, moved, f"not a valid state file ({exc})") from exc
+    except OSError:
+        return None
+    return moved
 
 
-def request_path(state_dir: Path, service: str) -> Path:
-    return state_dir / f"failover-{service}.request.json"
+# --- `gpuguard failover status` -------------------------------------------------------
+
+
+def describe_all(state_dir: Path) -> tuple[list[str], int]:
+    """The lines of `gpuguard failover status`, and how many state files were unreadable
+    (each has its own `PATH: unreadable (why)` line)."""
+    try:
+        names = sorted(entry.name for entry in os.scandir(state_dir))
+    except FileNotFoundError:
+        names = []
+    except OSError as exc:
+        raise CannotAccess(f"cannot read {state_dir}: {exc.strerror or exc}") from exc
+    files = [n for n in names if n.startswith("failover-") and n.endswith(".json")
+             and not n.endswith(".request.json")]
+    if not files:
+        return [f"no supervised service has state in {state_dir}"], 0
+    lines: list[str] = []
+    bad = 0
+    for name in files:
+        path = state_dir / name
+        try:
+            current = read(path)
+        except Unreadable as exc:
+            lines.append(f"{path}: unreadable ({exc.reason})")
+            bad += 1
+            continue
+        if current is None:  # removed while we looked
+            continue
+        lines.extend(describe(name.removeprefix("failover-").removesuffix(".json"), current))
+    return lines, bad
+
+
+def describe(service: str, st: ServiceState) -> list[str]:
+    lines = [f"{service}: {st.active.upper()} since {_when(st.since)} ({st.reason})"]
+    if st.transition is not None:
+        t = st.transition
+        lines.append(f"  moving to {t.to}, at step {t.step} ({t.reason})")
+    lines.append(f"  failed cycles {st.failed_cycles}, healthy cycles {st.healthy_cycles}, "
+                 f"errors {st.errors}")
+    return lines
+
+
+def _when(stamp: float) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+    except (OverflowError, OSError, ValueError):
+        return f"{stamp!r} (not a time)"
+
+
+# --- reading ---------------------------------------------------------------------------
+
+
+def _read_regular(path: Path, follow: bool) -> tuple[bytes, os.stat_result]:
+    """The bytes of a regular file of at most MAX_FILE_BYTES. FileNotFoundError when there
+    is none; Unreadable for anything else (a directory, a FIFO, a device, too big)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if not follow and os.path.islink(path):
+            raise Unreadable("a symbolic link") from exc
+        raise Unreadable(exc.strerror or str(exc)) from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Unreadable(f"not a regular file but {_kind(info.st_mode)}")
+        if info.st_size > MAX_FILE_BYTES:
+            raise Unreadable(f"{info.st_size} bytes, more than {MAX_FILE_BYTES}")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, MAX_FILE_BYTES + 1 - size):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_FILE_BYTES:  # it grew while we read
+                raise Unreadable(f"more than {MAX_FILE_BYTES} bytes")
+        return b"".join(chunks), info
+    except OSError as exc:
+        raise Unreadable(exc.strerror or str(exc)) from exc
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket",
+             stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device",
+             stat.S_ISLNK: "a symbolic link"}
+    return next((name for test, name in kinds.items() if test(mode)), "not a file")

@@ -83,10 +83,10 @@ def test_outcome_counts_only_failover_rules_and_gpus():
      "probe needs"),
     ("services:\n  - name: llm\n    backend: systemd\n    probe: {http: x}\n    systemd:\n"
      "      gpu: a.service\n      cpu: b.service\n    failover_after: 0\n", 8,
-     "failover_after must be a whole number >= 1"),
+     "services[0].failover_after: expected `int` >= 1"),
     ("services:\n  - name: llm\n    backend: systemd\n    probe: {http: x}\n    systemd:\n"
      "      gpu: a.service\n      cpu: b.service\n    fallback: manual\n", 8,
-     "unknown service key 'fallback'"),
+     "services[0].fallback: unknown key"),
 ])
 def test_bad_service_config_names_file_and_line(tmp_path, text, line, words):
     from gpuguard.supervisor.config import load_services
