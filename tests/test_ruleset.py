@@ -285,3 +285,31 @@ def test_a_pack_file_missing_a_threshold_its_check_reads_is_a_load_error(tmp_pat
     with pytest.raises(ConfigError, match=r"thermal\.yaml:\d+: thermal.margin: its check reads "
                                           r"threshold\(s\) warn_margin_c"):
         load_ruleset(pack_dir=pack)
+
+
+def test_the_compiled_pack_is_current_and_saves_the_yaml_import():
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    check = subprocess.run([sys.executable, "scripts/gen_pack_cache.py", "--check"], cwd=REPO,
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stderr
+    probe = ("import sys; from gpuguard.ruleset import load_ruleset; rules = load_ruleset(); "
+             "print(len(rules.rules), 'yaml' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out[1] == "False" and int(out[0]) == len(load_ruleset().rules)
+
+
+def test_an_edited_pack_file_is_read_from_its_yaml_not_the_cache(tmp_path):
+    import shutil
+
+    from gpuguard.ruleset import default_pack_dir
+
+    pack = tmp_path / "pack"
+    shutil.copytree(default_pack_dir(), pack)
+    path = pack / "thermal.yaml"
+    path.write_text(path.read_text().replace("warn_margin_c: 5", "warn_margin_c: 12"))
+    assert load_ruleset(pack_dir=pack).rules["thermal.margin"].thresholds["warn_margin_c"] == 12
