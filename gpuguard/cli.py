@@ -19,10 +19,10 @@ import click
 from gpuguard import __version__
 
 if TYPE_CHECKING:
+    from gpuguard.collect import Collection
     from gpuguard.paths import Paths
     from gpuguard.profile import Profile
     from gpuguard.rule import RuleSet
-    from gpuguard.snapshot import Snapshot
     from gpuguard.sources.host import HostOptions
 
 EXIT_UNKNOWN = 3
@@ -113,35 +113,22 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
     host_opts = _host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
                               docker, "auto", profile_path)
-    probe = None
-    if input_path is None:
-        from gpuguard.sources import nvml
-
-        probe = nvml.probe(str(paths.procfs), nvml.deadline_for(timeout))
-    from gpuguard.sources import host as host_sources
-
-    host_probe = host_sources.ForkedHostFacts(host_opts)  # beside the NVML worker
+    collection = _collection(host_opts, input_path, timeout)
     try:
         profile, ruleset = _load_config(profile_path, rules_dirs)
         _check_filters(only, skip, list(ruleset.rules))
         if xid_window is not None:
             profile.xid_window_s = _window(xid_window)
-        snapshot = _replay(input_path, timeout) if input_path is not None else None
     except click.ClickException:
-        if probe is not None:
-            probe.result()  # do not leave the worker behind
+        collection.abandon()  # do not leave the worker behind
         raise
 
-    # Everything imported from here to probe.result() overlaps with the NVML worker.
+    # Everything imported from here to the result overlaps with the NVML worker.
     from gpuguard.engine import evaluate
     from gpuguard.results import Verdict
 
     render = _renderer(fmt)
-    if probe is not None:
-        snapshot = probe.result()
-    assert snapshot is not None
-    host_sources.merge(snapshot, host_probe.result(_host_deadline(started, timeout, host_opts)))
-    host_sources.collect_gpus(snapshot, host_opts)
+    snapshot = collection.result()
     verdict = Verdict(evaluate(snapshot, ruleset, profile, only, skip), fail_on)
     if fmt == "table" and quiet and verdict.nagios_code == 0:
         text = ""
@@ -167,24 +154,10 @@ def snapshot(output: Path | None, input_path: Path | None, timeout: float,
     """Record this host's snapshot as JSON (replay it with `check --input`)."""
     import json
 
-    from gpuguard.sources import host as host_sources
-
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
     host_opts = _host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
                               docker, "on", None)
-    if input_path is not None:
-        snap = _replay(input_path, timeout)
-        host_sources.collect_host(snap, host_opts)
-    else:
-        from gpuguard.snapshot import Snapshot
-        from gpuguard.sources import nvml
-
-        probe = nvml.probe(str(paths.procfs), nvml.deadline_for(timeout))
-        facts = Snapshot()
-        host_sources.collect_host(facts, host_opts)  # while the NVML worker runs
-        snap = probe.result()
-        host_sources.merge(snap, facts)
-    host_sources.collect_gpus(snap, host_opts)
+    snap = _collection(host_opts, input_path, timeout).result()
     _emit(json.dumps(snap.to_json(), indent=2) + "\n", output)
 
 
@@ -389,17 +362,6 @@ def _check_filters(only: tuple[str, ...], skip: tuple[str, ...], rule_ids: list[
                                     "`gpuguard rules list`")
 
 
-def _host_deadline(started: float, timeout: float, opts: HostOptions) -> float:
-    """When `check` stops waiting for the host sources (a monotonic time): NVML's share of
-    --timeout, or longer when a probe container was asked for (it has its own timeout)."""
-    from gpuguard.sources.nvml import deadline_for
-
-    share = deadline_for(timeout)
-    if opts.probe_image:
-        share = max(share, opts.probe_timeout + 2.0)
-    return started + share
-
-
 def _host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,
                   state_dir: Path, probe_image: str | None, timeout: float,
                   docker: bool | None, docker_default: str,
@@ -475,16 +437,14 @@ def _load_config(profile_path: Path | None,
         raise ConfigProblem(str(exc)) from exc
 
 
-def _replay(path: Path, timeout: float) -> Snapshot:
-    from gpuguard.sources.replay import InputError, load
+def _collection(opts: HostOptions, input_path: Path | None, timeout: float) -> Collection:
+    from gpuguard.collect import Collection
+    from gpuguard.sources.replay import InputError
 
-    started = time.monotonic()
     try:
-        snapshot = load(path, timeout)
+        return Collection(opts, input_path, timeout)
     except InputError as exc:
         raise ConfigProblem(str(exc)) from exc
-    snapshot.record("input", started)
-    return snapshot
 
 
 def _emit(text: str, output: Path | None) -> None:

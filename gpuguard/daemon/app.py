@@ -9,7 +9,6 @@ leaves the last good one in use.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
 import os
 import signal
@@ -25,6 +24,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
+from gpuguard import collect
 from gpuguard.daemon import events, http, logs, notify
 from gpuguard.daemon.metrics import DaemonCollector, DaemonStats
 from gpuguard.daemon.sampler import NvmlSampler
@@ -48,6 +48,8 @@ from gpuguard.yamlfile import ConfigError
 log = structlog.get_logger("gpuguard.daemon")
 
 DEFAULT_LISTEN = "127.0.0.1:9412"
+# Host sources read every fast cycle; the others every slow one.
+FAST_SOURCES = frozenset({"kernel_log"})
 # How long SIGTERM waits for a cycle in progress (the unit's TimeoutStopSec is 15 s).
 STOP_GRACE_S = 5.0
 
@@ -130,8 +132,7 @@ class Daemon:
         if self.cfg.input_path is not None:
             started = time.monotonic()
             try:
-                snap = replay.load(self.cfg.input_path, self.cfg.timeout)
-                snap.record("input", started)
+                snap = collect.load_input(self.cfg.input_path, self.cfg.timeout)
             except replay.InputError as exc:
                 snap = Snapshot()
                 snap.nvml.sweep_error = str(exc)
@@ -185,14 +186,9 @@ class Daemon:
         assert self._config is not None
         profile, ruleset = self._config
         snap = self._collect_nvml()
-        host_sources.merge(snap, self._slow_facts)
-        if self.cfg.host.kernel_log:
-            started = time.monotonic()
-            snap.host.kernel_log = host_sources.read_kernel_log(self.cfg.host)
-            snap.host.__post_init__()
-            snap.record("kernel_log", started, [snap.host.kernel_log])
-            snap.host.__post_init__()
-        host_sources.collect_gpus(snap, self.cfg.host)
+        # The slow cycle's host facts, and the kernel log read now (Xids cannot wait a minute).
+        host_sources.collect_host(self._slow_facts, self.cfg.host, only=FAST_SOURCES)
+        collect.finish(snap, self._slow_facts, self.cfg.host)
         hung = snap.nvml.hung_call is not None
         if hung:
             with self.stats.lock:
@@ -210,7 +206,7 @@ class Daemon:
         assert self._config is not None
         profile, ruleset = self._config
         facts = Snapshot()
-        host_sources.collect_host(facts, dataclasses.replace(self.cfg.host, kernel_log=False))
+        host_sources.collect_host(facts, self.cfg.host, skip=FAST_SOURCES)
         self._slow_facts = facts
         base = self._last if self._last is not None else self._collect_nvml()
         snap = Snapshot(host=copy.copy(base.host), nvml=base.nvml, gpus=base.gpus)

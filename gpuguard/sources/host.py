@@ -119,11 +119,16 @@ HOST_SOURCES: tuple[HostSource, ...] = (
 
 
 def collect_host(snapshot: Snapshot, opts: HostOptions,
-                 done: Callable[[str, dict[str, Reading[Any]]], None] | None = None) -> None:
+                 done: Callable[[str, dict[str, Reading[Any]]], None] | None = None,
+                 only: frozenset[str] | None = None, skip: frozenset[str] = frozenset()
+                 ) -> None:
     """Everything that does not need NVML's GPU list (runs while the NVML worker runs).
-    `done` hears each source's readings as soon as that source has them."""
+    `done` hears each source's readings as soon as that source has them; `only` and
+    `skip` pick sources by name (the daemon reads the kernel log every fast cycle and
+    the rest every slow one)."""
     for source in HOST_SOURCES:
-        if not source.wanted(opts):
+        if not source.wanted(opts) or source.name in skip or \
+                (only is not None and source.name not in only):
             continue
         started = time.monotonic()
         try:
