@@ -63,13 +63,14 @@ def locate(doc: Any, message: str, type_: Any = None) -> tuple[int | None, str]:
     """The line and a readable problem for one msgspec validation message; with the
     `type_` that was converted to, the keys of mappings are found and choices listed."""
     match = _AT.match(message)
-    if match is None:  # the document itself has the wrong type
-        return getattr(doc, "line", None) or None, _lower_first(message)
-    what, steps = match["what"], _steps(match["path"])
+    # without ` - at ...` the message is about the document itself
+    what, path = (match["what"], match["path"]) if match else (message, "$")
+    steps = _steps(path)
+    key_error = bool(match and match["key"])
     bad_key = None
     if type_ is not None:
         steps = _name_keys(doc, type_, steps, message)
-        if match["key"]:
+        if key_error:
             bad_key = _find_key(doc, type_, steps, message)
     line, node, reached = _walk(doc, steps)
     where = _dotted(steps)
@@ -83,7 +84,7 @@ def locate(doc: Any, message: str, type_: Any = None) -> tuple[int | None, str]:
     if (missing := _MISSING.match(what)) is not None:
         # the line that introduced the object (its key), where the field should be added
         return line, f"{_join(where, missing['field'])} is missing"
-    if match["key"]:
+    if key_error:
         if isinstance(node, Mapping):
             if bad_key is None:
                 bad_key = next((k for k in node if not isinstance(k, str)), None)
@@ -96,7 +97,7 @@ def locate(doc: Any, message: str, type_: Any = None) -> tuple[int | None, str]:
         expected = _expected(_type_at(type_, steps))
         if expected:
             return line, f"{_subject(steps)} must be {expected}, not {short(node)}"
-    return line, f"{where or 'the document'}: {_lower_first(what)}"
+    return line, f"{where}: {_lower_first(what)}" if where else _lower_first(what)
 
 
 def _steps(path: str) -> list[Step]:

@@ -146,7 +146,7 @@ def test_profile_overrides_apply_last(tmp_path, h200):
         ("overrides:\n  pcie.replays: {enabled: maybe}\n", 2, "enabled must be true or false"),
         ("rules:\n  - id: site.x\n    scope: gpu\n    scope: host\n", 4, "duplicate key 'scope'"),
         ("rules:\n  - id: site.x\n   scope: [\n", 3, "invalid YAML"),
-        ("ruels: []\n", 1, "unknown top-level key 'ruels'"),
+        ("ruels: []\n", 1, "ruels: unknown key (allowed: overrides, rules, xid_catalog)"),
         ("rules:\n  - id: site.x\n    scope: gpu\n    severity: warning\n    summary: s\n"
          "    when: '__import__(\"os\").system(\"true\")'\n    message: m\n", 6,
          "unknown field(s) __import__"),
@@ -180,12 +180,12 @@ def test_missing_rules_dir(tmp_path):
     ("text", "line", "words"),
     [
         ("gpu_count: eight\n", 1, "gpu_count must be a whole number"),
-        ("gpus: 8\n", 1, "unknown profile key 'gpus'"),
+        ("gpus: 8\n", 1, "gpus: unknown key (allowed: docker, driver, ecc, gpu_count, rules,"),
         ("driver:\n  min_version: 570.86\n", 2, "must be a quoted version"),
         ("driver:\n  min_version: 'five'\n", 2, "not a dotted version"),
-        ("driver:\n  minimum: '570'\n", 2, "unknown key driver.minimum"),
+        ("driver:\n  minimum: '570'\n", 2, "driver.minimum: unknown key (allowed: min_cuda_version, min_version)"),
         ("vbios:\n  allowed:\n    NVIDIA H200: 96.00\n", 3, "must be a list of quoted versions"),
-        ("ecc: sometimes\n", 1, "ecc must be `enabled` or `disabled`"),
+        ("ecc: sometimes\n", 1, "ecc must be one of `disabled`, `enabled`, not 'sometimes'"),
     ],
 )
 def test_bad_profile_names_file_and_line(tmp_path, text, line, words):
