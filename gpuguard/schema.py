@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -27,22 +27,27 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+# The patterns below are compiled on first use (re caches them): they serve only the
+# error path, and `gpuguard check` imports this module on every run.
 # "Expected `int`, got `str` - at `$.services[0].probe.status`"
 # "Expected `str` - at `key` in `$.services[0]`" (a key that is not text)
-_AT = re.compile(r"^(?P<what>.*?) - at `(?P<key>key` in `)?(?P<path>\$[^`]*)`$", re.DOTALL)
-_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>.*)`$", re.DOTALL)
-_MISSING = re.compile(r"^Object missing required field `(?P<field>.*)`$", re.DOTALL)
+_AT = r"^(?P<what>.*?) - at `(?P<key>key` in `)?(?P<path>\$[^`]*)`$"
+_UNKNOWN = r"^Object contains unknown field `(?P<field>.*)`$"
+_MISSING = r"^Object missing required field `(?P<field>.*)`$"
 # a value of the wrong type, out of its bounds, or not one of a Literal's choices
-_WRONG = re.compile(r"^(Expected |Invalid enum value )")
+_WRONG = r"^(Expected |Invalid enum value )"
 # one step of a path: `.name`, `[3]` or `[...]` (a dict value msgspec does not name)
-_STEP = re.compile(r"\.(?P<field>[A-Za-z_][A-Za-z0-9_]*)|\[(?P<index>\d+)\]|\[\.\.\.\]")
+_STEP = r"\.(?P<field>[A-Za-z_][A-Za-z0-9_]*)|\[(?P<index>\d+)\]|\[\.\.\.\]"
 
 
-class DictKey(NamedTuple):
+class DictKey:
     """A key of a free-form mapping (`dict[str, X]`): msgspec's path writes `[...]` for
     it; `convert` finds which key it was."""
 
-    key: Any
+    __slots__ = ("key",)
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
 
 
 # a field name, a list index, a mapping's key, or a mapping's key not (yet) known
@@ -62,7 +67,7 @@ def convert(doc: Any, type_: type[T], path: str | Path) -> T:
 def locate(doc: Any, message: str, type_: Any = None) -> tuple[int | None, str]:
     """The line and a readable problem for one msgspec validation message; with the
     `type_` that was converted to, the keys of mappings are found and choices listed."""
-    match = _AT.match(message)
+    match = re.match(_AT, message, re.DOTALL)
     # without ` - at ...` the message is about the document itself
     what, path = (match["what"], match["path"]) if match else (message, "$")
     steps = _steps(path)
@@ -74,14 +79,14 @@ def locate(doc: Any, message: str, type_: Any = None) -> tuple[int | None, str]:
             bad_key = _find_key(doc, type_, steps, message)
     line, node, reached = _walk(doc, steps)
     where = _dotted(steps)
-    if (unknown := _UNKNOWN.match(what)) is not None:
+    if (unknown := re.match(_UNKNOWN, what, re.DOTALL)) is not None:
         field = unknown["field"]
         if isinstance(node, Mapping):
             line = node.line_of(field)
         allowed = _fields(_type_at(type_, steps)) if type_ is not None else []
         hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
         return line, f"{_join(where, field)}: unknown key{hint}"
-    if (missing := _MISSING.match(what)) is not None:
+    if (missing := re.match(_MISSING, what, re.DOTALL)) is not None:
         # the line that introduced the object (its key), where the field should be added
         return line, f"{_join(where, missing['field'])} is missing"
     if key_error:
@@ -93,7 +98,7 @@ def locate(doc: Any, message: str, type_: Any = None) -> tuple[int | None, str]:
         if what.startswith("Expected `str`"):
             return line, f"{where or 'the document'}: every key must be text"
         return line, f"{where or 'the document'}: key {short(bad_key)}: {_lower_first(what)}"
-    if type_ is not None and _WRONG.match(what) and reached:
+    if type_ is not None and re.match(_WRONG, what) and reached:
         expected = _expected(_type_at(type_, steps))
         if expected:
             return line, f"{_subject(steps)} must be {expected}, not {short(node)}"
@@ -103,7 +108,7 @@ def locate(doc: Any, message: str, type_: Any = None) -> tuple[int | None, str]:
 def _steps(path: str) -> list[Step]:
     """`$.a[0].b[...]` as ["a", 0, "b", None]; None is a dict value msgspec leaves unnamed."""
     out: list[Step] = []
-    for step in _STEP.finditer(path, 1):
+    for step in re.compile(_STEP).finditer(path, 1):
         if step["field"] is not None:
             out.append(step["field"])
         elif step["index"] is not None:
