@@ -22,8 +22,6 @@ from pathlib import Path
 
 from gpuguard.yamlfile import ConfigError, Mapping, load, short
 
-PROFILE_KEYS = {"gpu_count", "driver", "vbios", "ecc", "rules", "xid_window", "docker"}
-
 
 @dataclass
 class Profile:
@@ -36,100 +34,54 @@ class Profile:
     # Seconds of kernel log in which an Xid counts; None: since boot.
     xid_window_s: float | None = None
     docker_required: bool = False
+    # as written (each key knows its line): gpuguard.ruleset applies them, naming the line
     rule_overrides: Mapping | None = None
 
 
 def load_profile(path: Path) -> Profile:
+    """The profile in `path`, checked whole against config_shapes.ProfileFile (an unknown
+    key or a wrong type at any depth is `file:line: what is wrong`), then the values."""
+    # msgspec and the shapes load here, not with the Profile model (see config_shapes)
+    from gpuguard import schema
+    from gpuguard.config_shapes import ProfileFile, given
+
     doc = load(path)
     profile = Profile(path=path)
     if doc is None:
         return profile
     if not isinstance(doc, Mapping):
-        raise ConfigError(path, 1, "a profile is a mapping (gpu_count, driver, vbios, ecc, rules)")
-    if (key := doc.first_unknown(PROFILE_KEYS)) is not None:
-        allowed = ", ".join(sorted(PROFILE_KEYS))
-        raise ConfigError(path, doc.line_of(key),
-                          f"unknown profile key {key!r} (allowed: {allowed})")
-
-    if "gpu_count" in doc:
-        count = doc["gpu_count"]
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ConfigError(path, doc.line_of("gpu_count"),
-                              f"gpu_count must be a whole number >= 0, not {short(count)}")
-        profile.gpu_count = count
-
-    driver = _section(path, doc, "driver", {"min_version", "min_cuda_version"})
-    if driver is not None:
-        profile.driver_min_version = _version(path, driver, "min_version")
-        profile.cuda_min_version = _version(path, driver, "min_cuda_version")
-
-    vbios = _section(path, doc, "vbios", {"allowed"})
-    if vbios is not None and "allowed" in vbios:
-        allowed = vbios["allowed"]
-        if not isinstance(allowed, Mapping):
-            raise ConfigError(path, vbios.line_of("allowed"),
-                              "vbios.allowed maps a GPU model name to a list of VBIOS versions")
-        for model, versions in allowed.items():
-            if not isinstance(versions, list) or not all(isinstance(v, str) for v in versions):
-                raise ConfigError(path, allowed.line_of(model),
-                                  f"vbios.allowed[{model!r}] must be a list of quoted versions")
-            profile.vbios_allowed[model] = [v.upper() for v in versions]
-
-    if "ecc" in doc:
-        ecc = doc["ecc"]
-        # YAML reads a bare `on`/`off` as a boolean, so accept both spellings.
-        if ecc in ("enabled", True):
-            profile.ecc_expected = True
-        elif ecc in ("disabled", False):
-            profile.ecc_expected = False
-        else:
-            raise ConfigError(path, doc.line_of("ecc"),
-                              f"ecc must be `enabled` or `disabled`, not {short(ecc)}")
-
-    if "xid_window" in doc:
+        raise ConfigError(path, 1, "a profile is a mapping (gpu_count, driver, vbios, ecc, "
+                          "xid_window, docker, rules)")
+    spec = schema.convert(doc, ProfileFile, path)
+    profile.gpu_count = given(spec.gpu_count)
+    if (driver := given(spec.driver)) is not None:
+        lines = doc["driver"]
+        profile.driver_min_version = _version(path, lines, "min_version",
+                                              given(driver.min_version))
+        profile.cuda_min_version = _version(path, lines, "min_cuda_version",
+                                            given(driver.min_cuda_version))
+    if (vbios := given(spec.vbios)) is not None:
+        profile.vbios_allowed = {model: [v.upper() for v in versions]
+                                 for model, versions in vbios.allowed.items()}
+    if (ecc := given(spec.ecc)) is not None:
+        profile.ecc_expected = ecc in ("enabled", True)
+    if (window := given(spec.xid_window)) is not None:
         try:
-            profile.xid_window_s = parse_window(doc["xid_window"])
+            profile.xid_window_s = parse_window(window)
         except ValueError as exc:
             raise ConfigError(path, doc.line_of("xid_window"), str(exc)) from exc
-
-    if "docker" in doc:
-        if doc["docker"] not in ("required", "optional"):
-            raise ConfigError(path, doc.line_of("docker"),
-                              "docker must be `required` or `optional`, "
-                              f"not {short(doc['docker'])}")
-        profile.docker_required = doc["docker"] == "required"
-
-    if "rules" in doc:
-        if not isinstance(doc["rules"], Mapping):
-            raise ConfigError(path, doc.line_of("rules"), "rules: must map rule ids to overrides")
+    profile.docker_required = spec.docker == "required"
+    if given(spec.rules) is not None:
         profile.rule_overrides = doc["rules"]
     return profile
 
 
-def _section(path: Path, doc: Mapping, name: str, keys: set[str]) -> Mapping | None:
-    if name not in doc:
-        return None
-    section = doc[name]
-    if not isinstance(section, Mapping):
-        raise ConfigError(path, doc.line_of(name), f"{name} must be a mapping")
-    if (key := section.first_unknown(keys)) is not None:
-        raise ConfigError(path, section.line_of(key),
-                          f"unknown key {name}.{key} (allowed: {', '.join(sorted(keys))})")
-    return section
-
-
-def _version(path: Path, section: Mapping, key: str) -> str | None:
-    if key not in section:
-        return None
-    value = section[key]
-    if not isinstance(value, str):
-        # 12.10 read as a number is 12.1: refuse rather than guess.
-        raise ConfigError(path, section.line_of(key),
-                          f"{key} must be a quoted version such as \"{value}\", not a number")
-    try:
-        parse_version(value)
-    except ValueError as exc:
-        raise ConfigError(path, section.line_of(key), str(exc)) from exc
+def _version(path: Path, section: Mapping, key: str, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            parse_version(value)
+        except ValueError as exc:
+            raise ConfigError(path, section.line_of(key), f"driver: {key}: {exc}") from exc
     return value
 
 

@@ -9,27 +9,16 @@ raises ConfigError naming the file and the line, before a single rule runs.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gpuguard import checks
+from gpuguard import checks, schema
+from gpuguard.config_shapes import OverrideSpec, RulesFile, RuleSpec, XidSpec, given
 from gpuguard.profile import Profile, load_profile
-from gpuguard.results import SEVERITIES, Status
+from gpuguard.results import Status
 from gpuguard.rule import Rule, RuleSet, XidEntry
 from gpuguard.snapshot import GPU_READING_FIELDS, HOST_READING_FIELDS
 from gpuguard.yamlfile import ConfigError, Mapping, load, short
-
-if TYPE_CHECKING:
-    pass
-
-RULE_ID = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$")
-RULE_KEYS = {"id", "scope", "severity", "summary", "message", "remediation", "thresholds",
-             "enabled", "tags", "when", "cadence", "problem"}
-OVERRIDE_KEYS = {"severity", "enabled", "thresholds", "remediation"}
-TOP_LEVEL_KEYS = {"rules", "overrides", "xid_catalog"}
-XID_SEVERITIES = ("critical", "warning", "ignore")
-XID_ACTIONS = ("restart_app", "reset_gpu", "reboot", "contact_vendor", "ignore", "follow_text")
 
 GPU_CONDITION_NAMES = (*GPU_READING_FIELDS, "index", *HOST_READING_FIELDS)
 HOST_CONDITION_NAMES = HOST_READING_FIELDS
@@ -61,7 +50,9 @@ def load_ruleset(
             _load_file(ruleset, path, default_pack=False)
     if profile_overrides:
         path, overrides = profile_overrides
-        _apply_overrides(ruleset, path, overrides)
+        # load_profile has checked them already; converted here for their parsed values
+        specs = schema.convert(overrides, dict[str, OverrideSpec], path)
+        _apply_overrides(ruleset, path, specs, overrides)
     return ruleset
 
 
@@ -101,20 +92,17 @@ def _yaml_files(directory: Path) -> list[Path]:
 
 
 def _load_file(ruleset: RuleSet, path: Path, default_pack: bool) -> None:
+    """One rule file, checked whole against config_shapes.RulesFile before any of it
+    changes `ruleset`; then the checks that span keys, each naming its line."""
     doc = load(path)
     if doc is None:
         return
     if not isinstance(doc, Mapping):
-        raise ConfigError(path, 1, "expected a mapping with `rules:` and/or `overrides:`")
-    if (key := doc.first_unknown(TOP_LEVEL_KEYS)) is not None:
-        raise ConfigError(path, doc.line_of(key),
-                          f"unknown top-level key {key!r} (expected "
-                          f"{', '.join(f'`{k}`' for k in sorted(TOP_LEVEL_KEYS))})")
-    entries = doc.get("rules", [])
-    if not isinstance(entries, list):
-        raise ConfigError(path, doc.line_of("rules"), "`rules` must be a list")
-    for entry in entries:
-        rule = _parse_rule(path, entry, doc.line_of("rules"), default_pack)
+        raise ConfigError(path, 1, "expected a mapping with `rules:`, `overrides:` and/or "
+                          "`xid_catalog:`")
+    spec = schema.convert(doc, RulesFile, path)
+    for rule_spec, entry in zip(spec.rules, doc.get("rules") or [], strict=True):
+        rule = _rule(path, rule_spec, entry, default_pack)
         if rule.id in ruleset.rules:
             raise ConfigError(
                 path, entry.line,
@@ -122,108 +110,54 @@ def _load_file(ruleset: RuleSet, path: Path, default_pack: bool) -> None:
                 "change it with `overrides:` instead",
             )
         ruleset.rules[rule.id] = rule
-    if "overrides" in doc:
-        overrides = doc["overrides"]
-        if not isinstance(overrides, Mapping):
-            raise ConfigError(path, doc.line_of("overrides"),
-                              "`overrides` must map rule ids to changes")
-        _apply_overrides(ruleset, path, overrides)
-    if "xid_catalog" in doc:
-        _load_xid_catalog(ruleset, path, doc["xid_catalog"], doc.line_of("xid_catalog"))
+    if spec.overrides:
+        _apply_overrides(ruleset, path, spec.overrides, doc["overrides"])
+    if spec.xid_catalog:
+        _load_xid_catalog(ruleset, path, spec.xid_catalog, doc["xid_catalog"])
     ruleset.files.append(path)
 
 
-def _load_xid_catalog(ruleset: RuleSet, path: Path, catalog: Any, line: int) -> None:
-    if not isinstance(catalog, Mapping):
-        raise ConfigError(path, line, "xid_catalog maps an Xid number to its grading")
-    for key, entry in catalog.items():
-        key_line = catalog.line_of(key)
-        try:
-            xid = int(key)
-        except ValueError:
-            raise ConfigError(path, key_line, f"xid_catalog key {key!r} is not a number") from None
-        if not isinstance(entry, Mapping):
-            raise ConfigError(path, key_line, f"xid_catalog[{xid}] must be a mapping")
-        if (key := entry.first_unknown({"severity", "action", "meaning"})) is not None:
-            raise ConfigError(path, entry.line_of(key),
-                              f"xid_catalog[{xid}]: unknown key {key!r} "
-                              "(allowed: severity, action, meaning)")
+def _load_xid_catalog(ruleset: RuleSet, path: Path, catalog: dict[int, XidSpec],
+                      raw: Mapping) -> None:
+    for xid, entry in catalog.items():
+        key_line = raw.line_of(xid)
         old = ruleset.xid_catalog.get(xid)
-        if old is None and not {"severity", "action", "meaning"} <= set(entry):
-            raise ConfigError(path, key_line, f"xid_catalog[{xid}] is new here: it needs "
-                              "severity, action and meaning")
-        severity = entry.get("severity", old.severity if old else None)
-        if severity not in XID_SEVERITIES:
-            raise ConfigError(path, entry.line_of("severity"),
-                              f"xid_catalog[{xid}]: severity must be one of "
-                              f"{', '.join(XID_SEVERITIES)}, not {short(severity)}")
-        raw_actions = entry.get("action", list(old.actions) if old else [])
-        actions = tuple(raw_actions) if isinstance(raw_actions, list) else (raw_actions,)
-        bad = [a for a in actions if a not in XID_ACTIONS]
-        if bad or not actions:
-            raise ConfigError(path, entry.line_of("action"),
-                              f"xid_catalog[{xid}]: action must be one or a list of "
-                              f"{', '.join(XID_ACTIONS)}, not {short(raw_actions)}")
-        meaning = entry.get("meaning", old.meaning if old else "")
-        if not isinstance(meaning, str):
-            raise ConfigError(path, entry.line_of("meaning"), f"xid_catalog[{xid}]: meaning "
-                              "must be text")
-        ruleset.xid_catalog[xid] = XidEntry(severity, actions, meaning, f"{path}:{key_line}")
+        severity, meaning = given(entry.severity), given(entry.meaning)
+        action = entry.action
+        if old is None:
+            if severity is None or given(action) is None or meaning is None:
+                raise ConfigError(path, key_line, f"xid_catalog[{xid}] is new here: it "
+                                  "needs severity, action and meaning")
+            old = XidEntry(severity, (), meaning, "")
+        actions: tuple[str, ...] = old.actions
+        if isinstance(action, list):
+            actions = tuple(action)
+        elif isinstance(action, str):
+            actions = (action,)
+        ruleset.xid_catalog[xid] = XidEntry(severity or old.severity, actions,
+                                            old.meaning if meaning is None else meaning,
+                                            f"{path}:{key_line}")
 
 
-def _parse_rule(path: Path, entry: Any, list_line: int, default_pack: bool) -> Rule:
-    if not isinstance(entry, Mapping):
-        raise ConfigError(path, list_line, "each rule must be a mapping")
+def _rule(path: Path, spec: RuleSpec, entry: Mapping, default_pack: bool) -> Rule:
+    """The checks that span a rule's keys, on a well-typed entry."""
+    rule_id = spec.id
 
     def fail(key: str, problem: str) -> ConfigError:
         return ConfigError(path, entry.line_of(key), problem)
 
-    if (key := entry.first_unknown(RULE_KEYS)) is not None:
-        raise fail(key, f"unknown rule key {key!r} (allowed: {', '.join(sorted(RULE_KEYS))})")
-    for required in ("id", "scope", "severity", "summary"):
-        if required not in entry:
-            raise ConfigError(path, entry.line, f"rule is missing {required!r}")
-    rule_id = entry["id"]
-    if not isinstance(rule_id, str) or not RULE_ID.match(rule_id):
-        raise fail("id", f"rule id {short(rule_id)} must look like `family.name` (lowercase)")
-    scope = entry["scope"]
-    if scope not in ("host", "gpu"):
-        raise fail("scope", f"{rule_id}: scope must be `host` or `gpu`, not {short(scope)}")
-    severity = _severity(path, entry, rule_id)
-    for key in ("summary", "remediation", "message", "problem"):
-        if key in entry and not isinstance(entry[key], str):
-            raise fail(key, f"{rule_id}: {key} must be text")
-    thresholds = entry.get("thresholds", Mapping())
-    if not isinstance(thresholds, Mapping):
-        raise fail("thresholds", f"{rule_id}: thresholds must be a mapping")
-    for key, value in thresholds.items():
-        if not isinstance(value, int | float | bool | str | list):
-            raise ConfigError(path, thresholds.line_of(key),
-                              f"{rule_id}: threshold {key!r} must be a number, text or list")
-    enabled = entry.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise fail("enabled", f"{rule_id}: enabled must be true or false")
-    cadence = entry.get("cadence", "fast")
-    if cadence not in ("fast", "slow"):
-        raise fail("cadence", f"{rule_id}: cadence must be `fast` or `slow`, not {short(cadence)}")
-    tags = entry.get("tags", [])
-    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-        raise fail("tags", f"{rule_id}: tags must be a list of words")
-
-    registered = checks.GPU_CHECKS if scope == "gpu" else checks.HOST_CHECKS
-    other = checks.HOST_CHECKS if scope == "gpu" else checks.GPU_CHECKS
+    registered = checks.GPU_CHECKS if spec.scope == "gpu" else checks.HOST_CHECKS
+    other = checks.HOST_CHECKS if spec.scope == "gpu" else checks.GPU_CHECKS
     condition = None
-    if "when" in entry:
+    if (when := given(spec.when)) is not None:
         if rule_id in registered or rule_id in other:
             raise fail("when", f"{rule_id}: has Python logic already; it takes no `when:`")
-        if not isinstance(entry["when"], str):
-            raise fail("when", f"{rule_id}: `when` must be an expression in quotes")
         # simpleeval is imported only when some rule has a condition (none in the pack).
         from gpuguard.expr import Condition, ConditionError
 
-        names = GPU_CONDITION_NAMES if scope == "gpu" else HOST_CONDITION_NAMES
+        names = GPU_CONDITION_NAMES if spec.scope == "gpu" else HOST_CONDITION_NAMES
         try:
-            condition = Condition(entry["when"], names)
+            condition = Condition(when, names)
         except ConditionError as exc:
             raise fail("when", f"{rule_id}: {exc}") from exc
     elif rule_id not in registered:
@@ -233,72 +167,48 @@ def _parse_rule(path: Path, entry: Any, list_line: int, default_pack: bool) -> R
         raise fail("id", f"{rule_id}: no check is registered under this id{hint}")
     if not default_pack and condition is None:
         raise fail("id", f"{rule_id}: a user rule needs a `when:` condition")
-    if condition is not None and "message" not in entry:
+    if condition is not None and given(spec.message) is None:
         raise ConfigError(path, entry.line, f"{rule_id}: a `when:` rule needs a `message`")
 
     return Rule(
         id=rule_id,
-        scope=scope,
-        severity=severity,
-        summary=entry["summary"].strip(),
-        remediation=str(entry.get("remediation", "")).strip(),
+        scope=spec.scope,
+        severity=Status(spec.severity),
+        summary=spec.summary.strip(),
+        remediation=spec.remediation.strip(),
         origin=f"{path}:{entry.line}",
-        thresholds=dict(thresholds),
-        enabled=enabled,
-        tags=tuple(tags),
-        message=entry.get("message"),
+        thresholds=dict(spec.thresholds),
+        enabled=spec.enabled,
+        tags=tuple(spec.tags),
+        message=given(spec.message),
         when=condition,
-        cadence=cadence,
-        problem=entry["problem"].strip() if "problem" in entry else None,
+        cadence=spec.cadence,
+        problem=problem.strip() if (problem := given(spec.problem)) is not None else None,
     )
 
 
-def _severity(path: Path, entry: Mapping, rule_id: str) -> Status:
-    raw = entry["severity"]
-    allowed = [s.value for s in SEVERITIES]
-    if raw not in allowed:
-        raise ConfigError(path, entry.line_of("severity"),
-                          f"{rule_id}: severity must be one of {', '.join(allowed)}, "
-                          f"not {short(raw)}")
-    return Status(raw)
-
-
-def _apply_overrides(ruleset: RuleSet, path: Path, overrides: Mapping) -> None:
+def _apply_overrides(ruleset: RuleSet, path: Path, overrides: dict[str, OverrideSpec],
+                     raw: Mapping) -> None:
+    """`overrides` as parsed; `raw`, the same as written, for the line of each key."""
     for rule_id, change in overrides.items():
-        line = overrides.line_of(rule_id)
+        line = raw.line_of(rule_id)
         rule = ruleset.rules.get(rule_id)
         if rule is None:
             raise ConfigError(path, line, f"override for unknown rule {rule_id!r}")
-        if not isinstance(change, Mapping):
-            raise ConfigError(path, line, f"override for {rule_id} must be a mapping")
-        if (key := change.first_unknown(OVERRIDE_KEYS)) is not None:
-            raise ConfigError(path, change.line_of(key),
-                              f"{rule_id}: cannot override {key!r} "
-                              f"(allowed: {', '.join(sorted(OVERRIDE_KEYS))})")
-        if "severity" in change:
-            rule.severity = _severity(path, change, rule_id)
-        if "enabled" in change:
-            if not isinstance(change["enabled"], bool):
-                raise ConfigError(path, change.line_of("enabled"),
-                                  f"{rule_id}: enabled must be true or false")
-            rule.enabled = change["enabled"]
-        if "remediation" in change:
-            if not isinstance(change["remediation"], str):
-                raise ConfigError(path, change.line_of("remediation"),
-                                  f"{rule_id}: remediation must be text")
-            rule.remediation = change["remediation"].strip()
-        if "thresholds" in change:
-            _override_thresholds(rule, path, change)
+        if (severity := given(change.severity)) is not None:
+            rule.severity = Status(severity)
+        if (enabled := given(change.enabled)) is not None:
+            rule.enabled = enabled
+        if (remediation := given(change.remediation)) is not None:
+            rule.remediation = remediation.strip()
+        if (thresholds := given(change.thresholds)) is not None:
+            _override_thresholds(rule, path, thresholds, raw[rule_id]["thresholds"])
         rule.overrides.append(f"{path}:{line}")
 
 
-def _override_thresholds(rule: Rule, path: Path, change: Mapping) -> None:
-    new = change["thresholds"]
-    if not isinstance(new, Mapping):
-        raise ConfigError(path, change.line_of("thresholds"),
-                          f"{rule.id}: thresholds must be a mapping")
+def _override_thresholds(rule: Rule, path: Path, new: dict[str, Any], raw: Mapping) -> None:
     for key, value in new.items():
-        line = new.line_of(key)
+        line = raw.line_of(key)
         if key not in rule.thresholds:
             known = ", ".join(sorted(rule.thresholds)) or "none"
             raise ConfigError(path, line,

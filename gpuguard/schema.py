@@ -5,27 +5,53 @@ A config kind declares its shape once, as Structs with `forbid_unknown_fields=Tr
 names the failing place by a path (`$.services[0].probe.timeot`); the YAML tree from
 gpuguard.yamlfile remembers the line of every key, so the path is walked back to the
 line the user has to fix.
+
+A field may say in words what it takes, `Annotated[str, msgspec.Meta(description="a
+quoted version such as \"570.86.15\"")]`; a wrong value there reads `driver: min_version
+must be a quoted version such as "570.86.15", not 570.86`. A `Literal` lists its choices
+the same way, and an unknown key lists the keys its place allows.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from gpuguard.yamlfile import ConfigError, Mapping
+from gpuguard.yamlfile import ConfigError, Mapping, short
+
+if TYPE_CHECKING:
+    from msgspec.inspect import Type
 
 T = TypeVar("T")
 
+# The patterns below are compiled on first use (re caches them): they serve only the
+# error path, and `gpuguard check` imports this module on every run.
 # "Expected `int`, got `str` - at `$.services[0].probe.status`"
 # "Expected `str` - at `key` in `$.services[0]`" (a key that is not text)
-_AT = re.compile(r"^(?P<what>.*?) - at `(?P<key>key` in `)?(?P<path>\$[^`]*)`$", re.DOTALL)
-_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>.*)`$", re.DOTALL)
-_MISSING = re.compile(r"^Object missing required field `(?P<field>.*)`$", re.DOTALL)
+_AT = r"^(?P<what>.*?) - at `(?P<key>key` in `)?(?P<path>\$[^`]*)`$"
+_UNKNOWN = r"^Object contains unknown field `(?P<field>.*)`$"
+_MISSING = r"^Object missing required field `(?P<field>.*)`$"
+# a value of the wrong type, out of its bounds, or not one of a Literal's choices
+_WRONG = r"^(Expected |Invalid enum value )"
 # one step of a path: `.name`, `[3]` or `[...]` (a dict value msgspec does not name)
-_STEP = re.compile(r"\.(?P<field>[A-Za-z_][A-Za-z0-9_]*)|\[(?P<index>\d+)\]|\[\.\.\.\]")
+_STEP = r"\.(?P<field>[A-Za-z_][A-Za-z0-9_]*)|\[(?P<index>\d+)\]|\[\.\.\.\]"
+
+
+class DictKey:
+    """A key of a free-form mapping (`dict[str, X]`): msgspec's path writes `[...]` for
+    it; `convert` finds which key it was."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+
+
+# a field name, a list index, a mapping's key, or a mapping's key not (yet) known
+Step = str | int | DictKey | None
 
 
 def convert(doc: Any, type_: type[T], path: str | Path) -> T:
@@ -34,37 +60,55 @@ def convert(doc: Any, type_: type[T], path: str | Path) -> T:
     try:
         return msgspec.convert(doc, type_)
     except msgspec.ValidationError as exc:
-        line, problem = locate(doc, str(exc))
+        line, problem = locate(doc, str(exc), type_)
         raise ConfigError(path, line, problem) from exc
 
 
-def locate(doc: Any, message: str) -> tuple[int | None, str]:
-    """The line and a readable problem for one msgspec validation message."""
-    match = _AT.match(message)
-    if match is None:  # the document itself has the wrong type
-        return getattr(doc, "line", None) or None, _lower_first(message)
-    what, steps = match["what"], _steps(match["path"])
-    line, node = _walk(doc, steps)
+def locate(doc: Any, message: str, type_: Any = None) -> tuple[int | None, str]:
+    """The line and a readable problem for one msgspec validation message; with the
+    `type_` that was converted to, the keys of mappings are found and choices listed."""
+    match = re.match(_AT, message, re.DOTALL)
+    # without ` - at ...` the message is about the document itself
+    what, path = (match["what"], match["path"]) if match else (message, "$")
+    steps = _steps(path)
+    key_error = bool(match and match["key"])
+    bad_key = None
+    if type_ is not None:
+        steps = _name_keys(doc, type_, steps, message)
+        if key_error:
+            bad_key = _find_key(doc, type_, steps, message)
+    line, node, reached = _walk(doc, steps)
     where = _dotted(steps)
-    if (unknown := _UNKNOWN.match(what)) is not None:
+    if (unknown := re.match(_UNKNOWN, what, re.DOTALL)) is not None:
         field = unknown["field"]
         if isinstance(node, Mapping):
             line = node.line_of(field)
-        return line, f"{_join(where, field)}: unknown key"
-    if (missing := _MISSING.match(what)) is not None:
+        allowed = _fields(_type_at(type_, steps)) if type_ is not None else []
+        hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+        return line, f"{_join(where, field)}: unknown key{hint}"
+    if (missing := re.match(_MISSING, what, re.DOTALL)) is not None:
         # the line that introduced the object (its key), where the field should be added
         return line, f"{_join(where, missing['field'])} is missing"
-    if match["key"]:
+    if key_error:
         if isinstance(node, Mapping):
-            line = next((node.line_of(k) for k in node if not isinstance(k, str)), line)
-        return line, f"{where or 'the document'}: every key must be text"
-    return line, f"{where or 'the document'}: {_lower_first(what)}"
+            if bad_key is None:
+                bad_key = next((k for k in node if not isinstance(k, str)), None)
+            if bad_key is not None:
+                line = node.line_of(bad_key)
+        if what.startswith("Expected `str`"):
+            return line, f"{where or 'the document'}: every key must be text"
+        return line, f"{where or 'the document'}: key {short(bad_key)}: {_lower_first(what)}"
+    if type_ is not None and re.match(_WRONG, what) and reached:
+        expected = _expected(_type_at(type_, steps))
+        if expected:
+            return line, f"{_subject(steps)} must be {expected}, not {short(node)}"
+    return line, f"{where}: {_lower_first(what)}" if where else _lower_first(what)
 
 
-def _steps(path: str) -> list[str | int | None]:
+def _steps(path: str) -> list[Step]:
     """`$.a[0].b[...]` as ["a", 0, "b", None]; None is a dict value msgspec leaves unnamed."""
-    out: list[str | int | None] = []
-    for step in _STEP.finditer(path, 1):
+    out: list[Step] = []
+    for step in re.compile(_STEP).finditer(path, 1):
         if step["field"] is not None:
             out.append(step["field"])
         elif step["index"] is not None:
@@ -74,14 +118,17 @@ def _steps(path: str) -> list[str | int | None]:
     return out
 
 
-def _walk(doc: Any, steps: list[str | int | None]) -> tuple[int | None, Any]:
-    """The line of the last key on the path that the tree knows, and the node there."""
+def _walk(doc: Any, steps: list[Step]) -> tuple[int | None, Any, bool]:
+    """The line of the last key on the path that the tree knows, the node there, and
+    whether the whole path was found."""
     node = doc
     line: int | None = getattr(doc, "line", None) or None
     for step in steps:
-        if isinstance(step, str) and isinstance(node, Mapping) and step in node:
-            line = node.line_of(step)
-            node = node[step]
+        key = step.key if isinstance(step, DictKey) else step
+        if isinstance(key, str | int) and not isinstance(step, int) \
+                and isinstance(node, Mapping) and key in node:
+            line = node.line_of(key)
+            node = node[key]
         elif isinstance(step, int) and isinstance(node, list) and step < len(node):
             node = node[step]
             # a list item has no key: a mapping item knows its own line; a scalar item
@@ -89,15 +136,140 @@ def _walk(doc: Any, steps: list[str | int | None]) -> tuple[int | None, Any]:
             if isinstance(node, Mapping):
                 line = node.line
         else:
+            return line, node, False
+    return line, node, True
+
+
+def _name_keys(doc: Any, type_: Any, steps: list[Step], message: str) -> list[Step]:
+    """Each `[...]` on the path as the key it stands for. msgspec converts a mapping's
+    entries in order and stops at the first bad one, so the bad key is the one whose
+    entry alone, in place of the whole mapping, fails with the same message. Runs only
+    on a document already known to be wrong."""
+    steps = list(steps)
+    for i, step in enumerate(steps):
+        if step is not None:
+            continue
+        _, node, reached = _walk(doc, steps[:i])
+        if not reached or not isinstance(node, dict):
             break
-    return line, node
+        key = _failing_entry(doc, type_, steps[:i], node, message)
+        if key is None:
+            break
+        steps[i] = key
+    return steps
 
 
-def _dotted(steps: list[str | int | None]) -> str:
+def _find_key(doc: Any, type_: Any, steps: list[Step], message: str) -> Any:
+    """The key of the mapping at `steps` that msgspec refused as a key."""
+    _, node, reached = _walk(doc, steps)
+    if not reached or not isinstance(node, dict):
+        return None
+    found = _failing_entry(doc, type_, steps, node, message)
+    return found.key if found is not None else None
+
+
+def _failing_entry(doc: Any, type_: Any, steps: list[Step], node: dict[Any, Any],
+                   message: str) -> DictKey | None:
+    for key, value in node.items():
+        trial = _replace(doc, steps, {key: value})
+        try:
+            msgspec.convert(trial, type_)
+        except msgspec.ValidationError as exc:
+            if str(exc) == message:
+                return DictKey(key)
+    return None
+
+
+def _replace(node: Any, steps: list[Step], new: Any) -> Any:
+    """A copy of `node` with the value at `steps` replaced by `new` (the rest shared)."""
+    if not steps:
+        return new
+    step, rest = steps[0], steps[1:]
+    if isinstance(step, int) and isinstance(node, list):
+        return [*node[:step], _replace(node[step], rest, new), *node[step + 1:]]
+    key = step.key if isinstance(step, DictKey) else step
+    return {**node, key: _replace(node[key], rest, new)}
+
+
+def _type_at(type_: Any, steps: list[Step]) -> Type | None:
+    """The declared type at a path, as msgspec.inspect describes it."""
+    from msgspec import inspect  # only on the error path
+
+    info: Type | None = inspect.type_info(type_)
+    for step in steps:
+        if info is None:
+            return None
+        info = _child(info, step)
+    return info
+
+
+def _child(info: Type, step: Step) -> Type | None:
+    from msgspec import inspect
+
+    for option in _options(info):
+        if isinstance(step, str) and isinstance(option, inspect.StructType):
+            for field in option.fields:
+                if field.name == step:
+                    return field.type
+        elif isinstance(step, int) and isinstance(option, inspect.ListType):
+            return option.item_type
+        elif not isinstance(step, str | int) and isinstance(option, inspect.DictType):
+            return option.value_type
+    return None
+
+
+def _options(info: Type) -> list[Type]:
+    """The alternatives of a type: a Union's members, each Annotated one unwrapped."""
+    from msgspec import inspect
+
+    if isinstance(info, inspect.Metadata):
+        return _options(info.type)
+    if isinstance(info, inspect.UnionType):
+        return [o for member in info.types for o in _options(member)]
+    return [info]
+
+
+def _expected(info: Type | None) -> str | None:
+    """What a field takes, in words: its description, or its Literal's choices."""
+    from msgspec import inspect
+
+    if info is None:
+        return None
+    members = info.types if isinstance(info, inspect.UnionType) else (info,)
+    for member in (info, *members):
+        if isinstance(member, inspect.Metadata) and member.extra_json_schema:
+            description = member.extra_json_schema.get("description")
+            if description:
+                return str(description)
+    choices = [v for o in _options(info) if isinstance(o, inspect.LiteralType) for v in o.values]
+    if choices:
+        return "one of " + ", ".join(f"`{c}`" for c in choices)
+    return None
+
+
+def _fields(info: Type | None) -> list[str]:
+    from msgspec import inspect
+
+    if info is None:
+        return []
+    return sorted(f.name for o in _options(info) if isinstance(o, inspect.StructType)
+                  for f in o.fields)
+
+
+def _subject(steps: list[Step]) -> str:
+    """`xid_catalog[79]: severity` for a field, `vbios.allowed['X']` for anything else."""
+    if len(steps) > 1 and isinstance(steps[-1], str):
+        return f"{_dotted(steps[:-1])}: {steps[-1]}"
+    return _dotted(steps) or "the document"
+
+
+def _dotted(steps: list[Step]) -> str:
     text = ""
     for step in steps:
         if isinstance(step, int):
             text += f"[{step}]"
+        elif isinstance(step, DictKey):
+            text += f"[{step.key!r}]" if isinstance(step.key, str) else f"[{step.key}]"
         elif step is None:
             text += "[...]"
         else:

@@ -122,6 +122,19 @@ may name fields as `$field`. `gpuguard rules fields` lists the names:
   `index`, and the host readings;
 - host scope: the host readings (`driver_version`, `cuda_driver_version`, `gpu_count`,
   `kernel_module_version`, ...).
+
+## The shape of rule files and of the profile
+
+Each is declared once, in `gpuguard/config_shapes.py` (msgspec Structs; the supervisor's
+services are in `gpuguard/supervisor/config.py`), and a file is checked whole when it is
+loaded: an unknown or misspelled key at any depth, a value of the wrong type, or a key
+written without a value is `file:line: what is wrong`, with the keys or the choices that
+place allows. `gpuguard check` exits 3 and the daemon keeps its last good rules and
+profile. Versions are quoted text (`"12.10"`: YAML reads 12.10 as the number 12.1);
+thresholds are numbers, text, true/false or flat lists of them. What spans keys stays in
+code with its line: a user rule needs `when:` and a `when:` rule a `message`, rule ids
+are unique, an override's threshold must exist and keep its kind, an Xid new to the
+catalog needs severity, action and meaning.
 """
 
 

@@ -146,7 +146,7 @@ def test_profile_overrides_apply_last(tmp_path, h200):
         ("overrides:\n  pcie.replays: {enabled: maybe}\n", 2, "enabled must be true or false"),
         ("rules:\n  - id: site.x\n    scope: gpu\n    scope: host\n", 4, "duplicate key 'scope'"),
         ("rules:\n  - id: site.x\n   scope: [\n", 3, "invalid YAML"),
-        ("ruels: []\n", 1, "unknown top-level key 'ruels'"),
+        ("ruels: []\n", 1, "ruels: unknown key (allowed: overrides, rules, xid_catalog)"),
         ("rules:\n  - id: site.x\n    scope: gpu\n    severity: warning\n    summary: s\n"
          "    when: '__import__(\"os\").system(\"true\")'\n    message: m\n", 6,
          "unknown field(s) __import__"),
@@ -180,12 +180,13 @@ def test_missing_rules_dir(tmp_path):
     ("text", "line", "words"),
     [
         ("gpu_count: eight\n", 1, "gpu_count must be a whole number"),
-        ("gpus: 8\n", 1, "unknown profile key 'gpus'"),
+        ("gpus: 8\n", 1, "gpus: unknown key (allowed: docker, driver, ecc, gpu_count, rules,"),
         ("driver:\n  min_version: 570.86\n", 2, "must be a quoted version"),
         ("driver:\n  min_version: 'five'\n", 2, "not a dotted version"),
-        ("driver:\n  minimum: '570'\n", 2, "unknown key driver.minimum"),
+        ("driver:\n  minimum: '570'\n", 2,
+         "driver.minimum: unknown key (allowed: min_cuda_version, min_version)"),
         ("vbios:\n  allowed:\n    NVIDIA H200: 96.00\n", 3, "must be a list of quoted versions"),
-        ("ecc: sometimes\n", 1, "ecc must be `enabled` or `disabled`"),
+        ("ecc: sometimes\n", 1, "ecc must be one of `disabled`, `enabled`, not 'sometimes'"),
     ],
 )
 def test_bad_profile_names_file_and_line(tmp_path, text, line, words):
@@ -313,3 +314,100 @@ def test_an_edited_pack_file_is_read_from_its_yaml_not_the_cache(tmp_path):
     path = pack / "thermal.yaml"
     path.write_text(path.read_text().replace("warn_margin_c: 5", "warn_margin_c: 12"))
     assert load_ruleset(pack_dir=pack).rules["thermal.margin"].thresholds["warn_margin_c"] == 12
+
+
+SITE_RULE = ("rules:\n  - id: site.x\n    scope: gpu\n    severity: warning\n    summary: s\n"
+             "    when: 'index > 0'\n    message: m\n")
+
+
+@pytest.mark.parametrize(("text", "line", "problem"), [
+    # an unknown key at each depth, with the keys its place allows
+    (SITE_RULE + "    sumary: s\n", 8, "rules[0].sumary: unknown key (allowed: cadence, enabled,"),
+    ("overrides:\n  pcie.replays:\n    treshold: {max_replays: 5}\n", 3,
+     "overrides['pcie.replays'].treshold: unknown key (allowed: enabled, remediation,"),
+    ("xid_catalog:\n  48:\n    severity: warning\n    sevrity: critical\n", 4,
+     "xid_catalog[48].sevrity: unknown key (allowed: action, meaning, severity)"),
+    # thresholds hold numbers, text, booleans or flat lists of them, at any depth
+    (SITE_RULE + "    thresholds:\n      limits: [1, {y: 2}]\n", 9,
+     "rules[0].thresholds['limits'][1]: expected `bool | int | float | str`, got `object`"),
+    (SITE_RULE + "    thresholds:\n      a: 1\n      x: {y: 1}\n", 10,
+     "rules[0].thresholds['x'] must be a number, text, true or false, or a list of them, "
+     "not {'y': 1}"),
+    ("overrides:\n  pcie.replays:\n    thresholds: {x: {y: 1}}\n", 3,
+     "overrides['pcie.replays'].thresholds['x'] must be a number, text"),
+    # the Xid catalog: each entry's values, on the line of their key
+    ("xid_catalog:\n  13: {severity: warning}\n  48:\n    meaning: [double, bit]\n", 4,
+     "xid_catalog[48]: meaning must be text, not ['double', 'bit']"),
+    ("xid_catalog:\n  48: {action: [reset_gpu, reboot_now]}\n", 2,
+     "xid_catalog[48].action[1] must be one of `contact_vendor`,"),
+    ("xid_catalog:\n  48: {action: []}\n", 2,
+     "xid_catalog[48]: action must be one of `contact_vendor`, `follow_text`, `ignore`, "
+     "`reboot`, `reset_gpu`, `restart_app`, not []"),
+    ("xid_catalog:\n  forty-eight: {severity: warning}\n", 2,
+     "xid_catalog: key 'forty-eight': expected `int`, got `str`"),
+    # null is not "left out": a key written without a value is a mistake
+    ("overrides:\n  pcie.replays:\n    severity:\n", 3,
+     "overrides['pcie.replays']: severity must be one of `critical`, `warning`, not None"),
+    (SITE_RULE.replace("message: m", "message:"), 7, "rules[0]: message must be text, not None"),
+    (SITE_RULE.replace("id: site.x", "id: Site.X"), 2,
+     "rules[0]: id must be a lowercase id such as `family.name`"),
+    (SITE_RULE.replace("scope: gpu", "scope: node"), 3,
+     "rules[0]: scope must be one of `gpu`, `host`, not 'node'"),
+    (SITE_RULE.replace("summary: s", "summary: s\n    cadence: sometimes"), 6,
+     "rules[0]: cadence must be one of `fast`, `slow`, not 'sometimes'"),
+    (SITE_RULE.replace("summary: s", "summary: s\n    tags: [a, 1]"), 6,
+     "rules[0].tags[1]: expected `str`, got `int`"),
+    (SITE_RULE.replace("    message: m\n", ""), 2, "site.x: a `when:` rule needs a `message`"),
+    ("rules:\n  - id: site.x\n    scope: gpu\n    severity: warning\n", 2,
+     "rules[0].summary is missing"),
+])
+def test_a_bad_value_anywhere_in_a_rule_file_is_file_line_and_what(tmp_path, text, line,
+                                                                   problem):
+    folder = write(tmp_path, "bad.yaml", text)
+    with pytest.raises(ConfigError) as caught:
+        load_ruleset([folder])
+    err = caught.value
+    assert err.path.endswith("bad.yaml") and err.line == line, str(err)
+    assert err.problem.startswith(problem), str(err)
+    assert str(err).startswith(f"{err.path}:{line}: ")
+
+
+def test_an_override_keeps_a_list_threshold_a_flat_list(tmp_path):
+    folder = write(tmp_path, "a.yaml", SITE_RULE + "    thresholds:\n      names: [a, b]\n")
+    (folder / "b.yaml").write_text("overrides:\n  site.x:\n    thresholds:\n"
+                                   "      names: [a, {b: c}]\n")
+    with pytest.raises(ConfigError) as caught:
+        load_ruleset([folder])
+    assert caught.value.path.endswith("b.yaml") and caught.value.line == 4, str(caught.value)
+    assert "overrides['site.x'].thresholds['names'][1]: expected" in str(caught.value)
+
+
+def test_a_rule_file_with_every_key_loads(tmp_path):
+    folder = write(tmp_path, "site.yaml", SITE_RULE + """\
+    problem: p
+    remediation: "  r  "
+    thresholds: {limit: 3, names: [a, b], strict: true, ratio: 0.5, label: x}
+    enabled: false
+    tags: [failover, site]
+    cadence: slow
+overrides:
+  pcie.replays:
+    {severity: critical, enabled: false, remediation: call, thresholds: {max_replays: 9}}
+xid_catalog:
+  48: {severity: warning}
+  777: {severity: critical, action: [reset_gpu, reboot], meaning: site fault}
+""")
+    ruleset = load_ruleset([folder])
+    rule = ruleset.rules["site.x"]
+    assert (rule.problem, rule.remediation, rule.enabled, rule.cadence) == ("p", "r", False, "slow")
+    assert rule.thresholds == {"limit": 3, "names": ["a", "b"], "strict": True, "ratio": 0.5,
+                               "label": "x"}
+    assert rule.tags == ("failover", "site") and rule.message == "m"
+    replays = ruleset.rules["pcie.replays"]
+    assert replays.severity is Status.CRITICAL and replays.enabled is False
+    assert replays.remediation == "call" and replays.thresholds["max_replays"] == 9
+    assert replays.overrides == [f"{folder / 'site.yaml'}:15"]
+    assert ruleset.xid_catalog[48].severity == "warning"
+    assert ruleset.xid_catalog[48].actions == ("reset_gpu", "reboot")  # kept from the pack
+    assert ruleset.xid_catalog[777].actions == ("reset_gpu", "reboot")
+    assert ruleset.xid_catalog[777].origin == f"{folder / 'site.yaml'}:19"

@@ -48,9 +48,11 @@ def test_a_good_document_converts(tmp_path):
     (GOOD.replace("timeout: 2", "timeout: soon"), 5,
      "items[0].inner.timeout: expected `float`, got `str`"),
     (GOOD.replace("timeout: 2", "timeout: 0"), 5, "items[0].inner.timeout: expected `float` > 0"),
-    # a wrong value inside a free-form mapping: the line of the mapping's key
+    # a wrong value inside a free-form mapping: the key that holds it, and its line
     (GOOD + "      env: {A: b, C: 1}\n", 6,
-     "items[0].inner.env[...]: expected `str`, got `int`"),
+     "items[0].inner.env['C']: expected `str`, got `int`"),
+    (GOOD + "      env:\n        A: b\n        C: 1\n", 8,
+     "items[0].inner.env['C']: expected `str`, got `int`"),
     # a missing field: the line of the key that opens the object that lacks it
     ("items:\n  - name: a\n    inner:\n      timeout: 2\n", 3,
      "items[0].inner.command is missing"),

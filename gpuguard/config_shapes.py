@@ -1,0 +1,119 @@
+"""The shapes of the profile and of rule files, declared once (checked by gpuguard.schema).
+
+Each Struct forbids unknown fields, so a misspelled key at any depth is an error; each
+field has its type, and where a bare type name would not tell a user what to write, a
+description in words (gpuguard.schema puts it in the message). What spans keys (a
+`when:` rule needs a `message`, an override's threshold must exist and keep its kind)
+is checked in code, in gpuguard.profile and gpuguard.ruleset, on these parsed values.
+
+Apart from gpuguard.profile so that importing the Profile model stays cheap: msgspec
+loads only when a file is read, after `gpuguard check` has forked its NVML worker.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, TypeVar
+
+import msgspec
+
+RULE_ID_PATTERN = r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$"
+
+# gpuguard.results.SEVERITIES as values (a test holds the two together)
+Severity = Literal["warning", "critical"]
+XidSeverity = Literal["critical", "warning", "ignore"]
+XidAction = Literal["restart_app", "reset_gpu", "reboot", "contact_vendor", "ignore",
+                    "follow_text"]
+
+# A key left out is UNSET; a key written without a value (null) is a wrong type, as it
+# was before these shapes: `ecc:` alone is a mistake, not "no expectation".
+Unset = msgspec.UnsetType
+UNSET = msgspec.UNSET
+
+T = TypeVar("T")
+
+
+def given(value: T | Unset) -> T | None:
+    """A field's value, or None where the file left the key out."""
+    return None if isinstance(value, msgspec.UnsetType) else value
+
+
+Flag = Annotated[bool, msgspec.Meta(description="true or false")]
+Text = Annotated[str, msgspec.Meta(description="text")]
+# 12.10 read as a number is 12.1: a version is text, so the user must quote it
+Version = Annotated[str, msgspec.Meta(description='a quoted version such as "570.86.15"')]
+VbiosVersion = Annotated[str, msgspec.Meta(
+    description='a quoted VBIOS version such as "96.00.A5.00.1A"')]
+ThresholdItem = bool | int | float | str
+Threshold = Annotated[
+    ThresholdItem | list[ThresholdItem],
+    msgspec.Meta(description="a number, text, true or false, or a list of them"),
+]
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class OverrideSpec(_Strict):
+    """A change to a rule: a rule file's `overrides:` and the profile's `rules:`."""
+
+    severity: Severity | Unset = UNSET
+    enabled: Flag | Unset = UNSET
+    thresholds: dict[str, Threshold] | Unset = UNSET
+    remediation: Text | Unset = UNSET
+
+
+class RuleSpec(_Strict):
+    id: Annotated[str, msgspec.Meta(
+        pattern=RULE_ID_PATTERN,
+        description="a lowercase id such as `family.name` (letters, digits, _)")]
+    scope: Literal["host", "gpu"]
+    severity: Severity
+    summary: Text
+    problem: Text | Unset = UNSET
+    message: Text | Unset = UNSET
+    remediation: Text = ""
+    thresholds: dict[str, Threshold] = msgspec.field(default_factory=dict)
+    enabled: Flag = True
+    tags: Annotated[list[str], msgspec.Meta(description="a list of words")] = \
+        msgspec.field(default_factory=list)
+    when: Annotated[str, msgspec.Meta(description="an expression in quotes")] | Unset = UNSET
+    cadence: Literal["fast", "slow"] = "fast"
+
+
+class XidSpec(_Strict):
+    """One Xid's grading; an Xid the catalog does not know yet needs all three."""
+
+    severity: XidSeverity | Unset = UNSET
+    action: XidAction | Annotated[list[XidAction], msgspec.Meta(min_length=1)] | Unset = UNSET
+    meaning: Text | Unset = UNSET
+
+
+class RulesFile(_Strict):
+    rules: list[RuleSpec] = msgspec.field(default_factory=list)
+    overrides: dict[str, OverrideSpec] = msgspec.field(default_factory=dict)
+    xid_catalog: dict[int, XidSpec] = msgspec.field(default_factory=dict)
+
+
+class DriverSpec(_Strict):
+    min_version: Version | Unset = UNSET
+    min_cuda_version: Version | Unset = UNSET
+
+
+class VbiosSpec(_Strict):
+    # GPU model name (as NVML reports it) -> the VBIOS versions allowed on it
+    allowed: dict[str, Annotated[list[VbiosVersion], msgspec.Meta(
+        description="a list of quoted versions")]] = msgspec.field(default_factory=dict)
+
+
+class ProfileFile(_Strict):
+    gpu_count: Annotated[int, msgspec.Meta(ge=0, description="a whole number >= 0")] \
+        | Unset = UNSET
+    driver: DriverSpec | Unset = UNSET
+    vbios: VbiosSpec | Unset = UNSET
+    # YAML reads a bare `on`/`off` as a boolean, so both spellings are taken
+    ecc: Literal["enabled", "disabled"] | bool | Unset = UNSET
+    xid_window: Annotated[str, msgspec.Meta(
+        description="`boot` or a span such as 90s, 15m, 2h, 1d")] | Unset = UNSET
+    docker: Literal["required", "optional"] | Unset = UNSET
+    rules: dict[str, OverrideSpec] | Unset = UNSET
