@@ -381,7 +381,8 @@ def make_copy(into: Path) -> Path:
     for name in COPIED:
         source = REPO / name
         if source.is_dir():
-            shutil.copytree(source, into / name,
+            # symlinks=True: the sysfs fixture trees are made of links, as /sys is.
+            shutil.copytree(source, into / name, symlinks=True,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache"))
         else:
             shutil.copy2(source, into / name)
