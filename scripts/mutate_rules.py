@@ -78,6 +78,8 @@ EQUIVALENT: dict[str, str] = {
     "pcie.replays: number `3` -> `4` in `round(limit, 3)`":
         "DCGM's limit is 0.15/min x width x 2^k: for any integer width it has at most two "
         "decimals, so 3 or 4 give the same number",
+    "power.limit: number `0` -> `1` in `gpu.clock_event_reasons.get_or(0)`":
+        "the value is only masked with SW_POWER_CAP (0x4): 1 & 0x4 is 0 as 0 & 0x4 is",
 }
 
 COMPARE_SWAP: dict[type[ast.cmpop], type[ast.cmpop]] = {
