@@ -139,26 +139,29 @@ def causes(run_rule, snap):
 def test_secure_boot_is_named_only_when_it_is_known_to_be_on(run_rule):
     from gpuguard.snapshot import Reading
 
-    on = facts(not_loaded(), kernel_modules=["i2c_core"], kernel_log={}, secure_boot=True)
+    on = facts(not_loaded(), kernel_modules=["i2c_core"], kernel_log={"xids": []},
+               secure_boot=True)
     assert causes(run_rule, on) == ["the nvidia kernel module is not loaded",
                                     "Secure Boot is on: an unsigned nvidia module would be "
                                     "refused"]
     off = facts(not_loaded(), kernel_modules=["i2c_core"], secure_boot=False,
-                kernel_log={"unsigned_module_rejected": True})
+                kernel_log={"xids": [], "unsigned_module_rejected": True})
     assert causes(run_rule, off) == ["the nvidia kernel module is not loaded"]
     unread = facts(not_loaded(), kernel_modules=["i2c_core"],
-                   kernel_log={"unsigned_module_rejected": True},
+                   kernel_log={"xids": [], "unsigned_module_rejected": True},
                    secure_boot=Reading.failed("no efivars"))
     assert causes(run_rule, unread) == ["the nvidia kernel module is not loaded"]
 
 
 def test_module_version_is_a_mismatch_cause_only_for_a_mismatch_error(run_rule):
     snap = facts(not_loaded("NVMLError_NoPermission", "Insufficient Permissions"),
-                 kernel_modules=["nvidia"], kernel_log={}, kernel_module_version="570.133.20",
+                 kernel_modules=["nvidia"], kernel_log={"xids": []},
+                 kernel_module_version="570.133.20",
                  device_nodes=["nvidiactl", "nvidia0"])
     assert causes(run_rule, snap) == []
     snap = facts(not_loaded("NVMLError_LibRmVersionMismatch", "mismatch"),
-                 kernel_modules=["nvidia"], kernel_log={}, kernel_module_version="570.133.20",
+                 kernel_modules=["nvidia"], kernel_log={"xids": []},
+                 kernel_module_version="570.133.20",
                  device_nodes=["nvidiactl", "nvidia0"])
     assert causes(run_rule, snap) == ["Driver/library version mismatch: the kernel module is "
                                       "570.133.20"]
