@@ -163,3 +163,139 @@ def test_daemon_counts_only_capped_samples(h200, default_rules):
     assert result.status is Status.OK, result.message
     assert result.observed["minutes_low_clock"] == 0
     assert result.observed["minutes_low_draw"] == 0
+
+
+# -- the daemon's HW slowdown window, boundaries and thresholds from the rule
+# (scripts/mutate_rules.py survivors) ---------------------------------------------------
+
+def overridden(tmp_path, rule_id, **thresholds):
+    from gpuguard.ruleset import load_ruleset
+
+    rules = tmp_path / "rules.d"
+    rules.mkdir(exist_ok=True)
+    values = ", ".join(f"{k}: {v}" for k, v in thresholds.items())
+    (rules / f"{rule_id}.yaml").write_text(
+        f"overrides:\n  {rule_id}: {{thresholds: {{{values}}}}}\n")
+    return load_ruleset([rules])
+
+
+def slowdown_result(h200, rules, t_and_reasons, keep_s=660.0, rule="clocks.hw_slowdown"):
+    from gpuguard.engine import evaluate
+    from gpuguard.profile import Profile
+
+    history = History(keep_s=keep_s)
+    for t, reasons in t_and_reasons:
+        history.add(set_gpu(h200, clock_event_reasons=reasons), t)
+    [result] = evaluate(h200, rules, Profile(), only=[rule], history=history)
+    return result
+
+
+def test_daemon_fails_hw_slowdown_seen_in_most_minutes(h200, default_rules):
+    # one sample a minute, six minutes with HW slowdown (60% of 10), none now
+    samples = [(t, 0x8) for t in range(0, 360, 60)] + [(360, 0x1)]
+    result = slowdown_result(h200, default_rules, samples)
+    assert result.status is Status.CRITICAL
+    assert result.message == "HW slowdown in 6 of the last 10 minutes"
+    assert result.observed == {"reasons": "0x1", "minutes_with_slowdown": 6,
+                               "minutes_needed": 6.0}
+    # still slowed down now: the message says by what
+    result = slowdown_result(h200, default_rules, [(t, 0x8) for t in range(0, 360, 60)])
+    assert result.status is Status.CRITICAL
+    assert result.message == "HW slowdown in 6 of the last 10 minutes, now HW slowdown"
+
+
+def test_daemon_hw_slowdown_in_fewer_minutes_is_not_yet_a_fault(h200, default_rules):
+    samples = [(t, 0x8) for t in range(0, 300, 60)]
+    result = slowdown_result(h200, default_rules, samples)
+    assert result.status is Status.OK
+    assert result.message == ("HW slowdown now, seen in 5 minute(s) of the window: not yet "
+                              "persistent (fails at 6)")
+    result = slowdown_result(h200, default_rules, [*samples, (300, 0x1)])
+    assert result.status is Status.OK
+    assert result.message == "no hardware slowdown (reasons 0x1)"
+    assert result.observed["minutes_with_slowdown"] == 5
+
+
+def test_daemon_window_edge_and_first_cycle(h200, default_rules):
+    # a slowdown exactly window_s (600 s) ago is outside the window; one second later it is in
+    result = slowdown_result(h200, default_rules, [(0, 0x8), (590, 0x1), (600, 0x1)])
+    assert result.observed["minutes_with_slowdown"] == 0
+    result = slowdown_result(h200, default_rules, [(1, 0x8), (590, 0x1), (600, 0x1)])
+    assert result.observed["minutes_with_slowdown"] == 1
+    # only idle samples: no minute counted
+    result = slowdown_result(h200, default_rules, [(t, 0x1) for t in range(0, 600, 10)])
+    assert result.status is Status.OK and result.observed["minutes_with_slowdown"] == 0
+    # the daemon's first cycle, before any sample: nothing counted yet
+    from gpuguard.engine import evaluate
+    from gpuguard.profile import Profile
+
+    set_gpu(h200, clock_event_reasons=0x8)
+    [result] = evaluate(h200, default_rules, Profile(), only=["clocks.hw_slowdown"],
+                        history=History())
+    assert result.status is Status.OK and result.observed["minutes_with_slowdown"] == 0
+
+
+def test_hw_slowdown_window_comes_from_the_rule(h200, tmp_path):
+    rules = overridden(tmp_path, "clocks.hw_slowdown", window_s=3000, min_fraction=0.1)
+    # 5 minutes of slowdown, all older than the default 600 s window, are 10% of 50 minutes
+    samples = [(t, 0x8) for t in range(0, 300, 60)] + [(2000, 0x1)]
+    result = slowdown_result(h200, rules, samples, keep_s=4000)
+    assert result.status is Status.CRITICAL
+    assert result.message == "HW slowdown in 5 of the last 50 minutes"
+    assert result.observed["minutes_needed"] == 5.0
+
+
+def test_power_cap_window_and_floors_come_from_the_rule(h200, tmp_path):
+    from gpuguard.engine import evaluate
+    from gpuguard.profile import Profile
+
+    rules = overridden(tmp_path, "clocks.power_cap", window_s=3000, min_fraction=0.1,
+                       low_draw_ratio=0.9, min_sm_clock_ratio=0.8)
+
+    def judged(t_and_values, keep_s=4000.0):
+        history = History(keep_s=keep_s)
+        for t, values in t_and_values:
+            history.add(busy(h200, **values), t)
+        [result] = evaluate(h200, rules, Profile(), only=["clocks.power_cap"], history=history)
+        return result
+
+    # 1455 MHz is below 80% of 1980 (1584), and 5 of 50 minutes is 10%
+    result = judged([(t, {}) for t in range(0, 300, 60)])
+    assert result.status is Status.WARNING
+    assert result.message.startswith("power capped with the SM clock below 1584 MHz "
+                                     "throughout 5 of the last 50 minutes (now")
+    assert result.observed["minutes_needed"] == 5.0
+    # 600 W is below 90% of 700 W (630 W) with a clock above the floor
+    result = judged([(t, {"power_draw_w": 600.0, "clock_sm_mhz": 1900})
+                     for t in range(0, 300, 60)])
+    assert result.status is Status.WARNING
+    assert "drawing below 630 W throughout 5 of the last 50 minutes" in result.message
+    # without history the clock floor is judged at once, and named with its ratio
+    busy(h200)
+    [result] = evaluate(h200, rules, Profile(), only=["clocks.power_cap"])
+    assert result.status is Status.WARNING
+    assert "below 1584 MHz (80% of its 1980 MHz maximum)" in result.message
+
+
+def test_power_cap_counts_whole_minutes_and_not_the_floor_itself(h200, default_rules):
+    # one sample a minute, each held back: six minutes, and the sixth fails
+    held = [(t, {"clock_sm_mhz": 700}) for t in range(0, 360, 60)]
+    result = run_with_history(h200, default_rules, history_of(h200, held))
+    assert result.status is Status.WARNING and result.observed["minutes_low_clock"] == 6
+    # at the floors (990 MHz, 350 W) is not below them
+    at_floor = [(t, {"clock_sm_mhz": 990, "power_draw_w": 350.0}) for t in range(0, 420, 5)]
+    result = run_with_history(h200, default_rules, history_of(h200, at_floor))
+    assert result.observed["minutes_low_clock"] == 0
+    assert result.observed["minutes_low_draw"] == 0
+    # the first cycle: no minute yet
+    busy(h200, clock_sm_mhz=700)
+    result = run_with_history(h200, default_rules, History())
+    assert result.status is Status.OK and result.observed["minutes_low_clock"] == 0
+
+
+def test_lowered_limit_tolerance_is_power_limit_s(h200, tmp_path, run_rule):
+    # With power.limit's tolerance raised to 250 W, 500 W of 700 counts as the default
+    # limit here too: the low clock is then this rule's finding.
+    rules = overridden(tmp_path, "power.limit", tolerance_w=250)
+    busy(h200, power_limit_enforced_w=500.0, power_draw_w=495.0, clock_sm_mhz=900)
+    assert run_rule("clocks.power_cap", h200, rules=rules)[0].status is Status.WARNING

@@ -119,3 +119,82 @@ def test_loaded_names_missing_device_nodes(run_rule, tmp_path):
                  rootfs=str(tmp_path))
     [result] = run_rule("driver.loaded", snap)
     assert "/dev/nvidiactl is missing" in result.message
+
+
+# -- causes, states and boundaries (scripts/mutate_rules.py survivors) -------------------
+
+def facts(snap, **readings):
+    from gpuguard.snapshot import Reading
+
+    for name, value in readings.items():
+        setattr(snap.host, name, value if isinstance(value, Reading) else Reading.ok(value))
+    snap.host.__post_init__()
+    return snap
+
+
+def causes(run_rule, snap):
+    return run_rule("driver.loaded", snap)[0].observed["causes_found"]
+
+
+def test_secure_boot_is_named_only_when_it_is_known_to_be_on(run_rule):
+    from gpuguard.snapshot import Reading
+
+    on = facts(not_loaded(), kernel_modules=["i2c_core"], kernel_log={"xids": []},
+               secure_boot=True)
+    assert causes(run_rule, on) == ["the nvidia kernel module is not loaded",
+                                    "Secure Boot is on: an unsigned nvidia module would be "
+                                    "refused"]
+    off = facts(not_loaded(), kernel_modules=["i2c_core"], secure_boot=False,
+                kernel_log={"xids": [], "unsigned_module_rejected": True})
+    assert causes(run_rule, off) == ["the nvidia kernel module is not loaded"]
+    unread = facts(not_loaded(), kernel_modules=["i2c_core"],
+                   kernel_log={"xids": [], "unsigned_module_rejected": True},
+                   secure_boot=Reading.failed("no efivars"))
+    assert causes(run_rule, unread) == ["the nvidia kernel module is not loaded"]
+
+
+def test_module_version_is_a_mismatch_cause_only_for_a_mismatch_error(run_rule):
+    snap = facts(not_loaded("NVMLError_NoPermission", "Insufficient Permissions"),
+                 kernel_modules=["nvidia"], kernel_log={"xids": []},
+                 kernel_module_version="570.133.20",
+                 device_nodes=["nvidiactl", "nvidia0"])
+    assert causes(run_rule, snap) == []
+    snap = facts(not_loaded("NVMLError_LibRmVersionMismatch", "mismatch"),
+                 kernel_modules=["nvidia"], kernel_log={"xids": []},
+                 kernel_module_version="570.133.20",
+                 device_nodes=["nvidiactl", "nvidia0"])
+    assert causes(run_rule, snap) == ["Driver/library version mismatch: the kernel module is "
+                                      "570.133.20"]
+
+
+def test_a_hung_call_with_a_known_driver_version_is_still_loaded(h200, run_rule):
+    from gpuguard.snapshot import Reading
+
+    h200.nvml = NvmlStatus(hung_call="nvmlDeviceGetPowerUsage (GPU 0)", deadline_s=9.0)
+    assert run_rule("driver.loaded", h200)[0].status is Status.OK
+    facts(h200, driver_version=Reading.failed("timed out"))
+    [result] = run_rule("driver.loaded", h200)
+    assert result.status is Status.UNKNOWN
+    assert result.message == "NVML did not answer during nvmlDeviceGetPowerUsage (GPU 0)"
+    # no hung call and no version: the reading's own failure, not a hang
+    h200.nvml = NvmlStatus()
+    [result] = run_rule("driver.loaded", h200)
+    assert result.status is Status.UNKNOWN and "did not answer" not in result.message
+
+
+def test_responsive_states(run_rule):
+    [result] = run_rule("driver.responsive", Snapshot(nvml=NvmlStatus()))
+    assert result.status is Status.SKIPPED and result.message == "not measured: replayed input"
+    started = Snapshot(nvml=NvmlStatus(elapsed_s=0.5, init_error="Driver Not Loaded"))
+    [result] = run_rule("driver.responsive", started)
+    assert result.status is Status.SKIPPED
+    assert result.message == "NVML did not start (see driver.loaded)"
+    stopped = Snapshot(nvml=NvmlStatus(elapsed_s=0.5, sweep_error="GPU 2 vanished"))
+    [result] = run_rule("driver.responsive", stopped)
+    assert result.status is Status.UNKNOWN
+    assert result.message == "the NVML sweep stopped early: GPU 2 vanished"
+
+
+def test_the_required_version_itself_is_enough(h200, run_rule):
+    exact = Profile(driver_min_version="580.159.04", cuda_min_version="13.0")
+    assert run_rule("driver.version", h200, exact)[0].status is Status.OK

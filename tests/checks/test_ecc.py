@@ -58,3 +58,80 @@ def test_ecc_disabled_gpu_is_skipped_not_failed(h200, run_rule):
     set_gpu(h200, ecc_volatile_uncorrected=Reading.not_supported())
     [result] = run_rule("ecc.uncorrected", h200)
     assert result.status is Status.SKIPPED
+
+
+def overridden(tmp_path, rule_id, **thresholds):
+    """The default pack with some of one rule's thresholds overridden, as a user would."""
+    from gpuguard.ruleset import load_ruleset
+
+    rules = tmp_path / "rules.d"
+    rules.mkdir(exist_ok=True)
+    values = ", ".join(f"{k}: {v}" for k, v in thresholds.items())
+    (rules / f"{rule_id}.yaml").write_text(
+        f"overrides:\n  {rule_id}: {{thresholds: {{{values}}}}}\n")
+    return load_ruleset([rules])
+
+
+def test_uncorrected_limit_comes_from_the_rule(h200, run_rule, tmp_path):
+    rules = overridden(tmp_path, "ecc.uncorrected", max_volatile_uncorrected=5)
+    set_gpu(h200, ecc_volatile_uncorrected=5)
+    assert run_rule("ecc.uncorrected", h200, rules=rules)[0].status is Status.OK
+    set_gpu(h200, ecc_volatile_uncorrected=6)
+    [result] = run_rule("ecc.uncorrected", h200, rules=rules)
+    assert result.status is Status.CRITICAL
+    assert result.message == "6 uncorrectable ECC error(s) since the driver loaded"
+
+
+def test_corrected_limits_come_from_the_rule(h200, run_rule, tmp_path):
+    from gpuguard.snapshot import Reading
+
+    rules = overridden(tmp_path, "ecc.corrected", max_sram=5, max_dram=7, max_total=10)
+    set_gpu(h200, ecc_volatile_sram_corrected=6, ecc_volatile_dram_corrected=8)
+    [result] = run_rule("ecc.corrected", h200, rules=rules)
+    assert result.message == ("corrected ECC errors since the driver loaded above threshold: "
+                              "SRAM 6 > 5, DRAM 8 > 7")
+    set_gpu(h200, ecc_volatile_sram_corrected=Reading.not_supported(),
+            ecc_volatile_dram_corrected=Reading.not_supported(), ecc_volatile_corrected=11)
+    [result] = run_rule("ecc.corrected", h200, rules=rules)
+    assert result.status is Status.WARNING and "total 11 > 10" in result.message
+    set_gpu(h200, ecc_volatile_corrected=10)
+    assert run_rule("ecc.corrected", h200, rules=rules)[0].status is Status.OK
+
+
+def test_corrected_total_at_the_default_limit_is_ok(h200, run_rule):
+    from gpuguard.snapshot import Reading
+
+    set_gpu(h200, ecc_volatile_sram_corrected=Reading.not_supported(),
+            ecc_volatile_dram_corrected=Reading.not_supported(),
+            ecc_volatile_corrected=20_000_000)
+    assert run_rule("ecc.corrected", h200)[0].status is Status.OK
+
+
+def test_dram_alone_is_judged_when_sram_is_not_reported(h200, run_rule):
+    from gpuguard.snapshot import Reading
+
+    set_gpu(h200, ecc_volatile_sram_corrected=Reading.not_supported(),
+            ecc_volatile_dram_corrected=20_000_001, ecc_volatile_corrected=0)
+    [result] = run_rule("ecc.corrected", h200)
+    assert result.status is Status.WARNING and "DRAM 20000001 > 2e+07" in result.message
+
+
+def test_daemon_fails_when_corrected_errors_grow(h200, default_rules):
+    from gpuguard.engine import evaluate
+    from gpuguard.history import History
+
+    def judged(counts):
+        history = History()
+        for t, total in counts:
+            history.add(set_gpu(h200, ecc_volatile_corrected=total), t)
+        [result] = evaluate(h200, default_rules, Profile(), only=["ecc.corrected"],
+                            history=history)
+        return result
+
+    result = judged([(0, 3), (10, 7)])
+    assert result.status is Status.WARNING
+    assert result.message == "corrected ECC errors grew by 4 in the last 10 s"
+    assert result.observed["grew_by"] == 4
+    assert judged([(0, 1), (10, 2)]).status is Status.WARNING
+    assert judged([(0, 7), (10, 7)]).status is Status.OK
+    assert judged([(10, 7)]).status is Status.OK

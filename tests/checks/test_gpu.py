@@ -42,3 +42,25 @@ def test_two_gpus_with_one_uuid_is_a_finding(h200, run_rule):
     assert "GPUs 0, 2 all report uuid" in result.message
     set_gpu(h200, 2, uuid="GPU-other", pci_bus_id="00000000:28:00.0")
     assert "GPUs 1, 2 all report pci_bus_id" in run_rule("gpu.identity", h200)[0].message
+
+
+def test_lost_says_what_it_saw(h200, run_rule):
+    set_gpu(h200, gpu_lost=False)
+    assert run_rule("gpu.lost", h200)[0].observed == {"gpu_lost": False}
+    set_gpu(h200, gpu_lost=True)
+    assert run_rule("gpu.lost", h200)[0].observed == {"gpu_lost": True}
+
+
+def test_empty_identities_are_not_a_clash_and_no_gpu_is_ok(h200, run_rule):
+    from gpuguard.snapshot import Reading
+    from tests.conftest import with_gpus
+
+    snap = with_gpus(h200, ["00000000:3B:00.0", "00000000:86:00.0"])
+    for gpu in snap.gpus:
+        gpu.uuid = Reading.ok("")
+        gpu.__post_init__()
+    [result] = run_rule("gpu.identity", snap)
+    assert result.status is Status.OK
+    snap.gpus = []
+    [result] = run_rule("gpu.identity", snap)
+    assert result.status is Status.OK and result.message == "no GPU to compare"

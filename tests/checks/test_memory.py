@@ -67,3 +67,54 @@ def test_process_list_error_is_unknown(h200, run_rule):
     [result] = run_rule("memory.orphaned", h200)
     assert result.status is Status.UNKNOWN
     assert "GPU is lost" in result.message
+
+
+def overridden(tmp_path, rule_id, **thresholds):
+    """The default pack with some of one rule's thresholds overridden, as a user would."""
+    from gpuguard.ruleset import load_ruleset
+
+    rules = tmp_path / "rules.d"
+    rules.mkdir(exist_ok=True)
+    values = ", ".join(f"{k}: {v}" for k, v in thresholds.items())
+    (rules / f"{rule_id}.yaml").write_text(
+        f"overrides:\n  {rule_id}: {{thresholds: {{{values}}}}}\n")
+    return load_ruleset([rules])
+
+
+def test_memory_thresholds_come_from_the_rules(h200, run_rule, tmp_path):
+    rules = overridden(tmp_path, "memory.retired_pages", max_retired=10)
+    set_gpu(h200, retired_pages_sbe=9, retired_pages_dbe=1, retired_pages_pending=False)
+    [result] = run_rule("memory.retired_pages", h200, rules=rules)
+    assert result.status is Status.CRITICAL and result.message == "10 pages retired (limit 10)"
+    rules = overridden(tmp_path, "memory.row_remap", warn_uncorrectable_rows=3)
+    set_gpu(h200, remapped_rows_uncorrectable=3)
+    [result] = run_rule("memory.row_remap", h200, rules=rules)
+    assert result.status is Status.WARNING
+    assert result.message == "3 rows remapped for uncorrectable errors (>= 3)"
+    rules = overridden(tmp_path, "memory.orphaned", max_unowned_gib=30)
+    set_gpu(h200, memory_used_bytes=20 * GIB, compute_processes=[])
+    assert run_rule("memory.orphaned", h200, rules=rules)[0].status is Status.OK
+
+
+def test_unread_row_counts_and_reserved_memory_count_as_zero(h200, run_rule):
+    set_gpu(h200, remapped_rows_uncorrectable=Reading.not_supported(),
+            remapped_rows_correctable=Reading.not_supported())
+    [result] = run_rule("memory.row_remap", h200)
+    assert result.message == "rows remapped: 0 correctable, 0 uncorrectable; none pending"
+    set_gpu(h200, memory_reserved_bytes=Reading.not_supported(), compute_processes=[])
+    assert run_rule("memory.orphaned", h200)[0].observed["reserved_bytes"] == 0
+
+
+def test_unowned_memory_up_to_the_limit_is_ok(h200, run_rule):
+    set_gpu(h200, memory_used_bytes=GIB, compute_processes=[])
+    [result] = run_rule("memory.orphaned", h200)
+    assert result.status is Status.OK
+    assert result.message == "1.00 GiB in use, no compute process"
+
+
+def test_at_most_five_processes_are_named(h200, run_rule):
+    procs = [Process(pid=100 + i, used_memory_bytes=GIB, name=f"w{i}") for i in range(6)]
+    set_gpu(h200, memory_used_bytes=6 * GIB, compute_processes=procs)
+    [result] = run_rule("memory.orphaned", h200)
+    assert result.message == ("6 compute process(es) hold the memory: w0[100], w1[101], "
+                              "w2[102], w3[103], w4[104]")

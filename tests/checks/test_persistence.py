@@ -112,3 +112,25 @@ def test_mode_off_is_fine_while_the_daemon_runs(h200, run_rule):
     [result] = run_rule("persistence.mode", h200)
     assert result.status is Status.OK and "nvidia-persistenced" in result.message
     assert run_rule("persistence.daemon", h200)[0].status is Status.OK
+
+
+def test_mode_findings_say_what_they_saw(h200, run_rule):
+    assert run_rule("persistence.mode", h200)[0].observed == {"persistence_mode": True}
+    set_gpu(h200, persistence_mode=False)
+    h200.host.persistenced_running = Reading.ok(True)
+    h200.host.__post_init__()
+    assert run_rule("persistence.mode", h200)[0].observed == {"persistence_mode": False,
+                                                              "persistenced_running": True}
+    without_daemon(h200)
+    assert run_rule("persistence.mode", h200)[0].observed == {"persistence_mode": False}
+
+
+def test_daemon_findings_say_the_daemon_is_not_running(h200, run_rule):
+    without_daemon(set_gpu(h200, persistence_mode=False))
+    [result] = run_rule("persistence.daemon", h200)
+    assert result.status is Status.WARNING
+    assert result.observed["persistenced_running"] is False
+    set_gpu(h200, persistence_mode=Reading.failed("GPU is lost"))
+    [result] = run_rule("persistence.daemon", h200)
+    assert result.status is Status.UNKNOWN
+    assert result.observed["persistenced_running"] is False

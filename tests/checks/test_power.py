@@ -22,3 +22,23 @@ def test_lowered_limit_says_when_the_gpu_is_capped_at_it(h200, run_rule):
     assert "capped" not in run_rule("power.limit", h200)[0].message
     set_gpu(h200, clock_event_reasons=0x4)
     assert "capped at it now" in run_rule("power.limit", h200)[0].message
+
+
+def overridden(tmp_path, rule_id, **thresholds):
+    """The default pack with some of one rule's thresholds overridden, as a user would."""
+    from gpuguard.ruleset import load_ruleset
+
+    rules = tmp_path / "rules.d"
+    rules.mkdir(exist_ok=True)
+    values = ", ".join(f"{k}: {v}" for k, v in thresholds.items())
+    (rules / f"{rule_id}.yaml").write_text(
+        f"overrides:\n  {rule_id}: {{thresholds: {{{values}}}}}\n")
+    return load_ruleset([rules])
+
+
+def test_power_tolerance_comes_from_the_rule(h200, run_rule, tmp_path):
+    rules = overridden(tmp_path, "power.limit", tolerance_w=250)
+    set_gpu(h200, power_limit_enforced_w=500.0, power_limit_default_w=700.0)
+    assert run_rule("power.limit", h200, rules=rules)[0].status is Status.OK
+    set_gpu(h200, power_limit_enforced_w=449.0)
+    assert run_rule("power.limit", h200, rules=rules)[0].status is Status.WARNING

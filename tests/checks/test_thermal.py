@@ -48,3 +48,40 @@ def test_an_unreadable_margin_is_unknown_not_judged_by_another_sensor(h200, run_
                                                              "Unknown Error"))
     [result] = run_rule("thermal.margin", h200)
     assert result.status is Status.UNKNOWN and "Unknown Error" in result.message
+
+
+def overridden(tmp_path, rule_id, **thresholds):
+    """The default pack with some of one rule's thresholds overridden, as a user would."""
+    from gpuguard.ruleset import load_ruleset
+
+    rules = tmp_path / "rules.d"
+    rules.mkdir(exist_ok=True)
+    values = ", ".join(f"{k}: {v}" for k, v in thresholds.items())
+    (rules / f"{rule_id}.yaml").write_text(
+        f"overrides:\n  {rule_id}: {{thresholds: {{{values}}}}}\n")
+    return load_ruleset([rules])
+
+
+def test_margin_boundaries(h200, run_rule):
+    # 0 C of margin is at T.Limit (critical); 5 C (warn_margin_c) still warns; 6 C is ok
+    for margin, status in ((0, Status.CRITICAL), (1, Status.WARNING), (5, Status.WARNING),
+                           (6, Status.OK)):
+        set_gpu(h200, temperature_tlimit_margin_c=margin)
+        assert run_rule("thermal.margin", h200)[0].status is status, margin
+    set_gpu(h200, temperature_tlimit_margin_c=Reading.not_supported(),
+            temperature_slowdown_c=89)
+    for temp, status in ((89, Status.CRITICAL), (88, Status.WARNING), (84, Status.WARNING),
+                         (83, Status.OK)):
+        set_gpu(h200, temperature_c=temp)
+        assert run_rule("thermal.margin", h200)[0].status is status, temp
+
+
+def test_warn_margin_comes_from_the_rule(h200, run_rule, tmp_path):
+    rules = overridden(tmp_path, "thermal.margin", warn_margin_c=10)
+    set_gpu(h200, temperature_tlimit_margin_c=10)
+    assert run_rule("thermal.margin", h200, rules=rules)[0].status is Status.WARNING
+    set_gpu(h200, temperature_tlimit_margin_c=Reading.not_supported(),
+            temperature_slowdown_c=89, temperature_c=79)
+    [result] = run_rule("thermal.margin", h200, rules=rules)
+    assert result.status is Status.WARNING
+    assert result.message == "79 C is 10 C from the slowdown temperature 89 C"

@@ -148,3 +148,85 @@ def test_probe_result_is_compared_with_the_host(h200, run_rule, seen, status):
     h200.host.__post_init__()
     [result] = run_rule("toolkit.docker", h200)
     assert result.status is status
+
+
+# -- spec details and Docker's answer (scripts/mutate_rules.py survivors) ----------------
+
+def spec_host(h200, **spec):
+    h200.host.cdi_specs = Reading.ok([{"path": "/etc/cdi/nvidia.yaml",
+                                       "versions": ["580.159.04"], "missing_host_paths": [],
+                                       "kind": "nvidia.com/gpu", "devices": ["0", "all"],
+                                       **spec}])
+    h200.host.container_cli = Reading.not_supported("no nvidia-container-cli")
+    h200.host.ctk_version = Reading.not_supported("no nvidia-ctk")
+    h200.host.gpu_count = Reading.ok(1)
+    h200.host.__post_init__()
+    return h200
+
+
+def test_gpus_in_a_spec_are_counted_by_index_else_by_uuid(h200, run_rule):
+    # nvidia-ctk lists each GPU by index and by UUID, plus "all"
+    for devices, count in ((["0", "1", "all", "GPU-a", "GPU-b"], 2),
+                           (["GPU-a", "GPU-b", "all"], 2), ([7, "GPU-a", None], 1)):
+        spec_host(h200, devices=devices)
+        h200.host.gpu_count = Reading.ok(count)
+        h200.host.__post_init__()
+        [result] = run_rule("toolkit.parity", h200)
+        assert result.status is Status.OK, (devices, result.message)
+    h200.host.gpu_count = Reading.ok(3)
+    h200.host.__post_init__()
+    [result] = run_rule("toolkit.parity", h200)
+    assert "lists 1 GPU(s), the driver sees 3" in result.message
+
+
+def test_missing_host_paths_show_three_and_count_the_rest(h200, run_rule):
+    paths = [f"/usr/lib/lib{i}.so" for i in range(5)]
+    for n, tail in ((3, ""), (4, " and 1 more"), (5, " and 2 more")):
+        [result] = run_rule("toolkit.parity", spec_host(h200, missing_host_paths=paths[:n]))
+        assert result.status is Status.CRITICAL
+        assert result.message == ("/etc/cdi/nvidia.yaml: host paths missing: /usr/lib/lib0.so, "
+                                  f"/usr/lib/lib1.so, /usr/lib/lib2.so{tail}")
+
+
+def test_only_gpu_specs_are_counted_and_the_ok_message_names_what_was_seen(h200, run_rule):
+    [result] = run_rule("toolkit.parity", spec_host(h200, kind="nvidia.com/imex", devices=[]))
+    assert result.status is Status.OK
+    assert result.message == "1 CDI spec(s) match driver 580.159.04"
+    # what was not there is said, not left blank
+    assert "no nvidia-container-cli" in result.observed["container_cli"]
+
+
+def docker_facts(h200, **info):
+    h200.host.docker = Reading.ok({"host": "unix:///x", "reachable": True, "runtimes": ["runc"],
+                                   "default_runtime": "runc", "server_version": "27.0", **info})
+    h200.host.probe_image = Reading.not_supported("not asked")
+    h200.host.__post_init__()
+    return h200
+
+
+def test_docker_message_names_runtimes_and_the_nvidia_default(h200, run_rule):
+    [result] = run_rule("toolkit.docker", docker_facts(h200, runtimes=["runc", "nvidia"]))
+    assert result.message == "Docker 27.0 answers; runtimes: runc, nvidia; default: runc"
+    [result] = run_rule("toolkit.docker", docker_facts(h200, runtimes=None))
+    assert result.message == "Docker 27.0 answers; runtimes: none; default: runc"
+    [result] = run_rule("toolkit.docker", docker_facts(h200, default_runtime="nvidia"))
+    assert result.message.endswith("default: nvidia (every container gets GPUs, even without "
+                                   "--gpus)")
+
+
+def test_required_docker_that_is_not_configured_fails(h200, run_rule):
+    h200.host.docker = Reading.not_supported("no Docker daemon configured")
+    h200.host.__post_init__()
+    assert run_rule("toolkit.docker", h200)[0].status is Status.SKIPPED
+    [result] = run_rule("toolkit.docker", h200, Profile(docker_required=True))
+    assert result.status is Status.CRITICAL
+    assert result.message == "the profile requires Docker, and no daemon is configured"
+
+
+def test_probe_that_sees_no_driver_says_nothing(h200, run_rule):
+    docker_facts(h200)
+    h200.host.probe_image = Reading.ok({"image": "cuda:13", "ok": True, "driver_versions": []})
+    h200.host.__post_init__()
+    [result] = run_rule("toolkit.docker", h200)
+    assert result.status is Status.CRITICAL
+    assert "nvidia-smi reports driver nothing, the host runs 580.159.04" in result.message

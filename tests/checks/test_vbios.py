@@ -38,3 +38,17 @@ def test_allowlist(h200, run_rule):
     [result] = run_rule("vbios.allowed", h200, other)
     assert result.status is Status.WARNING
     assert "96.00.A5.00.1A" in result.message
+
+
+def test_gpus_without_a_readable_vbios_are_left_out_or_skipped(h200, run_rule):
+    from gpuguard.snapshot import Reading
+
+    eight(h200)
+    set_gpu(h200, 3, vbios_version=Reading.failed("GPU is lost"))
+    [result] = run_rule("vbios.consistent", h200)
+    assert result.status is Status.OK and result.message.startswith("one VBIOS per model")
+    for i in range(8):
+        set_gpu(h200, i, vbios_version=Reading.not_supported())
+    [result] = run_rule("vbios.consistent", h200)
+    assert result.status is Status.SKIPPED
+    assert result.message == "no GPU reported both its model and VBIOS version"

@@ -158,3 +158,97 @@ def test_the_check_and_the_metrics_grade_every_xid_alike(h200, run_rule, tmp_pat
         [(label, count)] = daemon.stats.xids.items()
         assert count == 1
         assert label[1] == by_check, (xid, text, label, by_check)
+
+
+# -- window edges, ages, grouping and the vendor hint (scripts/mutate_rules.py survivors) --
+
+NOW = 7200 * 10**6
+
+
+def xid_event(xid, pci="0000:00:06.0", usec=NOW - 10 * 10**6, seq=1000):
+    return {"xid": xid, "pci": pci, "pid": None, "process": None, "text": "", "seq": seq,
+            "usec": usec}
+
+
+def logged(h200, events, now=NOW, **extra):
+    from gpuguard.snapshot import Reading
+
+    snap = with_gpus(h200, BUSES)
+    snap.host.kernel_log = Reading.ok({"xids": events, "now_usec": now, "acked_seq": None,
+                                       **extra})
+    snap.host.__post_init__()
+    return snap
+
+
+def test_window_edge_is_inside(h200, run_rule):
+    hour = Profile(xid_window_s=3600)
+    [result] = run_rule("xid.recent", logged(h200, [xid_event(119, usec=NOW - 3600 * 10**6)]),
+                        hour)
+    assert result.observed["counted"] == 1 and result.observed["aged_out"] == 0
+    [result] = run_rule("xid.recent",
+                        logged(h200, [xid_event(119, usec=NOW - 3600 * 10**6 - 1)]), hour)
+    assert result.observed["counted"] == 0 and result.observed["aged_out"] == 1
+
+
+def test_age_is_told_when_known(h200, run_rule):
+    [result] = run_rule("xid.recent", logged(h200, [xid_event(119, usec=NOW - 6000 * 10**6)]))
+    assert result.observed["events"][0]["age_s"] == 6000
+    assert result.message.startswith("GPU 0 (0000:00:06.0): Xid 119 (GSP RPC timeout), "
+                                     "last 1h ago: ")
+    for snap in (logged(h200, [xid_event(119, usec=None)]),
+                 logged(h200, [xid_event(119)], now=None)):
+        [result] = run_rule("xid.recent", snap)
+        assert result.status is Status.CRITICAL
+        assert result.observed["events"][0]["age_s"] is None
+        assert result.message.startswith("GPU 0 (0000:00:06.0): Xid 119 (GSP RPC timeout): ")
+
+
+def test_dropped_and_informational_lines_are_told(h200, run_rule):
+    [result] = run_rule("xid.recent", logged(h200, [], xids_dropped=None))
+    assert result.message == "no Xid since boot" and result.observed["older_not_kept"] == 0
+    [result] = run_rule("xid.recent", logged(h200, [xid_event(63)]))
+    assert result.message == "no Xid since boot (1 informational)"
+    [result] = run_rule("xid.recent", logged(h200, [xid_event(119)]))
+    assert not result.message.endswith("not kept)")
+    [result] = run_rule("xid.recent", logged(h200, [xid_event(119)], xids_dropped=3))
+    assert result.message.endswith(" (and 3 older Xid line(s) not kept)")
+
+
+def test_parts_are_ordered_by_gpu_then_xid(h200, run_rule):
+    events = [xid_event(13, pci="0000:3b:00.0"), xid_event(94, pci="0000:00:06.0")]
+    [result] = run_rule("xid.recent", logged(h200, events))
+    first, second = result.message.split(" | ")
+    assert first.startswith("GPU 0 ") and second.startswith("GPU 1 ")
+
+
+def test_unlisted_addresses_show_three_and_count_the_rest(h200, run_rule):
+    pcis = [f"0000:{bus:02x}:00.0" for bus in (0xA1, 0xA2, 0xA3, 0xA4)]
+    [result] = run_rule("xid.recent", logged(h200, [xid_event(79, pci=p) for p in pcis[:3]]))
+    assert result.message.startswith("0000:a1:00.0, 0000:a2:00.0, 0000:a3:00.0 (not among")
+    [result] = run_rule("xid.recent", logged(h200, [xid_event(79, pci=p) for p in pcis]))
+    assert result.message.startswith("0000:a1:00.0, 0000:a2:00.0, 0000:a3:00.0 and 1 more "
+                                     "(not among the GPUs NVML lists): Xid 79 x4")
+
+
+def test_repeats_are_counted_and_a_fatal_one_asks_for_the_vendor(h200, run_rule, tmp_path):
+    [result] = run_rule("xid.recent", logged(h200, [xid_event(119), xid_event(119)]))
+    assert "Xid 119 x2 (" in result.message and "vendor" not in result.message
+    [result] = run_rule("xid.recent", logged(h200, [xid_event(119)] * 5))
+    assert result.message.endswith("; it keeps coming back: contact NVIDIA support or the "
+                                   "vendor")
+    [result] = run_rule("xid.recent", logged(h200, [xid_event(31)] * 5))  # an app's fault
+    assert "vendor" not in result.message
+    rules = tmp_path / "rules.d"
+    rules.mkdir()
+    (rules / "xid.yaml").write_text(
+        "overrides:\n  xid.recent: {thresholds: {repeat_for_vendor: 2}}\n")
+    [result] = run_rule("xid.recent", logged(h200, [xid_event(119)] * 2),
+                        rules=load_ruleset([rules]))
+    assert "contact NVIDIA support" in result.message
+
+
+def test_window_is_named_in_days_hours_minutes_or_seconds(h200, run_rule):
+    for seconds, text in ((86400, "1d"), (86399, "23h"), (3600, "1h"), (3599, "59m"),
+                          (60, "1m"), (59, "59s")):
+        [result] = run_rule("xid.recent", logged(h200, []), Profile(xid_window_s=seconds))
+        assert result.message == f"no Xid in the last {text}", seconds
