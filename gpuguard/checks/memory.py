@@ -27,18 +27,22 @@ def retired_pages(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
 def row_remap(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     failure = gpu.remapped_rows_failure.get()
     pending = gpu.remapped_rows_pending.get()
-    unc = gpu.remapped_rows_uncorrectable.get_or(0)
-    corr = gpu.remapped_rows_correctable.get_or(0)
-    observed = {"failure": failure, "pending": pending, "uncorrectable": unc, "correctable": corr}
+    corr = gpu.remapped_rows_correctable.get_or(None)  # described, never judged
+    observed = {"failure": failure, "pending": pending, "correctable": corr}
     if failure:
         return ctx.fail("row remapping failed: the GPU has run out of spare rows for a bad "
                         "memory row", **observed)
     if pending:
         return warning("a row remap is pending: reset the GPU to apply it", **observed)
+    # The count it judges must be read: an unreadable one is unknown, never taken as 0.
+    unc = gpu.remapped_rows_uncorrectable.get()
+    observed["uncorrectable"] = unc
     if unc >= ctx.threshold("warn_uncorrectable_rows"):
         return warning(f"{unc} rows remapped for uncorrectable errors "
                        f"(>= {ctx.threshold('warn_uncorrectable_rows')})", **observed)
-    return ok(f"rows remapped: {corr} correctable, {unc} uncorrectable; none pending", **observed)
+    corr_text = "?" if corr is None else str(corr)
+    return ok(f"rows remapped: {corr_text} correctable, {unc} uncorrectable; none pending",
+              **observed)
 
 
 @gpu_check("memory.orphaned", thresholds=("max_unowned_gib",))

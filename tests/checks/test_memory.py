@@ -96,11 +96,21 @@ def test_memory_thresholds_come_from_the_rules(h200, run_rule, tmp_path):
     assert run_rule("memory.orphaned", h200, rules=rules)[0].status is Status.OK
 
 
-def test_unread_row_counts_and_reserved_memory_count_as_zero(h200, run_rule):
+def test_an_unread_uncorrectable_count_is_never_taken_as_zero(h200, run_rule):
+    set_gpu(h200, remapped_rows_uncorrectable=Reading.failed("nvmlDeviceGetRemappedRows: x"))
+    assert run_rule("memory.row_remap", h200)[0].status is Status.UNKNOWN
     set_gpu(h200, remapped_rows_uncorrectable=Reading.not_supported(),
             remapped_rows_correctable=Reading.not_supported())
+    assert run_rule("memory.row_remap", h200)[0].status is Status.SKIPPED
+    set_gpu(h200, remapped_rows_uncorrectable=0)  # the correctable count is only described
     [result] = run_rule("memory.row_remap", h200)
-    assert result.message == "rows remapped: 0 correctable, 0 uncorrectable; none pending"
+    assert result.message == "rows remapped: ? correctable, 0 uncorrectable; none pending"
+    # a failure or a pending remap is judged even when the counts cannot be read
+    set_gpu(h200, remapped_rows_uncorrectable=Reading.failed("x"), remapped_rows_pending=True)
+    assert run_rule("memory.row_remap", h200)[0].status is Status.WARNING
+
+
+def test_unread_reserved_memory_counts_as_zero(h200, run_rule):
     set_gpu(h200, memory_reserved_bytes=Reading.not_supported(), compute_processes=[])
     assert run_rule("memory.orphaned", h200)[0].observed["reserved_bytes"] == 0
 
