@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from gpuguard.paths import Paths
     from gpuguard.profile import Profile
     from gpuguard.rule import RuleSet
+    from gpuguard.snapshot import Snapshot
     from gpuguard.sources.host import HostOptions
 
 EXIT_UNKNOWN = 3
@@ -128,7 +129,9 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     from gpuguard.results import Verdict
 
     render = _renderer(fmt)
+    waiting = time.monotonic()
     snapshot = collection.result()
+    gathered = time.monotonic()
     verdict = Verdict(evaluate(snapshot, ruleset, profile, only, skip), fail_on)
     if fmt == "table" and quiet and verdict.nagios_code == 0:
         text = ""
@@ -137,6 +140,8 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
         text = render(snapshot, verdict, duration_s=time.monotonic() - started, colour=colour,
                       quiet=quiet)
     _emit(text, output)
+    if os.environ.get("GPUGUARD_TIMING"):
+        _print_timing(waiting, gathered, snapshot)
     sys.exit(verdict.code)
 
 
@@ -349,6 +354,19 @@ def rules_fields() -> None:
 
 
 # --- helpers -----------------------------------------------------------------------
+
+
+def _print_timing(waiting: float, gathered: float, snapshot: Snapshot) -> None:
+    """Where `check`'s time went (GPUGUARD_TIMING=1; docs/benchmarks.md): ms since main()
+    when the parent was ready to wait, when the sources were in, when it was done."""
+    from gpuguard.entry import STARTED
+
+    def ms(t: float) -> float:
+        return round((t - STARTED) * 1000, 1)
+
+    click.echo(f"gpuguard timing: parent ready {ms(waiting)} ms, sources in {ms(gathered)} ms, "
+               f"done {ms(time.monotonic())} ms; NVML worker {snapshot.nvml.elapsed_s} s "
+               "from its fork", err=True)
 
 
 def _check_filters(only: tuple[str, ...], skip: tuple[str, ...], rule_ids: list[str]) -> None:

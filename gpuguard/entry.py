@@ -9,6 +9,10 @@ whole command line, and a worker started with other settings is discarded.
 from __future__ import annotations
 
 import sys
+import time
+
+# When main() began (monotonic): GPUGUARD_TIMING=1 prints each phase of `check` from here.
+STARTED = 0.0
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -40,6 +44,8 @@ def _start_worker_early(args: list[str]) -> None:
 
 
 def main() -> None:
+    global STARTED
+    STARTED = time.monotonic()
     _start_worker_early(sys.argv[1:])
     import click
 
