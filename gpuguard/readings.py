@@ -128,6 +128,44 @@ def _kernel_log(value: Any) -> str | None:
     return None
 
 
+FABRIC_STATES = ("not_started", "in_progress", "completed")
+P2P_STATES = ("ok", "chipset_not_supported", "gpu_not_supported", "topology_not_supported",
+              "disabled_by_regkey", "not_supported", "unknown")
+
+
+def _fabric_state(value: Any) -> str | None:
+    if value not in FABRIC_STATES:
+        return f"must be one of {', '.join(FABRIC_STATES)}, not {_show(value)}"
+    return None
+
+
+def _links(value: Any) -> str | None:
+    if _mapping_list(value):
+        return _mapping_list(value)
+    for link in value:
+        if not isinstance(link.get("link"), int) or isinstance(link.get("link"), bool) \
+                or not isinstance(link.get("up"), bool):
+            return f"an NVLink entry is not {{link: number, up: true|false, ...}}: {_show(link)}"
+        for counter in ("version", "replay", "recovery", "crc_flit", "crc_data"):
+            if not _optional_int(link.get(counter)):
+                return f"NVLink {link['link']} {counter} is not a count: {_show(link)}"
+        if link.get("remote_pci") is not None and not isinstance(link["remote_pci"], str):
+            return f"NVLink {link['link']} remote_pci is not text"
+    return None
+
+
+def _p2p(value: Any) -> str | None:
+    if _mapping_list(value):
+        return _mapping_list(value)
+    for peer in value:
+        if not _optional_int(peer.get("peer")) or peer.get("peer") is None:
+            return f"a P2P entry has no peer index: {_show(peer)}"
+        for kind in ("read", "write", "nvlink", "atomics"):
+            if peer.get(kind) is not None and peer.get(kind) not in P2P_STATES:
+                return f"P2P {kind} with GPU {peer['peer']} is {_show(peer.get(kind))}"
+    return None
+
+
 COUNT = _int(0, MAX_COUNTER)
 CELSIUS = _int(-100, 250)
 MHZ = _int(0, 100_000)
@@ -141,6 +179,12 @@ GPU_FIELDS: dict[str, Validator] = {
     "ecc_mode_current": _bool, "ecc_mode_pending": _bool,
     "retired_pages_pending": _bool, "remapped_rows_pending": _bool,
     "remapped_rows_failure": _bool, "gpu_lost": _bool,
+    "nvlink_links": _links, "fabric_state": _fabric_state, "fabric_status": _text,
+    "fabric_clique_id": _int(0, 2**32), "p2p_status": _p2p,
+    "memory_temperature_c": CELSIUS, "memory_temperature_max_c": CELSIUS,
+    "clock_sm_app_mhz": _int(0, 100_000), "clock_mem_app_mhz": _int(0, 100_000),
+    "clock_sm_app_default_mhz": _int(0, 100_000), "clock_mem_app_default_mhz": _int(0, 100_000),
+    "gsp_firmware_version": _text,
     "pcie_link_gen_current": _int(1, 64), "pcie_link_gen_max": _int(1, 64),
     "pcie_link_width_current": _int(0, 64), "pcie_link_width_max": _int(1, 64),
     "temperature_c": CELSIUS, "temperature_tlimit_margin_c": CELSIUS,
@@ -162,6 +206,7 @@ HOST_FIELDS: dict[str, Validator] = {
     "kernel_modules": _text_list, "device_nodes": _text_list, "secure_boot": _bool,
     "persistenced_running": _bool, "cdi_specs": _mapping_list, "container_cli": _mapping,
     "ctk_version": _text, "docker": _mapping, "probe_image": _mapping,
+    "fabricmanager_running": _bool,
 }
 
 

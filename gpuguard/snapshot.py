@@ -188,6 +188,29 @@ class GpuSnapshot:
     # True when NVML answered "GPU is lost" for this GPU: it fell off the bus (as Xid 79).
     gpu_lost: Reading[bool] = reading_field()
 
+    # Multi-GPU hosts (issue 11). NVLink, one entry per link: {"link": n, "up": bool,
+    # "version": int|None, "remote_pci": str|None, "replay": int|None, "recovery": int|None,
+    # "crc_flit": int|None, "crc_data": int|None}; not supported on a GPU without NVLink.
+    nvlink_links: Reading[list[dict[str, Any]]] = reading_field()
+    # GPU fabric (NVSwitch systems): state not_started | in_progress | completed; the
+    # status NVML gives once completed ("Success" or the error); the clique id.
+    fabric_state: Reading[str] = reading_field()
+    fabric_status: Reading[str] = reading_field()
+    fabric_clique_id: Reading[int] = reading_field()
+    # Peer-to-peer with every other GPU: {"peer": index, "read", "write", "nvlink",
+    # "atomics": ok | chipset_not_supported | gpu_not_supported | topology_not_supported |
+    # disabled_by_regkey | not_supported | unknown}.
+    p2p_status: Reading[list[dict[str, Any]]] = reading_field()
+    # HBM temperature and the memory's maximum (NVML_FI_DEV_MEMORY_TEMP, THRESHOLD_MEM_MAX).
+    memory_temperature_c: Reading[int] = reading_field()
+    memory_temperature_max_c: Reading[int] = reading_field()
+    # Application clocks in force and their defaults.
+    clock_sm_app_mhz: Reading[int] = reading_field()
+    clock_mem_app_mhz: Reading[int] = reading_field()
+    clock_sm_app_default_mhz: Reading[int] = reading_field()
+    clock_mem_app_default_mhz: Reading[int] = reading_field()
+    gsp_firmware_version: Reading[str] = reading_field()
+
     def ref(self) -> GpuRef:
         """Which GPU this is, as results and metrics name it."""
         return GpuRef(index=self.index,
@@ -229,6 +252,8 @@ class HostInfo:
     ctk_version: Reading[str] = reading_field()
     docker: Reading[dict[str, Any]] = reading_field()
     probe_image: Reading[dict[str, Any]] = reading_field()
+    # procfs: an nvidia-fabricmanager process runs on this host (issue 11).
+    fabricmanager_running: Reading[bool] = reading_field()
 
     def __post_init__(self) -> None:
         if not isinstance(self.hostname, str) or not isinstance(self.source, str):
