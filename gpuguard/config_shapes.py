@@ -93,6 +93,8 @@ class RulesFile(_Strict):
     rules: list[RuleSpec] = msgspec.field(default_factory=list)
     overrides: dict[str, OverrideSpec] = msgspec.field(default_factory=dict)
     xid_catalog: dict[int, XidSpec] = msgspec.field(default_factory=dict)
+    # NVSwitch SXids: the same shape and actions as the Xid catalog (rules/sxid.yaml)
+    sxid_catalog: dict[int, XidSpec] = msgspec.field(default_factory=dict)
 
 
 class DriverSpec(_Strict):
@@ -106,6 +108,11 @@ class VbiosSpec(_Strict):
         description="a list of quoted versions")]] = msgspec.field(default_factory=dict)
 
 
+class P2pSpec(_Strict):
+    # every GPU pair must have peer access over NVLink (a TP replica spans them all)
+    require_nvlink: Flag | Unset = UNSET
+
+
 class ProfileFile(_Strict):
     gpu_count: Annotated[int, msgspec.Meta(ge=0, description="a whole number >= 0")] \
         | Unset = UNSET
@@ -116,4 +123,8 @@ class ProfileFile(_Strict):
     xid_window: Annotated[str, msgspec.Meta(
         description="`boot` or a span such as 90s, 15m, 2h, 1d")] | Unset = UNSET
     docker: Literal["required", "optional"] | Unset = UNSET
+    nvlink_links_per_gpu: Annotated[int, msgspec.Meta(
+        ge=0, description="a whole number >= 0")] | Unset = UNSET
+    p2p: P2pSpec | Unset = UNSET
+    mig: Literal["enabled", "disabled"] | bool | Unset = UNSET
     rules: dict[str, OverrideSpec] | Unset = UNSET

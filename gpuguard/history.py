@@ -1,8 +1,9 @@
 """A short history of the few readings that rules judge over time (daemon only).
 
 `gpuguard check` sees one instant; the daemon keeps, per GPU, small samples of the
-counters whose growth matters (ECC corrected, AER correctable, PCIe replays) and of
-the HW-slowdown bit, for about ten minutes. Checks get it as `ctx.history` (None in
+counters whose growth matters (ECC corrected, AER correctable, PCIe replays, NVLink
+error counters summed over the GPU's links) and of the HW-slowdown bit, for about ten
+minutes. Checks get it as `ctx.history` (None in
 `check`) and judge rates and persistence instead of single values.
 """
 
@@ -27,6 +28,27 @@ class Sample:
     power_cap: bool | None = None
     power_draw_w: float | None = None
     clock_sm_mhz: int | None = None
+    # nvlink.errors judges growth: each NVLink error counter summed over the GPU's links
+    # (a healthy H200 link shows CRC data 23 since the driver loaded: totals are no fault).
+    nvlink_replay: int | None = None
+    nvlink_recovery: int | None = None
+    nvlink_crc_flit: int | None = None
+    nvlink_crc_data: int | None = None
+
+
+NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
+
+
+def nvlink_totals(gpu: GpuSnapshot) -> dict[str, int | None]:
+    """Each NVLink error counter summed over the GPU's links: None where the GPU has no
+    NVLink reading or no link gave that counter. The one sum history and metrics use."""
+    if not gpu.nvlink_links.is_ok:
+        return dict.fromkeys(NVLINK_COUNTERS)
+    totals: dict[str, int | None] = {}
+    for name in NVLINK_COUNTERS:
+        values = [link[name] for link in gpu.nvlink_links.get() if link.get(name) is not None]
+        totals[name] = sum(values) if values else None
+    return totals
 
 
 def gpu_key(gpu: GpuSnapshot) -> str:
@@ -38,6 +60,7 @@ def sample(gpu: GpuSnapshot, t: float) -> Sample:
     if gpu.pcie_aer.is_ok:
         aer = sum((d.get("correctable") or {}).get("TOTAL", 0) for d in gpu.pcie_aer.get())
     reasons = gpu.clock_event_reasons.value if gpu.clock_event_reasons.is_ok else None
+    nvlink = nvlink_totals(gpu)
     return Sample(
         t=t,
         ecc_corrected=gpu.ecc_volatile_corrected.value if gpu.ecc_volatile_corrected.is_ok
@@ -48,6 +71,10 @@ def sample(gpu: GpuSnapshot, t: float) -> Sample:
         power_cap=None if reasons is None else bool(reasons & clock_events.SW_POWER_CAP),
         power_draw_w=gpu.power_draw_w.get_or(None),
         clock_sm_mhz=gpu.clock_sm_mhz.get_or(None),
+        nvlink_replay=nvlink["replay"],
+        nvlink_recovery=nvlink["recovery"],
+        nvlink_crc_flit=nvlink["crc_flit"],
+        nvlink_crc_data=nvlink["crc_data"],
     )
 
 
@@ -82,3 +109,23 @@ def growth(samples: list[Sample], field: str) -> tuple[int, float] | None:
     if before is None or now is None or now < before:
         return None
     return now - before, samples[-1].t - samples[-2].t
+
+
+def window_growth(samples: list[Sample], field: str, window_s: float
+                  ) -> tuple[int, float] | None:
+    """How much a counter grew over the last `window_s` seconds, and over how many seconds
+    of samples: from the oldest sample in the window after the last drop (a drop is a
+    counter reset, e.g. a driver reload, never negative growth). None below two samples."""
+    if not samples:
+        return None
+    now = samples[-1].t
+    usable = [(s.t, getattr(s, field)) for s in samples
+              if now - s.t <= window_s and getattr(s, field) is not None]
+    start = 0
+    for i in range(1, len(usable)):
+        if usable[i][1] < usable[i - 1][1]:
+            start = i
+    usable = usable[start:]
+    if len(usable) < 2:
+        return None
+    return usable[-1][1] - usable[0][1], usable[-1][0] - usable[0][0]

@@ -10,6 +10,9 @@
     ecc: enabled
     xid_window: 2h         # or boot (the default)
     docker: required       # toolkit.docker is critical when the daemon is down
+    nvlink_links_per_gpu: 18   # nvlink.state: links up on every GPU (default: its peers')
+    p2p: {require_nvlink: true}  # p2p.status: every GPU pair peers over NVLink
+    mig: disabled          # mig.mode: the MIG mode every GPU must be in
     rules:                 # overrides, same shape as a rule file's `overrides:`
       pcie.replays:
         thresholds: {max_replays: 500}
@@ -34,6 +37,11 @@ class Profile:
     # Seconds of kernel log in which an Xid counts; None: since boot.
     xid_window_s: float | None = None
     docker_required: bool = False
+    # Links up on every GPU with NVLink; None: the most up among its peers of one model.
+    nvlink_links_per_gpu: int | None = None
+    p2p_require_nvlink: bool = False
+    # The MIG mode every GPU must be in; None: any, as long as none is pending.
+    mig_expected: bool | None = None
     # as written (each key knows its line): gpuguard.ruleset applies them, naming the line
     rule_overrides: Mapping | None = None
 
@@ -51,7 +59,7 @@ def load_profile(path: Path) -> Profile:
         return profile
     if not isinstance(doc, Mapping):
         raise ConfigError(path, 1, "a profile is a mapping (gpu_count, driver, vbios, ecc, "
-                          "xid_window, docker, rules)")
+                          "xid_window, docker, nvlink_links_per_gpu, p2p, mig, rules)")
     spec = schema.convert(doc, ProfileFile, path)
     profile.gpu_count = given(spec.gpu_count)
     if (driver := given(spec.driver)) is not None:
@@ -71,6 +79,11 @@ def load_profile(path: Path) -> Profile:
         except ValueError as exc:
             raise ConfigError(path, doc.line_of("xid_window"), str(exc)) from exc
     profile.docker_required = spec.docker == "required"
+    profile.nvlink_links_per_gpu = given(spec.nvlink_links_per_gpu)
+    if (p2p := given(spec.p2p)) is not None:
+        profile.p2p_require_nvlink = given(p2p.require_nvlink) is True
+    if (mig := given(spec.mig)) is not None:
+        profile.mig_expected = mig in ("enabled", True)
     if given(spec.rules) is not None:
         profile.rule_overrides = doc["rules"]
     return profile

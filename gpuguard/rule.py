@@ -47,6 +47,8 @@ class RuleSet:
     rules: dict[str, Rule] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
     xid_catalog: dict[int, XidEntry] = field(default_factory=dict)
+    # NVSwitch SXids (rules/sxid.yaml), loaded as the Xid catalog is
+    sxid_catalog: dict[int, XidEntry] = field(default_factory=dict)
 
     def ordered(self) -> list[Rule]:
         return [self.rules[k] for k in sorted(self.rules)]

@@ -98,8 +98,8 @@ def _load_file(ruleset: RuleSet, path: Path, default_pack: bool) -> None:
     if doc is None:
         return
     if not isinstance(doc, Mapping):
-        raise ConfigError(path, 1, "expected a mapping with `rules:`, `overrides:` and/or "
-                          "`xid_catalog:`")
+        raise ConfigError(path, 1, "expected a mapping with `rules:`, `overrides:`, "
+                          "`xid_catalog:` and/or `sxid_catalog:`")
     spec = schema.convert(doc, RulesFile, path)
     for rule_spec, entry in zip(spec.rules, doc.get("rules") or [], strict=True):
         rule = _rule(path, rule_spec, entry, default_pack)
@@ -113,20 +113,25 @@ def _load_file(ruleset: RuleSet, path: Path, default_pack: bool) -> None:
     if spec.overrides:
         _apply_overrides(ruleset, path, spec.overrides, doc["overrides"])
     if spec.xid_catalog:
-        _load_xid_catalog(ruleset, path, spec.xid_catalog, doc["xid_catalog"])
+        _load_xid_catalog(ruleset.xid_catalog, path, spec.xid_catalog, doc["xid_catalog"],
+                          "xid_catalog")
+    if spec.sxid_catalog:
+        _load_xid_catalog(ruleset.sxid_catalog, path, spec.sxid_catalog, doc["sxid_catalog"],
+                          "sxid_catalog")
     ruleset.files.append(path)
 
 
-def _load_xid_catalog(ruleset: RuleSet, path: Path, catalog: dict[int, XidSpec],
-                      raw: Mapping) -> None:
+def _load_xid_catalog(target: dict[int, XidEntry], path: Path, catalog: dict[int, XidSpec],
+                      raw: Mapping, key: str) -> None:
+    """An Xid or SXid catalog (`key` names it in messages) merged into `target`."""
     for xid, entry in catalog.items():
         key_line = raw.line_of(xid)
-        old = ruleset.xid_catalog.get(xid)
+        old = target.get(xid)
         severity, meaning = given(entry.severity), given(entry.meaning)
         action = entry.action
         if old is None:
             if severity is None or given(action) is None or meaning is None:
-                raise ConfigError(path, key_line, f"xid_catalog[{xid}] is new here: it "
+                raise ConfigError(path, key_line, f"{key}[{xid}] is new here: it "
                                   "needs severity, action and meaning")
             old = XidEntry(severity, (), meaning, "")
         actions: tuple[str, ...] = old.actions
@@ -134,7 +139,7 @@ def _load_xid_catalog(ruleset: RuleSet, path: Path, catalog: dict[int, XidSpec],
             actions = tuple(action)
         elif isinstance(action, str):
             actions = (action,)
-        ruleset.xid_catalog[xid] = XidEntry(severity or old.severity, actions,
+        target[xid] = XidEntry(severity or old.severity, actions,
                                             old.meaning if meaning is None else meaning,
                                             f"{path}:{key_line}")
 

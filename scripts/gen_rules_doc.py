@@ -111,6 +111,16 @@ TAIL = """
 | --- | --- | --- | --- |
 {catalog}
 
+## SXid catalog (`rules/sxid.yaml`)
+
+`sxid.recent` grades each NVSwitch SXid by this table (same severities and actions, and
+`sxid_catalog:` in a rules.d file); an SXid it does not hold is graded by its line's own
+word: `Fatal` critical, `Non-fatal` warning.
+
+| SXid | severity | action | meaning |
+| --- | --- | --- | --- |
+{sxid_catalog}
+
 ## Conditions in user rules
 
 `when:` is an expression over snapshot fields (simpleeval: comparisons, `and`/`or`/`not`,
@@ -149,7 +159,11 @@ def render() -> str:
     catalog = "\n".join(
         f"| {xid} | {e.severity} | {', '.join(e.actions)} | {e.meaning} |"
         for xid, e in sorted(ruleset.xid_catalog.items()))
-    return HEAD + "\n".join(rows) + "\n" + TAIL.replace("{catalog}", catalog)
+    sxid_catalog = "\n".join(
+        f"| {sxid} | {e.severity} | {', '.join(e.actions)} | {e.meaning} |"
+        for sxid, e in sorted(ruleset.sxid_catalog.items()))
+    return HEAD + "\n".join(rows) + "\n" + TAIL.replace("{catalog}", catalog).replace(
+        "{sxid_catalog}", sxid_catalog)
 
 
 def main() -> int:

@@ -50,6 +50,10 @@ def profile_at(tmp_path: Path, text: str) -> Path:
     # what spans more than a type stays in code, with its line
     ("xid_window: 2 hours\n", 1, "xid window must be `boot` or a span"),
     ("driver:\n  min_version: '570.x'\n", 2, "driver: min_version: '570.x' is not a dotted"),
+    # issue 11's keys
+    ("nvlink_links_per_gpu: -2\n", 1, "nvlink_links_per_gpu must be a whole number >= 0"),
+    ("p2p:\n  require_nvlnk: true\n", 2, "p2p.require_nvlnk: unknown key"),
+    ("mig: maybe\n", 1, "mig must be one of `disabled`, `enabled`, not 'maybe'"),
 ])
 def test_a_bad_profile_is_file_line_and_what(tmp_path, text, line, problem):
     path = profile_at(tmp_path, text)
@@ -70,6 +74,9 @@ vbios:
 ecc: off
 xid_window: 2h
 docker: required
+nvlink_links_per_gpu: 18
+p2p: {require_nvlink: true}
+mig: disabled
 rules:
   pcie.replays: {thresholds: {max_replays: 5}}
 """))
@@ -80,13 +87,17 @@ rules:
     assert profile.xid_window_s == 7200
     assert profile.docker_required is True
     assert profile.rule_overrides is not None
-    assert profile.rule_overrides.line_of("pcie.replays") == 11
+    assert profile.rule_overrides.line_of("pcie.replays") == 14
+    assert profile.nvlink_links_per_gpu == 18 and profile.p2p_require_nvlink is True
+    assert profile.mig_expected is False
 
 
 def test_an_empty_profile_expects_nothing(tmp_path):
     profile = load_profile(profile_at(tmp_path, "# nothing yet\n"))
     assert profile.gpu_count is None and profile.ecc_expected is None
     assert profile.docker_required is False and profile.rule_overrides is None
+    assert profile.nvlink_links_per_gpu is None and profile.p2p_require_nvlink is False
+    assert profile.mig_expected is None
 
 
 def test_the_choices_are_the_ones_the_code_knows():

@@ -146,7 +146,8 @@ def test_profile_overrides_apply_last(tmp_path, h200):
         ("overrides:\n  pcie.replays: {enabled: maybe}\n", 2, "enabled must be true or false"),
         ("rules:\n  - id: site.x\n    scope: gpu\n    scope: host\n", 4, "duplicate key 'scope'"),
         ("rules:\n  - id: site.x\n   scope: [\n", 3, "invalid YAML"),
-        ("ruels: []\n", 1, "ruels: unknown key (allowed: overrides, rules, xid_catalog)"),
+        ("ruels: []\n", 1,
+         "ruels: unknown key (allowed: overrides, rules, sxid_catalog, xid_catalog)"),
         ("rules:\n  - id: site.x\n    scope: gpu\n    severity: warning\n    summary: s\n"
          "    when: '__import__(\"os\").system(\"true\")'\n    message: m\n", 6,
          "unknown field(s) __import__"),
@@ -180,7 +181,8 @@ def test_missing_rules_dir(tmp_path):
     ("text", "line", "words"),
     [
         ("gpu_count: eight\n", 1, "gpu_count must be a whole number"),
-        ("gpus: 8\n", 1, "gpus: unknown key (allowed: docker, driver, ecc, gpu_count, rules,"),
+        ("gpus: 8\n", 1, "gpus: unknown key (allowed: docker, driver, ecc, gpu_count, mig, "
+         "nvlink_links_per_gpu, p2p, rules,"),
         ("driver:\n  min_version: 570.86\n", 2, "must be a quoted version"),
         ("driver:\n  min_version: 'five'\n", 2, "not a dotted version"),
         ("driver:\n  minimum: '570'\n", 2,

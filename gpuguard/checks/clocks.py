@@ -126,3 +126,21 @@ def _minutes_all(samples: list[Sample], window_s: float,
             minute = int((now - s.t) // 60)
             minutes[minute] = minutes.get(minute, True) and held_back(s)
     return sum(minutes.values())
+
+
+@gpu_check("clocks.applications")
+def applications(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    """Application clocks below their defaults: a silent slowdown a tuning or benchmark
+    script leaves behind (`nvidia-smi -ac`), seen by no clock event reason but app clocks."""
+    sm, sm_default = gpu.clock_sm_app_mhz.get(), gpu.clock_sm_app_default_mhz.get()
+    mem, mem_default = gpu.clock_mem_app_mhz.get(), gpu.clock_mem_app_default_mhz.get()
+    observed = {"sm_mhz": sm, "sm_default_mhz": sm_default, "mem_mhz": mem,
+                "mem_default_mhz": mem_default}
+    low = [f"{name} {now} MHz (default {default} MHz)"
+           for name, now, default in (("SM", sm, sm_default), ("memory", mem, mem_default))
+           if now < default]
+    if low:
+        return ctx.fail("application clocks below their defaults: " + ", ".join(low),
+                        **observed)
+    return ok(f"application clocks SM {sm} / memory {mem} MHz, at or above their defaults",
+              **observed)

@@ -1,8 +1,9 @@
-"""memory.*: retired pages, row remapping, and memory held with no process to own it."""
+"""memory.*: retired pages, row remapping, memory held with no process to own it, and HBM
+temperature."""
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
+from gpuguard.checks import CheckContext, Finding, critical, gpu_check, ok, skipped, warning
 from gpuguard.snapshot import GpuSnapshot
 
 _GIB = 1024**3
@@ -59,3 +60,24 @@ def orphaned(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
         return ctx.fail(f"{used / _GIB:.1f} GiB in use with no compute process: a leaked context "
                         "or a zombie process", **observed)
     return ok(f"{used / _GIB:.2f} GiB in use, no compute process", **observed)
+
+
+@gpu_check("memory.temperature", thresholds=("warn_margin_c", "critical_margin_c"))
+def temperature(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    """HBM temperature against the memory's own maximum (the driver's THRESHOLD_MEM_MAX):
+    HBM throttles and then errors near it, while the GPU core may still be cool."""
+    temp = gpu.memory_temperature_c.get()
+    limit = gpu.memory_temperature_max_c.get()
+    observed = {"memory_temperature_c": temp, "memory_temperature_max_c": limit}
+    if limit <= 0:
+        # nvidia-smi's XML shows a T.Limit-relative 0 C here on an H200: no maximum.
+        return skipped(f"no memory temperature maximum given (reads {limit} C): HBM at "
+                       f"{temp} C not judged", **observed)
+    margin = limit - temp
+    observed["margin_c"] = margin
+    text = f"HBM at {temp} C, {margin} C below its {limit} C maximum"
+    if margin <= ctx.threshold("critical_margin_c"):
+        return critical(text, **observed)
+    if margin <= ctx.threshold("warn_margin_c"):
+        return warning(text, **observed)
+    return ok(text, **observed)

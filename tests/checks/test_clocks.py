@@ -299,3 +299,29 @@ def test_lowered_limit_tolerance_is_power_limit_s(h200, tmp_path, run_rule):
     rules = overridden(tmp_path, "power.limit", tolerance_w=250)
     busy(h200, power_limit_enforced_w=500.0, power_draw_w=495.0, clock_sm_mhz=900)
     assert run_rule("clocks.power_cap", h200, rules=rules)[0].status is Status.WARNING
+
+
+def test_application_clocks_at_their_defaults_are_ok(run_rule):
+    from tests.checks import h200x2
+
+    results = run_rule("clocks.applications", h200x2.snapshot())
+    assert {r.status for r in results} == {Status.OK}
+    assert results[0].message == ("application clocks SM 1980 / memory 3201 MHz, at or above "
+                                  "their defaults")
+
+
+def test_application_clocks_below_the_defaults_warn_naming_both(h200, run_rule):
+    set_gpu(h200, clock_sm_app_mhz=1980, clock_sm_app_default_mhz=1980,
+            clock_mem_app_mhz=3201, clock_mem_app_default_mhz=3201)
+    assert run_rule("clocks.applications", h200)[0].status is Status.OK
+    set_gpu(h200, clock_sm_app_mhz=1979)
+    [result] = run_rule("clocks.applications", h200)
+    assert result.status is Status.WARNING
+    assert result.message == ("application clocks below their defaults: SM 1979 MHz "
+                              "(default 1980 MHz)")
+    set_gpu(h200, clock_mem_app_mhz=1593)
+    [result] = run_rule("clocks.applications", h200)
+    assert result.message.endswith("SM 1979 MHz (default 1980 MHz), memory 1593 MHz "
+                                   "(default 3201 MHz)")
+    set_gpu(h200, clock_sm_app_mhz=Reading.not_supported())
+    assert run_rule("clocks.applications", h200)[0].status is Status.SKIPPED

@@ -128,3 +128,34 @@ def test_at_most_five_processes_are_named(h200, run_rule):
     [result] = run_rule("memory.orphaned", h200)
     assert result.message == ("6 compute process(es) hold the memory: w0[100], w1[101], "
                               "w2[102], w3[103], w4[104]")
+
+
+def test_memory_temperature_of_the_real_nvlink_host_is_ok(run_rule):
+    from tests.checks import h200x2
+
+    results = run_rule("memory.temperature", h200x2.snapshot())
+    assert [r.message for r in results] == ["HBM at 35 C, 60 C below its 95 C maximum",
+                                            "HBM at 36 C, 59 C below its 95 C maximum"]
+
+
+def test_memory_temperature_margins(h200, run_rule, tmp_path):
+    def status(temp, rules=None):
+        set_gpu(h200, memory_temperature_c=temp, memory_temperature_max_c=95)
+        return run_rule("memory.temperature", h200, rules=rules)[0].status
+
+    assert [status(t) for t in (84, 85, 86, 89, 90, 91, 120)] == [
+        Status.OK, Status.WARNING, Status.WARNING, Status.WARNING, Status.CRITICAL,
+        Status.CRITICAL, Status.CRITICAL]
+    rules = overridden(tmp_path, "memory.temperature", warn_margin_c=20, critical_margin_c=15)
+    assert [status(t, rules) for t in (74, 75, 80)] == [Status.OK, Status.WARNING,
+                                                        Status.CRITICAL]
+
+
+def test_memory_temperature_without_a_maximum_is_not_judged(h200, run_rule):
+    set_gpu(h200, memory_temperature_c=36, memory_temperature_max_c=0)
+    [result] = run_rule("memory.temperature", h200)
+    assert result.status is Status.SKIPPED and "reads 0 C" in result.message
+    set_gpu(h200, memory_temperature_max_c=Reading.not_supported())
+    assert run_rule("memory.temperature", h200)[0].status is Status.SKIPPED
+    set_gpu(h200, memory_temperature_max_c=95, memory_temperature_c=Reading.failed("x"))
+    assert run_rule("memory.temperature", h200)[0].status is Status.UNKNOWN

@@ -1,0 +1,93 @@
+"""nvlink.*: NVLink links up and their error counters.
+
+A GPU without NVLink (NVML: not supported, every PCIe GPU) is skipped with the reason: the
+top complaint about other checkers is NVLink alarms on hardware that has none. Links are
+counted, never judged one by one against a fixed number: how many a GPU has depends on the
+model and the board, so the reference is the profile or the GPU's peers of the same model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuguard.checks import CheckContext, Finding, gpu_check, ok, skipped
+from gpuguard.history import NVLINK_COUNTERS, nvlink_totals, window_growth
+from gpuguard.snapshot import GpuSnapshot
+
+NO_NVLINK = "no NVLink on this GPU (NVML: not supported): nothing to judge"
+LABELS = {"replay": "replay", "recovery": "recovery", "crc_flit": "CRC flit",
+          "crc_data": "CRC data"}
+
+
+def links_up(gpu: GpuSnapshot) -> int | None:
+    """Links up on a GPU with a readable NVLink list; None otherwise."""
+    if not gpu.nvlink_links.is_ok:
+        return None
+    return sum(1 for link in gpu.nvlink_links.get() if link["up"])
+
+
+def expected_links(gpu: GpuSnapshot, ctx: CheckContext) -> tuple[int, str]:
+    """How many links should be up, and where that number comes from: the profile, or the
+    most links up among this GPU's peers of the same model (itself included)."""
+    if ctx.profile.nvlink_links_per_gpu is not None:
+        return ctx.profile.nvlink_links_per_gpu, "the profile's nvlink_links_per_gpu"
+    model = gpu.name.get_or(None)
+    counts = [n for peer in ctx.snapshot.gpus
+              if peer.name.get_or(None) == model and (n := links_up(peer)) is not None]
+    peers = len(counts) - 1
+    if peers <= 0:
+        return max(counts, default=0), "no peer of the same model to compare with"
+    return max(counts), f"the most up among its {peers} peer(s) of the same model"
+
+
+@gpu_check("nvlink.state")
+def state(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    if gpu.nvlink_links.state == "not_supported":
+        return skipped(NO_NVLINK)
+    links = gpu.nvlink_links.get()
+    up = sum(1 for link in links if link["up"])
+    down = [link["link"] for link in links if not link["up"]]
+    expected, basis = expected_links(gpu, ctx)
+    observed: dict[str, Any] = {"up": up, "expected": expected, "links": len(links),
+                                "down": down}
+    if up < expected:
+        named = ", ".join(str(n) for n in down[:18]) or "none listed"
+        return ctx.fail(f"{up} of {expected} NVLinks up ({basis}); down: {named}",
+                        **observed)
+    return ok(f"{up} NVLinks up ({basis}: {expected})", **observed)
+
+
+@gpu_check("nvlink.errors", thresholds=(
+    "window_s", "max_replay_growth", "max_recovery_growth", "max_crc_flit_growth",
+    "max_crc_data_growth"))
+def errors(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    if gpu.nvlink_links.state == "not_supported":
+        return skipped(NO_NVLINK)
+    gpu.nvlink_links.get()  # an unreadable list is unknown, never "no errors"
+    totals = nvlink_totals(gpu)
+    shown = ", ".join(f"{LABELS[k]} {v}" for k, v in totals.items() if v is not None)
+    observed: dict[str, Any] = {"totals": totals}
+    if ctx.history is None:
+        # One instant: counts since the driver loaded are not a rate (a healthy link
+        # carries some CRC data errors); the daemon judges their growth.
+        return ok(f"totals since the driver loaded: {shown or 'none read'} (the daemon "
+                  "judges their growth)", **observed)
+    window_s = ctx.threshold("window_s")
+    limits = {"replay": ctx.threshold("max_replay_growth"),
+              "recovery": ctx.threshold("max_recovery_growth"),
+              "crc_flit": ctx.threshold("max_crc_flit_growth"),
+              "crc_data": ctx.threshold("max_crc_data_growth")}
+    samples = ctx.history.samples(gpu)
+    over, grown = [], {}
+    for name in NVLINK_COUNTERS:
+        grew = window_growth(samples, f"nvlink_{name}", window_s)
+        if grew is None:
+            continue
+        grown[name] = grew[0]
+        if grew[0] > limits[name]:
+            over.append(f"{LABELS[name]} +{grew[0]} in {grew[1]:.0f} s (limit {limits[name]})")
+    observed |= {"growth": grown, "window_s": window_s}
+    if over:
+        return ctx.fail("NVLink errors growing: " + ", ".join(over), **observed)
+    return ok(f"NVLink error growth within limits over {window_s / 60:.0f} min "
+              f"(totals: {shown or 'none read'})", **observed)

@@ -1,0 +1,86 @@
+"""p2p.status: peer-to-peer access between GPUs, as NVML reports it per pair.
+
+Many PCIe hosts have no P2P at all (across CPU sockets, consumer boards, a VM): that is
+no fault by itself, so without a profile only one case is judged, a pair that is wired
+over NVLink yet cannot peer over it (traffic silently falls back to PCIe). The profile's
+`p2p: {require_nvlink: true}` demands NVLink peer access between every pair.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuguard.checks import CheckContext, Finding, gpu_check, ok, unknown, warning
+from gpuguard.pci import normalise_pci
+from gpuguard.snapshot import GpuSnapshot
+
+KINDS = ("read", "write", "nvlink")
+
+
+def _up_remotes(gpu: GpuSnapshot) -> set[str]:
+    """Remote PCI ids of the GPU's links that are up (normalised; empty without NVLink)."""
+    if not gpu.nvlink_links.is_ok:
+        return set()
+    out = set()
+    for link in gpu.nvlink_links.get():
+        remote = link.get("remote_pci")
+        if link["up"] and remote:
+            try:
+                out.add(normalise_pci(remote))
+            except (ValueError, IndexError):
+                continue
+    return out
+
+
+def wired(a: GpuSnapshot, b: GpuSnapshot, gpu_pcis: set[str]) -> bool:
+    """The pair is wired over NVLink: a link of one ends at the other (a bridge), or both
+    have links up to something that is not a GPU of this host (an NVSwitch; a VM shows
+    it as FFFFFFFF:FF:FF.0)."""
+    ra, rb = _up_remotes(a), _up_remotes(b)
+    pa = normalise_pci(a.pci_bus_id.get()) if a.pci_bus_id.is_ok else None
+    pb = normalise_pci(b.pci_bus_id.get()) if b.pci_bus_id.is_ok else None
+    if (pb is not None and pb in ra) or (pa is not None and pa in rb):
+        return True
+    return bool(ra - gpu_pcis) and bool(rb - gpu_pcis)
+
+
+@gpu_check("p2p.status")
+def status(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    peers = {p["peer"]: p for p in gpu.p2p_status.get()}
+    others = [g for g in ctx.snapshot.gpus if g.index != gpu.index]
+    observed: dict[str, Any] = {"peers": {str(k): {kind: v.get(kind) for kind in KINDS}
+                                          for k, v in sorted(peers.items())}}
+    if not others:
+        return ok("no other GPU to peer with", **observed)
+    require = ctx.profile.p2p_require_nvlink
+    gpu_pcis = {normalise_pci(g.pci_bus_id.get()) for g in ctx.snapshot.gpus
+                if g.pci_bus_id.is_ok}
+    failed: list[str] = []
+    fallback: list[str] = []
+    unread: list[str] = []
+    for other in others:
+        # Judged: every pair when the profile requires NVLink, else pairs wired over it.
+        if not require and not wired(gpu, other, gpu_pcis):
+            continue
+        entry = peers.get(other.index)
+        if entry is None:
+            unread.append(f"GPU {other.index}: no P2P status")
+            continue
+        wanted = KINDS if require else ("nvlink",)
+        bad = {kind: entry.get(kind) for kind in wanted if entry.get(kind) != "ok"}
+        if any(v in (None, "unknown") for v in bad.values()):
+            unread.append(f"GPU {other.index}: " + ", ".join(f"{k} {v or 'unread'}"
+                                                             for k, v in bad.items()))
+        elif bad:
+            text = f"GPU {other.index}: " + ", ".join(f"{k} {v}" for k, v in bad.items())
+            (failed if require else fallback).append(text)
+    if failed:
+        return ctx.fail("peer access over NVLink that the profile requires is missing: "
+                        + "; ".join(failed), **observed)
+    if fallback:
+        return warning("NVLink is up to these peers, but NVML refuses P2P over it (peer "
+                       "traffic falls back to PCIe): " + "; ".join(fallback), **observed)
+    if unread:
+        return unknown("cannot tell P2P status: " + "; ".join(unread), **observed)
+    basis = "read, write and NVLink" if require else "NVLink where wired"
+    return ok(f"P2P with {len(others)} peer(s): {basis} as expected", **observed)

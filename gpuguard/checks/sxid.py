@@ -1,0 +1,78 @@
+"""sxid.recent: NVSwitch SXid errors in the kernel log, graded by the catalog in
+rules/sxid.yaml. As xid.recent: only events inside the window count (the profile's
+xid_window, default since boot), and lines up to the sequence acknowledged with
+`gpuguard xid ack` (one kernel log sequence for both) are left out."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from gpuguard.checks import CheckContext, Finding, host_check, ok, skipped, unknown, warning
+from gpuguard.sxids import grade
+
+
+@host_check("sxid.recent")
+def recent(ctx: CheckContext) -> Finding:
+    log = ctx.snapshot.host.kernel_log.get()
+    events = log.get("sxids")
+    if events is None:
+        return skipped("this kernel log summary has no SXid list (an older input)")
+    if not isinstance(events, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("sxid"), int) for e in events):
+        return unknown("the kernel log summary's SXid list is malformed")
+    window_s = ctx.profile.xid_window_s
+    now, acked = log.get("now_usec"), log.get("acked_seq")
+    counted: list[dict[str, Any]] = []
+    aged = ignored = 0
+    for event in events:
+        seq, usec = event.get("seq"), event.get("usec")
+        if acked is not None and seq is not None and seq <= acked:
+            continue
+        if window_s is not None and now is not None and usec is not None \
+                and now - usec > window_s * 1_000_000:
+            aged += 1
+            continue
+        graded = grade(event["sxid"], event.get("text"), ctx.ruleset.sxid_catalog)
+        if graded.severity == "ignore":
+            ignored += 1
+            continue
+        counted.append({**event, "severity": graded.severity, "meaning": graded.meaning,
+                        "action": graded.action,
+                        "age_s": None if now is None or usec is None else (now - usec) // 10**6})
+    window = "since boot" if window_s is None else f"in the last {span(window_s)}"
+    dropped = log.get("sxids_dropped") or 0
+    observed = {"window": window, "counted": len(counted), "aged_out": aged,
+                "older_not_kept": dropped, "not_counted": ignored, "acked_seq": acked,
+                "events": [{k: e.get(k) for k in ("sxid", "switch", "link", "severity", "seq",
+                                                    "age_s")} for e in counted]}
+    if not counted:
+        extra = f" ({ignored} informational)" if ignored else ""
+        return ok(f"no NVSwitch SXid {window}{extra}", **observed)
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for e in counted:
+        groups[(str(e.get("switch") or "unknown switch"), e["sxid"])].append(e)
+    parts = []
+    for (switch, sxid), group in sorted(groups.items()):
+        last = group[-1]
+        links = sorted({e["link"] for e in group if isinstance(e.get("link"), int)})
+        on = f" link {', '.join(map(str, links))}" if links else ""
+        age = f", last {span(last['age_s'])} ago" if last["age_s"] is not None else ""
+        times = f" x{len(group)}" if len(group) > 1 else ""
+        parts.append(f"NVSwitch {switch}{on}: SXid {sxid}{times} ({last['meaning']}){age}: "
+                     f"{last['action']}")
+    message = " | ".join(parts)
+    if dropped:
+        message += f" (and {dropped} older SXid line(s) not kept)"
+    if any(e["severity"] == "critical" for e in counted):
+        return ctx.fail(message, **observed)
+    return warning(message, **observed)
+
+
+def span(seconds: float) -> str:
+    """90061 -> 1d (as xid.recent writes ages)."""
+    seconds = int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

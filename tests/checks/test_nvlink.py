@@ -1,0 +1,173 @@
+"""nvlink.state and nvlink.errors on the real 2 x H200 NVLink host, and the real
+single H200 recording as a GPU without NVLink."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from gpuguard.engine import evaluate
+from gpuguard.history import History
+from gpuguard.profile import Profile
+from gpuguard.results import Status
+from gpuguard.snapshot import Reading, Snapshot
+from tests.checks import h200x2
+from tests.checks.test_memory import overridden
+from tests.conftest import set_gpu
+
+NEW_RULES = ("nvlink.state", "nvlink.errors", "fabric.state", "fabric.manager", "p2p.status",
+             "memory.temperature", "mig.mode", "clocks.applications", "sxid.recent")
+
+
+@pytest.fixture
+def pair() -> Snapshot:
+    return h200x2.snapshot()
+
+
+def links(snapshot: Snapshot, index: int) -> list[dict[str, Any]]:
+    return copy.deepcopy(snapshot.gpus[index].nvlink_links.get())
+
+
+def with_links_down(snapshot: Snapshot, index: int, *down: int) -> Snapshot:
+    changed = links(snapshot, index)
+    for link in changed:
+        if link["link"] in down:
+            link["up"] = False
+    return set_gpu(snapshot, index, nvlink_links=changed)
+
+
+def test_the_real_nvlink_host_is_healthy_in_check_and_in_the_daemon(pair, default_rules):
+    """Idle and healthy: every new rule ok or skipped, CRC data 23 on a link included."""
+    assert links(pair, 0)[0]["crc_data"] == 23
+    results = evaluate(pair, default_rules, Profile(), only=list(NEW_RULES))
+    history = History()
+    for t in (0.0, 5.0, 10.0):
+        history.add(pair, t)
+    results += evaluate(pair, default_rules, Profile(), only=list(NEW_RULES), history=history)
+    assert {r.rule for r in results} == set(NEW_RULES)
+    assert {r.status for r in results} <= {Status.OK, Status.SKIPPED}, \
+        [(r.rule, r.status, r.message) for r in results if r.status is not Status.OK]
+    state = next(r for r in results if r.rule == "nvlink.state")
+    assert state.message == "18 NVLinks up (the most up among its 1 peer(s) of the same model: 18)"
+
+
+def test_a_gpu_without_nvlink_is_skipped_with_the_reason(h200, run_rule):
+    for rule in ("nvlink.state", "nvlink.errors"):
+        set_gpu(h200, nvlink_links=Reading.not_supported("NVML: Not Supported"))
+        [result] = run_rule(rule, h200)
+        assert result.status is Status.SKIPPED
+        assert result.message == ("no NVLink on this GPU (NVML: not supported): nothing to "
+                                  "judge")
+
+
+def test_an_unread_link_list_is_unknown(pair, run_rule):
+    set_gpu(pair, 0, nvlink_links=Reading.failed("nvmlDeviceGetNvLinkState: timeout"))
+    for rule in ("nvlink.state", "nvlink.errors"):
+        result = run_rule(rule, pair)[0]
+        assert result.status is Status.UNKNOWN and "timeout" in result.message
+
+
+def test_a_link_down_against_the_peers_is_critical_naming_it(pair, run_rule):
+    with_links_down(pair, 1, 7)
+    good, bad = run_rule("nvlink.state", pair)
+    assert good.status is Status.OK
+    assert bad.status is Status.CRITICAL
+    assert bad.message == ("17 of 18 NVLinks up (the most up among its 1 peer(s) of the same "
+                           "model); down: 7")
+    assert bad.observed["down"] == [7]
+
+
+def test_peers_of_another_model_are_not_compared(pair, run_rule):
+    with_links_down(pair, 1, *range(6))
+    set_gpu(pair, 0, name="NVIDIA H100 80GB HBM3")
+    results = run_rule("nvlink.state", pair)
+    assert [r.status for r in results] == [Status.OK, Status.OK]
+    assert results[1].message == ("12 NVLinks up (no peer of the same model to compare "
+                                  "with: 12)")
+
+
+def test_the_profile_sets_the_number_of_links(pair, run_rule):
+    # at the line: 18 wanted, 18 up
+    assert {r.status for r in run_rule("nvlink.state", pair,
+                                       Profile(nvlink_links_per_gpu=18))} == {Status.OK}
+    # just above what the GPUs have: both critical, though they agree with each other
+    results = run_rule("nvlink.state", pair, Profile(nvlink_links_per_gpu=19))
+    assert {r.status for r in results} == {Status.CRITICAL}
+    assert results[0].message == ("18 of 19 NVLinks up (the profile's nvlink_links_per_gpu); "
+                                  "down: none listed")
+    # below: a GPU with a link down passes a profile that asks for fewer
+    with_links_down(pair, 1, 0)
+    assert {r.status for r in run_rule("nvlink.state", pair,
+                                       Profile(nvlink_links_per_gpu=17))} == {Status.OK}
+
+
+def test_all_gpus_equally_down_pass_without_a_profile(pair, run_rule):
+    """Without a profile the peers are the reference: what they all have is the number."""
+    with_links_down(pair, 0, 17)
+    with_links_down(pair, 1, 17)
+    assert {r.status for r in run_rule("nvlink.state", pair)} == {Status.OK}
+
+
+def grow(pair: Snapshot, history: History, t: float, **by: int) -> None:
+    """Add `by[counter]` to link 0's counter on GPU 0, then record the cycle at `t`."""
+    changed = links(pair, 0)
+    for name, n in by.items():
+        changed[0][name] += n
+    set_gpu(pair, 0, nvlink_links=changed)
+    history.add(pair, t)
+
+
+def daemon_result(pair: Snapshot, rules: Any, history: History) -> Any:
+    return evaluate(pair, rules, Profile(), only=["nvlink.errors"], history=history)[0]
+
+
+def test_check_reports_totals_and_never_fails_on_them(pair, run_rule):
+    changed = links(pair, 0)
+    for link in changed:
+        link.update(replay=10**6, recovery=10**6, crc_flit=10**6, crc_data=10**6)
+    set_gpu(pair, 0, nvlink_links=changed)
+    [result, _] = run_rule("nvlink.errors", pair)
+    assert result.status is Status.OK
+    assert result.observed["totals"] == {"replay": 18 * 10**6, "recovery": 18 * 10**6,
+                                         "crc_flit": 18 * 10**6, "crc_data": 18 * 10**6}
+    assert "the daemon judges their growth" in result.message
+
+
+@pytest.mark.parametrize(("counter", "limit"), [
+    ("replay", 100), ("recovery", 0), ("crc_flit", 100), ("crc_data", 1000)])
+def test_the_daemon_fails_growth_above_the_limit(pair, default_rules, counter, limit):
+    history = History()
+    history.add(pair, 0.0)
+    grow(pair, history, 300.0, **{counter: limit})
+    assert daemon_result(pair, default_rules, history).status is Status.OK  # at the limit
+    grow(pair, history, 310.0, **{counter: 1})  # one above, in the window
+    result = daemon_result(pair, default_rules, history)
+    assert result.status is Status.WARNING
+    assert f"+{limit + 1} in 310 s (limit {limit})" in result.message
+    assert result.observed["growth"][counter] == limit + 1
+
+
+def test_growth_older_than_the_window_and_resets_do_not_count(pair, default_rules):
+    history = History()
+    history.add(pair, 0.0)
+    grow(pair, history, 5.0, recovery=3)
+    grow(pair, history, 610.0)  # the recoveries were 605 s ago: outside the 600 s window
+    assert daemon_result(pair, default_rules, history).status is Status.OK
+    grow(pair, history, 615.0, crc_data=-23)  # the driver reloaded: link 0 back to 0
+    grow(pair, history, 620.0)
+    result = daemon_result(pair, default_rules, history)
+    assert result.status is Status.OK and result.observed["growth"]["crc_data"] == 0
+
+
+def test_the_growth_limits_come_from_the_rule(pair, tmp_path):
+    rules = overridden(tmp_path, "nvlink.errors", max_crc_data_growth=5, window_s=60)
+    history = History()
+    history.add(pair, 0.0)
+    grow(pair, history, 30.0, crc_data=6)
+    result = daemon_result(pair, rules, history)
+    assert result.status is Status.WARNING
+    assert result.message == "NVLink errors growing: CRC data +6 in 30 s (limit 5)"
+    grow(pair, history, 100.0)  # 100 s after the first: outside a 60 s window
+    assert daemon_result(pair, rules, history).status is Status.OK
