@@ -12,7 +12,7 @@ from typing import Any
 
 from gpuguard.checks import CheckContext, Finding, gpu_check, ok, skipped
 from gpuguard.history import NVLINK_COUNTERS, nvlink_totals, window_growth
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.snapshot import GpuSnapshot, Snapshot
 
 NO_NVLINK = "no NVLink on this GPU (NVML: not supported): nothing to judge"
 LABELS = {"replay": "replay", "recovery": "recovery", "crc_flit": "CRC flit",
@@ -26,13 +26,15 @@ def links_up(gpu: GpuSnapshot) -> int | None:
     return sum(1 for link in gpu.nvlink_links.get() if link["up"])
 
 
-def expected_links(gpu: GpuSnapshot, ctx: CheckContext) -> tuple[int, str]:
-    """How many links should be up, and where that number comes from: the profile, or the
-    most links up among this GPU's peers of the same model (itself included)."""
-    if ctx.profile.nvlink_links_per_gpu is not None:
-        return ctx.profile.nvlink_links_per_gpu, "the profile's nvlink_links_per_gpu"
+def expected_links(gpu: GpuSnapshot, snapshot: Snapshot, per_gpu: int | None
+                   ) -> tuple[int, str]:
+    """How many links should be up, and where that number comes from: the profile's
+    `per_gpu`, or the most links up among this GPU's peers of the same model (itself
+    included). The one place that decides it: nvlink.state and the metric use it."""
+    if per_gpu is not None:
+        return per_gpu, "the profile's nvlink_links_per_gpu"
     model = gpu.name.get_or(None)
-    counts = [n for peer in ctx.snapshot.gpus
+    counts = [n for peer in snapshot.gpus
               if peer.name.get_or(None) == model and (n := links_up(peer)) is not None]
     peers = len(counts) - 1
     if peers <= 0:
@@ -47,7 +49,7 @@ def state(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     links = gpu.nvlink_links.get()
     up = sum(1 for link in links if link["up"])
     down = [link["link"] for link in links if not link["up"]]
-    expected, basis = expected_links(gpu, ctx)
+    expected, basis = expected_links(gpu, ctx.snapshot, ctx.profile.nvlink_links_per_gpu)
     observed: dict[str, Any] = {"up": up, "expected": expected, "links": len(links),
                                 "down": down}
     if up < expected:

@@ -15,6 +15,8 @@ from prometheus_client.core import (
 )
 
 from gpuguard import __version__, clock_events
+from gpuguard.checks.nvlink import expected_links, links_up
+from gpuguard.history import NVLINK_COUNTERS, nvlink_totals
 from gpuguard.results import Result, Status
 from gpuguard.snapshot import GpuSnapshot, Snapshot
 
@@ -67,7 +69,14 @@ def build_info() -> InfoMetricFamily:
     return InfoMetricFamily("gpuguard_build", "gpuguard version.", value={"version": __version__})
 
 
-def telemetry(snapshot: Snapshot) -> Iterator[Metric]:
+# gpuguard_gpu_fabric_state: the order the fabric goes through.
+FABRIC_VALUE = {"not_started": 0, "in_progress": 1, "completed": 2}
+
+
+def telemetry(snapshot: Snapshot, nvlink_links_per_gpu: int | None = None
+              ) -> Iterator[Metric]:
+    """Per-GPU telemetry; `nvlink_links_per_gpu` is the profile's (links expected), else
+    the GPU's peers decide it as nvlink.state does."""
     host = snapshot.host
 
     def gauge(name: str, help_text: str, extra: list[str] | None = None) -> GaugeMetricFamily:
@@ -95,6 +104,17 @@ def telemetry(snapshot: Snapshot) -> Iterator[Metric]:
     width = gauge("gpuguard_gpu_pcie_link_width", "PCIe link width (lanes).", ["state"])
     reasons = gauge("gpuguard_gpu_clock_event_reason", "1 while a clock event reason is "
                     "active (idle is normal).", ["reason"])
+    # Multi-GPU (issue 11): per GPU, never per link (an 8-GPU HGX has 144 links); the
+    # per-link detail is in /status and the snapshot.
+    nvlinks = gauge("gpuguard_gpu_nvlink_links", "NVLinks up, and how many should be (the "
+                    "profile, or the most up among the GPU's peers of the same model).",
+                    ["state"])
+    nvlink_errors = CounterMetricFamily("gpuguard_gpu_nvlink_errors", "NVLink error "
+                                        "counters since the driver loaded, summed over the "
+                                        "GPU's links.", labels=[*GPU_LABELS, "type"])
+    fabric = gauge("gpuguard_gpu_fabric_state", "GPU fabric (NVSwitch) state: 0 not "
+                   "started, 1 in progress, 2 completed.")
+    mem_temp = gauge("gpuguard_gpu_memory_temperature_celsius", "HBM temperature.")
 
     def put(family: Any, labels: list[str], reading: Any, scale: float = 1.0,
             extra: list[str] | None = None) -> None:
@@ -125,11 +145,23 @@ def telemetry(snapshot: Snapshot) -> Iterator[Metric]:
             for kind in ("correctable", "nonfatal", "fatal"):
                 count = sum((d.get(kind) or {}).get("TOTAL", 0) for d in gpu.pcie_aer.get())
                 aer.add_metric([*labels, kind], count)
+        put(mem_temp, labels, gpu.memory_temperature_c)
+        if gpu.fabric_state.is_ok:
+            fabric.add_metric(labels, FABRIC_VALUE[gpu.fabric_state.get()])
+        up = links_up(gpu)
+        if up is not None:
+            expected, _ = expected_links(gpu, snapshot, nvlink_links_per_gpu)
+            nvlinks.add_metric([*labels, "up"], up)
+            nvlinks.add_metric([*labels, "expected"], expected)
+            totals = nvlink_totals(gpu)
+            for name in NVLINK_COUNTERS:
+                if (count := totals[name]) is not None:
+                    nvlink_errors.add_metric([*labels, name], count)
         if gpu.clock_event_reasons.is_ok:
             mask = gpu.clock_event_reasons.get()
             for name in clock_events.EXPORTED:
                 bit = clock_events.BITS[name]
                 reasons.add_metric([*labels, name], 1 if mask & bit else 0)
     yield from (info, temp, margin, power, limit, util, mem, ecc, aer, replays, gen, width,
-                reasons)
+                reasons, nvlinks, nvlink_errors, fabric, mem_temp)
 
