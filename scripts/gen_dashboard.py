@@ -94,10 +94,20 @@ def dashboard() -> dict[str, Any]:
                 '[$__rate_interval])', "{{instance}} {{service}} {{direction}}"),
                ('increase(gpuguard_failover_errors_total{instance=~"$host"}[$__rate_interval])',
                 "{{instance}} {{service}} errors")], 12, 42, 12, 8),
+        panel("NVLinks up against expected", "timeseries",
+              [(f'gpuguard_gpu_nvlink_links{{{SEL}}}', GPU_LEGEND + " {{state}}"),
+               (f'sum by (instance, gpu) (increase(gpuguard_gpu_nvlink_errors_total{{{SEL}}}'
+                f'[$__rate_interval]))', GPU_LEGEND + " errors")], 0, 50, 12, 8),
+        panel("GPU fabric state", "stat",
+              [(f'gpuguard_gpu_fabric_state{{{SEL}}}', GPU_LEGEND)], 12, 50, 12, 8,
+              fieldConfig={"defaults": {"mappings": [{"type": "value", "options": {
+                  "0": {"text": "not started", "color": "red"},
+                  "1": {"text": "in progress", "color": "orange"},
+                  "2": {"text": "completed", "color": "green"}}}]}, "overrides": []}),
         panel("Daemon: cycle duration and scrape health", "timeseries",
               [('gpuguard_cycle_duration_seconds{instance=~"$host"}', "{{instance}} {{cadence}}"),
                ('up{job=~"gpuguard.*", instance=~"$host"}', "{{instance}} up")],
-              0, 50, 24, 6, unit="s"),
+              0, 58, 24, 6, unit="s"),
     ]
     variables = [
         {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Data source",
