@@ -26,6 +26,7 @@ HW_POWER_BRAKE = BITS["hw_power_brake_slowdown"]
 HW_ANY = HW_SLOWDOWN | HW_THERMAL | HW_POWER_BRAKE
 HW_NAMES = {HW_SLOWDOWN: "HW slowdown", HW_THERMAL: "HW thermal slowdown",
             HW_POWER_BRAKE: "HW power brake"}
-# Exported as gpuguard_gpu_clock_event_reason{reason}: the ones an operator acts on, and idle.
-EXPORTED = ("gpu_idle", "sw_power_cap", "hw_slowdown", "sw_thermal_slowdown",
-            "hw_thermal_slowdown", "hw_power_brake_slowdown")
+# Exported as gpuguard_gpu_clock_event_reason{reason}: the ones an operator acts on. Idle
+# (0x1) is normal and is left out: 8 series on an 8-GPU host that no panel or alert uses.
+EXPORTED = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+            "hw_power_brake_slowdown")
