@@ -20,6 +20,7 @@
  *   FAKE_NVML_UTIL=P           GPU utilization percent (default 0)
  *   FAKE_NVML_CRASH=name       this function raises SIGSEGV (as a driver bug does)
  *   FAKE_NVML_CRASH_GPU=i      ... only for GPU i (default: every GPU)
+ *   FAKE_NVML_CRASH_FILE=path  ... only while this file exists (default: always)
  *   FAKE_NVML_NVLINKS=n        NVLinks per GPU (default 0: NVLink not supported)
  *   FAKE_NVML_NVLINK_DOWN=g:l,...  these links (GPU g, link l) are down
  *   FAKE_NVML_NVLINK_COUNTER_FILE=path  lines "gpu link replay recovery crc_flit crc_data",
@@ -64,6 +65,8 @@ static void maybe_crash(const char *fn, int gpu) {
     if (!target || strcmp(target, fn) != 0) return;
     int only = env_int("FAKE_NVML_CRASH_GPU", -1);
     if (only >= 0 && only != gpu) return;
+    const char *file = getenv("FAKE_NVML_CRASH_FILE");
+    if (file && access(file, F_OK) != 0) return;
     raise(SIGSEGV);
 }
 
