@@ -122,7 +122,19 @@ def _kernel_log(value: Any) -> str | None:
             return f"an Xid event's seq/usec is not a count: {_show(event)}"
         if event.get("pci") is not None and not isinstance(event.get("pci"), str):
             return f"an Xid event's pci is not text: {_show(event)}"
-    for key in ("now_usec", "acked_seq"):
+    sxids = value.get("sxids", [])
+    if not isinstance(sxids, list):
+        return "kernel log summary's sxids is not a list"
+    for event in sxids:
+        if not isinstance(event, dict) or not _optional_int(event.get("sxid")) \
+                or event.get("sxid") is None:
+            return f"an SXid event is not {{sxid: number, ...}}: {_show(event)}"
+        if not (_optional_int(event.get("seq")) and _optional_int(event.get("usec"))
+                and _optional_int(event.get("link"))):
+            return f"an SXid event's seq/usec/link is not a count: {_show(event)}"
+        if event.get("switch") is not None and not isinstance(event.get("switch"), str):
+            return f"an SXid event's switch is not text: {_show(event)}"
+    for key in ("now_usec", "acked_seq", "xids_dropped", "sxids_dropped"):
         if not _optional_int(value.get(key)):
             return f"kernel log {key} is not a count: {_show(value.get(key))}"
     return None

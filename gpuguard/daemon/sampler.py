@@ -120,9 +120,16 @@ class NvmlSampler:
             if msg["t"] == "end":
                 break
             if msg["t"] == "eof":
+                # The worker died mid-sweep (a signal inside an NVML call, most likely):
+                # a result naming the call; the next cycle starts a fresh worker.
                 self._worker = None
-                messages.append({"t": "fatal", "kind": "WorkerExited",
-                                 "error": f"exit code {worker.proc.poll()}"})
+                calls = self._progress.active()
+                try:
+                    code: int | None = worker.proc.wait(timeout=max(0.1, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    code = None
+                messages.append(nvml.died(calls, code))
+                log.error("nvml_worker_died", exit_code=code, calls=calls)
                 break
             messages.append(msg)
         snap = nvml.assemble(messages)

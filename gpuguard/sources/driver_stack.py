@@ -47,9 +47,21 @@ def device_nodes(rootfs: Path) -> Reading[list[str]]:
 
 
 PERSISTENCED = "nvidia-persistenced"
+# The nvidia-fabricmanager service runs /usr/bin/nv-fabricmanager (comm "nv-fabricmanage").
+FABRICMANAGER = "nv-fabricmanager"
 
 
 def persistenced_running(procfs: Path) -> Reading[bool]:
+    return process_running(procfs, PERSISTENCED)
+
+
+def fabricmanager_running(procfs: Path) -> Reading[bool]:
+    """NVSwitch hosts need it for the GPU fabric; inside a VM the host may run it instead
+    (the fabric state then says Completed with no such process here)."""
+    return process_running(procfs, FABRICMANAGER)
+
+
+def process_running(procfs: Path, program: str) -> Reading[bool]:
     """Scan <procfs>/*/comm. psutil would do it too, but importing it costs 33-38 ms on
     the critical path of `gpuguard check` (docs/benchmarks.md); this costs a few."""
     try:
@@ -59,11 +71,11 @@ def persistenced_running(procfs: Path) -> Reading[bool]:
     for pid in pids:
         try:
             # comm holds at most 15 characters ("nvidia-persiste"); cmdline settles it.
-            if not PERSISTENCED.startswith((procfs / pid / "comm").read_text().strip()):
+            if not program.startswith((procfs / pid / "comm").read_text().strip()):
                 continue
             argv0 = (procfs / pid / "cmdline").read_bytes().split(b"\0", 1)[0]
         except OSError:
             continue  # exited while we looked
-        if os.path.basename(argv0.decode(errors="replace")) == PERSISTENCED:
+        if os.path.basename(argv0.decode(errors="replace")) == program:
             return Reading.ok(True)
     return Reading.ok(False)

@@ -68,7 +68,8 @@ def _procfs(opts: HostOptions) -> dict[str, Reading[Any]]:
     procfs = opts.paths.procfs
     return {"kernel_module_version": driver_stack.module_version(procfs),
             "kernel_modules": driver_stack.loaded_modules(procfs),
-            "persistenced_running": driver_stack.persistenced_running(procfs)}
+            "persistenced_running": driver_stack.persistenced_running(procfs),
+            "fabricmanager_running": driver_stack.fabricmanager_running(procfs)}
 
 
 def _sysfs(opts: HostOptions) -> dict[str, Reading[Any]]:
@@ -105,8 +106,8 @@ def _probe_image(opts: HostOptions) -> dict[str, Reading[Any]]:
 
 
 HOST_SOURCES: tuple[HostSource, ...] = (
-    HostSource("procfs", ("kernel_module_version", "kernel_modules", "persistenced_running"),
-               lambda o: o.procfs, _procfs),
+    HostSource("procfs", ("kernel_module_version", "kernel_modules", "persistenced_running",
+                          "fabricmanager_running"), lambda o: o.procfs, _procfs),
     HostSource("sysfs", ("secure_boot",), lambda o: o.sysfs, _sysfs),
     HostSource("rootfs", ("device_nodes", "cdi_specs", "container_cli", "ctk_version"),
                lambda o: o.rootfs, _rootfs),

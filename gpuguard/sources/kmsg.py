@@ -55,6 +55,16 @@ _UNSIGNED = re.compile(
 _CLIENT_VERSION = re.compile(r"client has the version (\d+\.\d+(?:\.\d+)?)")
 _MODULE_VERSION = re.compile(r"kernel module has the version (\d+\.\d+(?:\.\d+)?)")
 
+# NVSwitch errors (SXid), logged by the nvswitch driver of HGX hosts, one event in up to
+# three lines of one switch and code:
+# nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Data {0x0000002b, 0x0000002b, ...}
+# nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt
+# nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Severity 0 Engine instance 44 Sub-engine ...
+_SXID = re.compile(
+    r"SXid \((?:PCI:)?(?P<switch>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): "
+    r"(?P<sxid>\d{1,10}),\s*(?P<rest>.*)$")
+_SXID_LINK = re.compile(r"\bLink (\d{1,6})\b")
+
 # Numbers are bounded (a 64-bit sequence, microseconds since boot): a line with a
 # longer "number" is text, not a record header, and never a huge int to convert.
 _KMSG = re.compile(r"^(?P<prio>\d{1,4}),(?P<seq>\d{1,19}),(?P<usec>\d{1,19}),[^;]*;(?P<text>.*)$")
@@ -117,6 +127,41 @@ def xid_event(record: Record) -> dict[str, Any] | None:
     return event
 
 
+class SxidEvents:
+    """SXid events, the newest MAX_XIDS kept. The lines of one event (its Data, its
+    description, its Severity line) become one entry: the description's text and link,
+    the first line's seq and usec; a part seen twice starts the next event."""
+
+    def __init__(self) -> None:
+        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_XIDS)
+        self.seen = 0
+        self._parts: set[str] = set()
+
+    def add(self, record: Record) -> None:
+        m = _SXID.search(record.text)
+        if m is None:
+            return
+        rest = m["rest"].strip()
+        part = "data" if rest.startswith("Data {") else \
+            "severity" if rest.startswith("Severity ") else "text"
+        key = (m["switch"], int(m["sxid"]))
+        last = self.events[-1] if self.events else None
+        if last is None or (last["switch"], last["sxid"]) != key or part in self._parts:
+            last = {"sxid": key[1], "switch": key[0], "link": None, "text": rest,
+                    "seq": record.seq, "usec": record.usec}
+            self.events.append(last)
+            self.seen += 1
+            self._parts = set()
+        self._parts.add(part)
+        if part == "text":
+            last["text"] = rest
+            if link := _SXID_LINK.search(rest):
+                last["link"] = int(link.group(1))
+
+    def dropped(self) -> int:
+        return self.seen - len(self.events)
+
+
 # Xid events kept in a summary: the newest ones. A log holding more (a storm of one
 # Xid, or a hostile log) keeps the snapshot, the daemon's memory and /status bounded;
 # the number left out is kept and shown by xid.recent.
@@ -130,6 +175,7 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
     last_usec: int | None = None
     unsigned_rejected = False
     mismatch: dict[str, str] = {}
+    sxids = SxidEvents()
     for record in records:
         count += 1
         if record.usec is not None:
@@ -143,6 +189,8 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
                 mismatch["client"] = m.group(1)
             if m := _MODULE_VERSION.search(record.text):
                 mismatch["kernel"] = m.group(1)
+        elif "SXid" in record.text:
+            sxids.add(record)
         elif _UNSIGNED.search(record.text) and "nvidia" in record.text.lower():
             unsigned_rejected = True
     return {
@@ -152,6 +200,9 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
         "now_usec": now_usec if now_usec is not None else last_usec,
         "xids": list(xids),
         "xids_dropped": seen_xids - len(xids),
+        # NVSwitch errors: {"sxid", "switch" (PCI id), "link", "text", "seq", "usec"}.
+        "sxids": list(sxids.events),
+        "sxids_dropped": sxids.dropped(),
         "unsigned_module_rejected": unsigned_rejected,
         # The last "API mismatch" the driver logged: library (client) and kernel module versions.
         "api_mismatch": mismatch or None,

@@ -159,8 +159,36 @@ def _gpu(index: int, g: ET.Element) -> GpuSnapshot:
     gpu.memory_reserved_bytes = _reading(g, ["fb_memory_usage/reserved"], _mib_bytes)
     gpu.compute_processes = _processes(g)
     gpu.recovery_action = _reading(g, ["gpu_recovery_action"], _action)
+    _multi_gpu(gpu, g)
     gpu.__post_init__()
     return gpu
+
+
+def _fabric_state(raw: str) -> str:
+    state = raw.strip().lower().replace(" ", "_")
+    if state not in ("not_started", "in_progress", "completed"):
+        raise ValueError(raw)
+    return state
+
+
+def _multi_gpu(gpu: GpuSnapshot, g: ET.Element) -> None:
+    """Issue 11's readings that the dump has: fabric, application clocks, HBM
+    temperature, GSP firmware (MIG modes are read above). Per-link NVLink state and
+    counters and P2P status are not in `nvidia-smi -q -x`: they stay absent."""
+    gpu.fabric_state = _reading(g, ["fabric/state"], _fabric_state)
+    gpu.fabric_status = _reading(g, ["fabric/status"], str)
+    gpu.fabric_clique_id = _reading(g, ["fabric/cliqueId", "fabric/clique_id"], int)
+    # nvidia-smi names the SM/graphics domain "graphics_clock" here; on datacenter GPUs
+    # they are one clock (1980 MHz on the H200, as NVML_CLOCK_SM reads it).
+    for node, suffix in (("applications_clocks", "app_mhz"),
+                         ("default_applications_clocks", "app_default_mhz")):
+        setattr(gpu, f"clock_sm_{suffix}", _reading(g, [f"{node}/graphics_clock"], _int))
+        setattr(gpu, f"clock_mem_{suffix}", _reading(g, [f"{node}/mem_clock"], _int))
+    gpu.memory_temperature_c = _reading(g, ["temperature/memory_temp"], _int)
+    # Older DTDs give the absolute memory maximum; v13 only its distance to T.Limit
+    # (gpu_temp_max_mem_tlimit_threshold), from which no absolute value follows.
+    gpu.memory_temperature_max_c = _reading(g, ["temperature/gpu_temp_max_mem_threshold"], _int)
+    gpu.gsp_firmware_version = _reading(g, ["gsp_firmware_version"], str)
 
 
 def _ecc(gpu: GpuSnapshot, g: ET.Element) -> None:

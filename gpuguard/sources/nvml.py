@@ -65,6 +65,13 @@ class NvmlProbe:
 
     def result(self) -> Snapshot:
         messages, finished = self._drain()
+        if finished and not any(m.get("t") in ("done", "init_error", "fatal") for m in messages):
+            # The pipe closed without a result: the worker died, most likely of a signal
+            # inside an NVML call (a driver bug). Name the call from the progress board.
+            messages.append(died(self._progress.active(),
+                                 _exit_code(self.pid, self.started + self.deadline_s)))
+        elif finished:
+            _reap(self.pid)
         elapsed = time.monotonic() - self.started
         snapshot = assemble(messages)
         snapshot.nvml.deadline_s = self.deadline_s
@@ -72,8 +79,6 @@ class NvmlProbe:
         if not finished:
             snapshot.nvml.hung_call = "; ".join(self._progress.active()) or "NVML worker start"
             _abandon(self.pid)
-        else:
-            _reap(self.pid)
         fill_unanswered(snapshot)
         snapshot.record_nvml()
         return snapshot
@@ -86,9 +91,38 @@ class NvmlProbe:
                 messages.append(json.loads(line))
             except ValueError:
                 continue  # a line cut by the deadline
-        if finished and not any(m.get("t") in ("done", "init_error", "fatal") for m in messages):
-            messages.append({"t": "fatal", "error": "NVML worker exited without a result"})
         return messages, finished
+
+
+def died(calls: list[str], code: int | None) -> dict[str, Any]:
+    """The sweep's result when its worker left without one: a "fatal" message naming how
+    it ended (the signal, when one killed it) and the NVML calls it was in."""
+    if code is None:
+        how = "exited without a result"
+    elif code < 0:
+        try:
+            how = f"died of {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"died of signal {-code}"
+    else:
+        how = f"exited with code {code} without a result"
+    where = f" in {'; '.join(calls)}" if calls else ""
+    return {"t": "fatal", "kind": "WorkerDied", "error": f"the NVML worker {how}{where}"}
+
+
+def _exit_code(pid: int, until: float) -> int | None:
+    """The worker's exit code (negative: the signal), waiting at most until `until` (its
+    pipe is closed, so it is exiting; a core dump may still be being written)."""
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= until:
+            return None
+        time.sleep(0.002)
 
 
 def deadline_for(timeout: float) -> float:

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from gpuguard.sources import nvml_multi
 from gpuguard.sources.nvml_progress import Progress
 
 RECOVERY_ACTIONS = {
@@ -89,7 +90,8 @@ def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
     # One thread per GPU: NVML is thread-safe and most of a call's time is spent
     # waiting on the GPU, so an 8-GPU host costs about what one GPU costs.
     threads = [
-        threading.Thread(target=_sweep_gpu, args=(nv, emit, progress, procfs, index), daemon=True)
+        threading.Thread(target=_sweep_gpu, args=(nv, emit, progress, procfs, index, count),
+                         daemon=True)
         for index in range(count)
     ]
     for thread in threads:
@@ -99,7 +101,7 @@ def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
 
 
 def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
-               procfs: str, index: int) -> None:
+               procfs: str, index: int, count: int) -> None:
     slot = index + 1
     lost = [False]
     read = _reader(nv, progress, slot, lost)
@@ -113,6 +115,7 @@ def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progre
               "gpu_lost": getattr(exc, "value", None) == nv.NVML_ERROR_GPU_IS_LOST})
     else:
         readings = _read_gpu(nv, handle, where, read, text, procfs)
+        readings.update(_read_multi_gpu(nv, handle, where, read, index, count))
         emit({"t": "gpu", "index": index, **readings, "gpu_lost": lost[0]})
     progress.set(slot, "")
 
@@ -226,6 +229,40 @@ def _read_gpu(
         where,
     )
     g["recovery_action"] = read("nvmlDeviceGetFieldValues", lambda: _recovery_action(nv, h), where)
+    return g
+
+
+def _read_multi_gpu(nv: Any, h: Any, where: str, read: Callable[..., Any], index: int,
+                    count: int) -> dict[str, Any]:
+    """The readings of issue 11: NVLink, fabric, P2P, HBM temperature, application
+    clocks, GSP firmware (see sources/nvml_multi.py for how each call is passed)."""
+    g: dict[str, Any] = {
+        "nvlink_links": nvml_multi.nvlink_links(nv, h, read, where),
+        **nvml_multi.fabric(nv, h, read, where),
+        "p2p_status": nvml_multi.p2p_status(nv, h, read, index, count),
+        "memory_temperature_c": read(
+            "nvmlDeviceGetFieldValues",
+            lambda: nvml_multi.field_value(nv, h, "NVML_FI_DEV_MEMORY_TEMP"),
+            f"{where[:-1]}, NVML_FI_DEV_MEMORY_TEMP)"),
+    }
+    mem_max = nvml_multi.constant(nv, "NVML_TEMPERATURE_THRESHOLD_MEM_MAX", 2)
+    g["memory_temperature_max_c"] = read(
+        "nvmlDeviceGetTemperatureThreshold",
+        lambda: int(nv.nvmlDeviceGetTemperatureThreshold(h, mem_max)), where)
+    for name, call in (("clock_{}_app_mhz", "nvmlDeviceGetApplicationsClock"),
+                       ("clock_{}_app_default_mhz", "nvmlDeviceGetDefaultApplicationsClock")):
+        for domain, clock in (("sm", nv.NVML_CLOCK_SM), ("mem", nv.NVML_CLOCK_MEM)):
+            fn = getattr(nv, call)
+            g[name.format(domain)] = read(
+                call, lambda fn=fn, clock=clock: int(fn(h, clock)), where)
+
+    def gsp_version() -> str:
+        version = text(nv.nvmlDeviceGetGspFirmwareVersion(h))
+        if not version:  # GSP firmware not in use: nothing to name
+            raise nv.NVMLError(nv.NVML_ERROR_NOT_SUPPORTED)
+        return version
+
+    g["gsp_firmware_version"] = read("nvmlDeviceGetGspFirmwareVersion", gsp_version, where)
     return g
 
 

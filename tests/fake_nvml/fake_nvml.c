@@ -18,7 +18,27 @@
  *   FAKE_NVML_TEMP=C           GPU temperature (default 40)
  *   FAKE_NVML_WIDTH=N          current PCIe link width (default 16; max is 16)
  *   FAKE_NVML_UTIL=P           GPU utilization percent (default 0)
+ *   FAKE_NVML_CRASH=name       this function raises SIGSEGV (as a driver bug does)
+ *   FAKE_NVML_CRASH_GPU=i      ... only for GPU i (default: every GPU)
+ *   FAKE_NVML_CRASH_FILE=path  ... only while this file exists (default: always)
+ *   FAKE_NVML_NVLINKS=n        NVLinks per GPU (default 0: NVLink not supported)
+ *   FAKE_NVML_NVLINK_DOWN=g:l,...  these links (GPU g, link l) are down
+ *   FAKE_NVML_NVLINK_COUNTER_FILE=path  lines "gpu link replay recovery crc_flit crc_data",
+ *                              read at every call (a test grows them); other links read
+ *                              0 0 0 23, as the healthy links of the real H200 pair
+ *   FAKE_NVML_FABRIC=not_supported|not_started|in_progress|completed|failed
+ *                              GPU fabric state (default not_supported; failed: completed
+ *                              with an error status)
+ *   FAKE_NVML_FABRIC_V1_ONLY=1 no nvmlDeviceGetGpuFabricInfoV (as drivers before 535)
+ *   FAKE_NVML_P2P=ok|not_supported  peer-to-peer status between GPUs (default ok)
+ *   FAKE_NVML_MIG_PENDING=1    MIG mode disabled now, enabled after a reset
+ *   FAKE_NVML_MEM_TEMP=C       HBM temperature (default 35; its maximum is 95)
+ *   FAKE_NVML_APP_CLOCK_SM=MHz application SM clock (default: the default, 1980)
+ *
+ * Structs are laid out as nvidia-ml-py's ctypes declarations (pynvml.py) pass them.
  */
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +51,7 @@ typedef fake_device *nvmlDevice_t;
 #define NVML_SUCCESS 0
 #define NVML_ERROR_INVALID_ARGUMENT 2
 #define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
 
 static fake_device devices[64];
 
@@ -39,7 +60,18 @@ static int env_int(const char *name, int fallback) {
     return v && *v ? atoi(v) : fallback;
 }
 
+static void maybe_crash(const char *fn, int gpu) {
+    const char *target = getenv("FAKE_NVML_CRASH");
+    if (!target || strcmp(target, fn) != 0) return;
+    int only = env_int("FAKE_NVML_CRASH_GPU", -1);
+    if (only >= 0 && only != gpu) return;
+    const char *file = getenv("FAKE_NVML_CRASH_FILE");
+    if (file && access(file, F_OK) != 0) return;
+    raise(SIGSEGV);
+}
+
 static void maybe_hang(const char *fn, int gpu) {
+    maybe_crash(fn, gpu);
     const char *target = getenv("FAKE_NVML_HANG");
     if (!target || strcmp(target, fn) != 0) return;
     int only = env_int("FAKE_NVML_HANG_GPU", -1);
@@ -59,6 +91,7 @@ nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
 
 const char *nvmlErrorString(nvmlReturn_t r) {
     switch (r) {
+    case 0: return "Success";
     case 2: return "Invalid Argument";
     case 3: return "Not Supported";
     case 9: return "Driver Not Loaded";
@@ -137,10 +170,11 @@ nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *
 }
 
 nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t d, int which, unsigned int *t) {
-    (void)d;
+    maybe_hang("nvmlDeviceGetTemperatureThreshold", d->index);
     switch (which) {
     case 0: *t = 95; return NVML_SUCCESS;  /* shutdown */
     case 1: *t = 89; return NVML_SUCCESS;  /* slowdown */
+    case 2: *t = 95; return NVML_SUCCESS;  /* memory max */
     case 3: *t = 87; return NVML_SUCCESS;  /* GPU max */
     default: return NVML_ERROR_NOT_SUPPORTED;
     }
@@ -169,4 +203,203 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
 nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t d, int *s) {
     (void)d; (void)s;
     return NVML_ERROR_NOT_SUPPORTED;
+}
+
+/* --- issue 11: NVLink, fabric, P2P, MIG, HBM temperature, clocks, GSP ------------- */
+
+static int nvlinks(void) { return env_int("FAKE_NVML_NVLINKS", 0); }
+
+/* NotSupported on a GPU without NVLink; InvalidArgument past its last link. */
+static nvmlReturn_t link_check(const char *fn, nvmlDevice_t d, unsigned int link) {
+    maybe_hang(fn, d->index);
+    if (nvlinks() <= 0) return NVML_ERROR_NOT_SUPPORTED;
+    if ((int)link >= nvlinks()) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+static int link_down(int gpu, unsigned int link) {
+    const char *list = getenv("FAKE_NVML_NVLINK_DOWN");
+    char want[32];
+    if (!list) return 0;
+    snprintf(want, sizeof want, "%d:%u", gpu, link);
+    size_t n = strlen(want);
+    for (const char *p = list; (p = strstr(p, want)) != NULL; p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0')) return 1;
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, unsigned int *active) {
+    nvmlReturn_t r = link_check("nvmlDeviceGetNvLinkState", d, link);
+    if (r == NVML_SUCCESS) *active = link_down(d->index, link) ? 0 : 1;
+    return r;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkVersion(nvmlDevice_t d, unsigned int link, unsigned int *v) {
+    nvmlReturn_t r = link_check("nvmlDeviceGetNvLinkVersion", d, link);
+    if (r == NVML_SUCCESS) *v = 6;
+    return r;
+}
+
+/* The VM on the real pair hides the NVSwitch: every remote reads FFFFFFFF:FF:FF.0. */
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int link,
+                                                 nvmlPciInfo_t *p) {
+    nvmlReturn_t r = link_check("nvmlDeviceGetNvLinkRemotePciInfo", d, link);
+    if (r != NVML_SUCCESS) return r;
+    memset(p, 0, sizeof *p);
+    p->domain = 0xFFFFFFFFu;
+    p->bus = 0xFF;
+    p->device = 0xFF;
+    snprintf(p->busId, sizeof p->busId, "FFFFFFFF:FF:FF.0");
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t d, unsigned int link,
+                                             unsigned int counter, unsigned long long *v) {
+    nvmlReturn_t r = link_check("nvmlDeviceGetNvLinkErrorCounter", d, link);
+    if (r != NVML_SUCCESS) return r;
+    if (counter > 3) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned long long values[4] = {0, 0, 0, 23};
+    const char *file = getenv("FAKE_NVML_NVLINK_COUNTER_FILE");
+    FILE *f = file ? fopen(file, "r") : NULL;
+    if (f) {
+        int gpu, l;
+        unsigned long long c[4];
+        while (fscanf(f, "%d %d %llu %llu %llu %llu", &gpu, &l, &c[0], &c[1], &c[2], &c[3]) == 6)
+            if (gpu == d->index && l == (int)link) memcpy(values, c, sizeof values);
+        fclose(f);
+    }
+    *v = values[counter];
+    return NVML_SUCCESS;
+}
+
+/* c_nvmlGpuFabricInfo_t and c_nvmlGpuFabricInfo_v2_t of pynvml. */
+typedef struct {
+    uint8_t clusterUuid[16];
+    nvmlReturn_t status;
+    uint32_t cliqueId;
+    unsigned int state;
+} nvmlGpuFabricInfo_t;
+
+typedef struct {
+    unsigned int version;
+    uint8_t clusterUuid[16];
+    nvmlReturn_t status;
+    uint32_t cliqueId;
+    unsigned int state;
+    uint32_t healthMask;
+} nvmlGpuFabricInfo_v2_t;
+
+#define NVML_GPU_FABRIC_INFO_V2 ((2u << 24) | (unsigned int)sizeof(nvmlGpuFabricInfo_v2_t))
+
+/* state: 1 not started, 2 in progress, 3 completed; status: 999 for "failed". */
+static nvmlReturn_t fabric(unsigned int *state, nvmlReturn_t *status) {
+    const char *mode = getenv("FAKE_NVML_FABRIC");
+    *status = NVML_SUCCESS;
+    if (!mode || !*mode || strcmp(mode, "not_supported") == 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (strcmp(mode, "not_started") == 0) *state = 1;
+    else if (strcmp(mode, "in_progress") == 0) *state = 2;
+    else if (strcmp(mode, "completed") == 0) *state = 3;
+    else if (strcmp(mode, "failed") == 0) { *state = 3; *status = 999; }
+    else return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t d, nvmlGpuFabricInfo_t *info) {
+    maybe_hang("nvmlDeviceGetGpuFabricInfo", d->index);
+    unsigned int state = 0;
+    nvmlReturn_t status, r = fabric(&state, &status);
+    if (r != NVML_SUCCESS) return r;
+    memset(info, 0, sizeof *info);
+    info->state = state;
+    info->status = status;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t d, nvmlGpuFabricInfo_v2_t *info) {
+    maybe_hang("nvmlDeviceGetGpuFabricInfoV", d->index);
+    if (env_int("FAKE_NVML_FABRIC_V1_ONLY", 0)) return 13; /* NVML_ERROR_FUNCTION_NOT_FOUND */
+    /* The real driver crashed the caller on an unset version: refuse it loudly here. */
+    if (info->version != NVML_GPU_FABRIC_INFO_V2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    unsigned int state = 0;
+    nvmlReturn_t status, r = fabric(&state, &status);
+    if (r != NVML_SUCCESS) return r;
+    memset(info->clusterUuid, 0, sizeof info->clusterUuid);
+    info->state = state;
+    info->status = status;
+    info->cliqueId = 0;
+    info->healthMask = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, unsigned int index,
+                                    unsigned int *status) {
+    maybe_hang("nvmlDeviceGetP2PStatus", a->index);
+    if (a == b || index > 4) return NVML_ERROR_INVALID_ARGUMENT;
+    const char *mode = getenv("FAKE_NVML_P2P");
+    if (mode && strcmp(mode, "not_supported") == 0)
+        *status = index == 2 ? 5 : 1; /* NVLink: not supported; the rest: chipset */
+    else
+        *status = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {
+    maybe_hang("nvmlDeviceGetMigMode", d->index);
+    *current = 0;
+    *pending = env_int("FAKE_NVML_MIG_PENDING", 0) ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+/* c_nvmlFieldValue_t of pynvml. */
+typedef struct {
+    uint32_t fieldId;
+    uint32_t scopeId;
+    int64_t timestamp;
+    int64_t latencyUsec;
+    unsigned int valueType;
+    nvmlReturn_t nvmlReturn;
+    union { double d; unsigned int ui; unsigned long ul; unsigned long long ull; } value;
+} nvmlFieldValue_t;
+
+#define NVML_FI_DEV_MEMORY_TEMP 82
+
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_t *values) {
+    maybe_hang("nvmlDeviceGetFieldValues", d->index);
+    for (int i = 0; i < count; i++) {
+        values[i].latencyUsec = 0;
+        values[i].timestamp = 0;
+        if (values[i].fieldId == NVML_FI_DEV_MEMORY_TEMP) {
+            values[i].valueType = 1; /* unsigned int */
+            values[i].value.ull = 0;
+            values[i].value.ui = (unsigned int)env_int("FAKE_NVML_MEM_TEMP", 35);
+            values[i].nvmlReturn = NVML_SUCCESS;
+        } else {
+            values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+/* type: 0 graphics, 1 SM, 2 memory. */
+static nvmlReturn_t app_clock(int type, unsigned int sm, unsigned int *mhz) {
+    if (type == 0 || type == 1) *mhz = sm;
+    else if (type == 2) *mhz = 3201;
+    else return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t d, int type, unsigned int *mhz) {
+    maybe_hang("nvmlDeviceGetApplicationsClock", d->index);
+    return app_clock(type, (unsigned int)env_int("FAKE_NVML_APP_CLOCK_SM", 1980), mhz);
+}
+
+nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t d, int type, unsigned int *mhz) {
+    maybe_hang("nvmlDeviceGetDefaultApplicationsClock", d->index);
+    return app_clock(type, 1980, mhz);
+}
+
+nvmlReturn_t nvmlDeviceGetGspFirmwareVersion(nvmlDevice_t d, char *version) {
+    maybe_hang("nvmlDeviceGetGspFirmwareVersion", d->index);
+    strcpy(version, "580.159.04"); /* pynvml passes NVML_GSP_FIRMWARE_VERSION_BUF_SIZE (64) */
+    return NVML_SUCCESS;
 }

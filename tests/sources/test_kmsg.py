@@ -87,3 +87,28 @@ def test_live_dev_kmsg_reads_or_says_why():
         assert log["now_usec"] > 0
     else:  # unprivileged: the reason, never an empty "ok"
         assert "CAP_SYSLOG" in (reading.error or "") or "cannot read" in (reading.error or "")
+
+
+def test_nvswitch_sxids_one_entry_per_event():
+    log = xids("sxids.kmsg")
+    assert [e["xid"] for e in log["xids"]] == [45]  # an SXid is not an Xid
+    assert [(e["sxid"], e["switch"], e["link"]) for e in log["sxids"]] == [
+        (22013, "0000:04:00.0", 44), (22013, "0000:04:00.0", 45),
+        (12028, "0000:05:00.0", 32), (20034, "0000:07:00.0", 14),
+        (12028, "0000:84:00.0", None)]  # a Data line alone: still an event, no link
+    first = log["sxids"][0]
+    # Data, description and Severity lines of one event: one entry, the description's
+    # text, the first line's sequence number and time
+    assert first["text"] == "Non-fatal, Link 44 Minion Link DLREQ interrupt"
+    assert (first["seq"], first["usec"]) == (1201, 38175561)
+    assert log["sxids"][3]["text"] == "Fatal, Link 14 LTSSM Fault Up"
+    assert log["sxids_dropped"] == 0
+
+
+def test_sxids_are_bounded(tmp_path):
+    line = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link {} egress error\n"
+    path = tmp_path / "storm.log"
+    path.write_text("".join(line.format(i % 64) for i in range(kmsg.MAX_XIDS + 10)))
+    log = xids(path)
+    assert len(log["sxids"]) == kmsg.MAX_XIDS and log["sxids_dropped"] == 10
+    assert log["sxids"][-1]["link"] == (kmsg.MAX_XIDS + 9) % 64

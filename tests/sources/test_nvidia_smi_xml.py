@@ -60,3 +60,42 @@ def test_bad_xml(text, words):
 def test_h200_dump_is_the_shared_fixture():
     # The copy in tests/ must stay the real dump from ../shared (no hand edits).
     assert "nvsmi_device_v13.dtd" in H200_XML.read_text()
+
+
+H200X2_XML = FIXTURES / "h200x2" / "nvidia-smi-q.xml"
+
+
+def test_h200_pair_fabric_clocks_memory_temperature_gsp():
+    snap = nvidia_smi_xml.parse(H200X2_XML.read_text(), str(H200X2_XML))
+    assert [g.pci_bus_id.get() for g in snap.gpus] == ["00000000:00:06.0", "00000000:00:07.0"]
+    assert [g.memory_temperature_c.get() for g in snap.gpus] == [36, 37]
+    for gpu in snap.gpus:
+        assert gpu.fabric_state.get() == "completed"
+        assert gpu.fabric_status.get() == "Success"
+        assert gpu.fabric_clique_id.get() == 0
+        assert (gpu.clock_sm_app_mhz.get(), gpu.clock_mem_app_mhz.get()) == (1980, 3201)
+        assert (gpu.clock_sm_app_default_mhz.get(), gpu.clock_mem_app_default_mhz.get()) \
+            == (1980, 3201)
+        assert gpu.gsp_firmware_version.get() == "580.159.04"
+        assert (gpu.mig_mode_current.get(), gpu.mig_mode_pending.get()) == (False, False)
+        # v13 gives the memory maximum relative to T.Limit only: no absolute value.
+        assert gpu.memory_temperature_max_c.state == "absent"
+        # per-link NVLink and P2P are not in the dump: absent, never invented
+        assert gpu.nvlink_links.state == "absent" and gpu.p2p_status.state == "absent"
+
+
+def test_fabric_states_and_older_memory_threshold():
+    text = H200X2_XML.read_text()
+    in_progress = text.replace("<state>Completed</state>", "<state>In Progress</state>", 1) \
+        .replace("<status>Success</status>", "<status>N/A</status>", 1) \
+        .replace("<memory_temp>36 C</memory_temp>",
+                 "<memory_temp>36 C</memory_temp><gpu_temp_max_mem_threshold>95 C"
+                 "</gpu_temp_max_mem_threshold>", 1)
+    gpu = nvidia_smi_xml.parse(in_progress).gpus[0]
+    assert gpu.fabric_state.get() == "in_progress"
+    assert gpu.fabric_status.state == "not_supported"
+    assert gpu.memory_temperature_max_c.get() == 95
+    bogus = text.replace("<state>Completed</state>", "<state>Sideways</state>", 1)
+    assert nvidia_smi_xml.parse(bogus).gpus[0].fabric_state.state == "error"
+    no_fabric = nvidia_smi_xml.parse(text.replace("<state>Completed</state>", "<state>N/A</state>"))
+    assert no_fabric.gpus[0].fabric_state.state == "not_supported"
