@@ -114,7 +114,8 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
     host_opts = _host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
                               docker, "auto", profile_path)
-    collection = _collection(host_opts, input_path, timeout)
+    # check never judges the NVLink error counters (the daemon does, by growth): left out
+    collection = _collection(host_opts, input_path, timeout, link_counters=False)
     try:
         profile, ruleset = _load_config(profile_path, rules_dirs)
         _check_filters(only, skip, list(ruleset.rules))
@@ -459,12 +460,13 @@ def _load_config(profile_path: Path | None,
         raise ConfigProblem(str(exc)) from exc
 
 
-def _collection(opts: HostOptions, input_path: Path | None, timeout: float) -> Collection:
+def _collection(opts: HostOptions, input_path: Path | None, timeout: float,
+                link_counters: bool = True) -> Collection:
     from gpuguard.collect import Collection
     from gpuguard.sources.replay import InputError
 
     try:
-        return Collection(opts, input_path, timeout)
+        return Collection(opts, input_path, timeout, link_counters)
     except InputError as exc:
         raise ConfigProblem(str(exc)) from exc
 

@@ -22,13 +22,13 @@ class Collection:
     started now; result() gathers them by the deadline that --timeout gives."""
 
     def __init__(self, opts: host_sources.HostOptions, input_path: Path | None,
-                 timeout: float) -> None:
+                 timeout: float, link_counters: bool = True) -> None:
         self.started = time.monotonic()
         self.opts = opts
         self.timeout = timeout
         self.replayed = load_input(input_path, timeout) if input_path is not None else None
         self.probe = None if input_path is not None else \
-            nvml.probe(str(opts.paths.procfs), nvml.deadline_for(timeout))
+            nvml.probe(str(opts.paths.procfs), nvml.deadline_for(timeout), link_counters)
         self.host = host_sources.ForkedHostFacts(opts)  # beside the NVML worker
 
     def result(self) -> Snapshot:

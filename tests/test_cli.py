@@ -268,3 +268,15 @@ def test_a_filter_that_leaves_nothing_does_not_pass():
     assert typo.returncode == 3 and "--only 'pcie.lnk*' matches no rule" in typo.stderr
     none = gpuguard("check", "--input", str(H200_XML), "--only", "pcie.*", "--skip", "pcie.*")
     assert none.returncode == 3 and "no rule gave a result" in none.stdout
+
+
+def test_check_leaves_the_nvlink_counters_to_the_daemon_and_snapshot_keeps_them(fake_env):
+    env = fake_env(gpus=2, nvlinks=18)
+    proc = gpuguard("check", "--format", "json", "--only", "nvlink.*", env=env)
+    results = {(r["rule"], r["gpu"]["index"]): r for r in json.loads(proc.stdout)["results"]}
+    assert results[("nvlink.state", 0)]["status"] == "ok"
+    errors = results[("nvlink.errors", 1)]
+    assert errors["status"] == "skipped" and "check` leaves them out" in errors["message"]
+    snap = json.loads(gpuguard("snapshot", env=env).stdout)
+    links = snap["gpus"][0]["nvlink_links"]
+    assert len(links) == 18 and all(isinstance(link["crc_data"], int) for link in links)

@@ -54,7 +54,7 @@ def _not_supported(value: Any) -> bool:
     return isinstance(value, dict) and value.get("state") == "not_supported"
 
 
-def nvlink_links(nv: Any, h: Any, read: Read, where: str) -> Any:
+def nvlink_links(nv: Any, h: Any, read: Read, where: str, counters: bool = True) -> Any:
     """One entry per NVLink: {"link", "up", "version", "remote_pci", and the four DL error
     counters}. Not supported when the first link answers NotSupported (a GPU without
     NVLink, e.g. PCIe); the scan stops at the first link that answers NotSupported or
@@ -84,13 +84,14 @@ def nvlink_links(nv: Any, h: Any, read: Read, where: str) -> Any:
             return active
         up = int(active) == constant(nv, "NVML_FEATURE_ENABLED", 1)
         try:
-            links.append(_link(nv, h, read, link, up, at))
+            links.append(_link(nv, h, read, link, up, at, counters))
         except _LinkError as exc:
             return exc.reading
     return links
 
 
-def _link(nv: Any, h: Any, read: Read, link: int, up: bool, at: str) -> dict[str, Any]:
+def _link(nv: Any, h: Any, read: Read, link: int, up: bool, at: str,
+          counters: bool) -> dict[str, Any]:
     def detail(call: str, fn: Callable[[], Any]) -> Any:
         value = read(call, fn, at)
         if _failed(value):
@@ -113,7 +114,7 @@ def _link(nv: Any, h: Any, read: Read, link: int, up: bool, at: str) -> dict[str
     entry["remote_pci"] = detail("nvmlDeviceGetNvLinkRemotePciInfo", remote_pci)
     for name, const, fallback in NVLINK_COUNTERS:
         entry[name] = detail("nvmlDeviceGetNvLinkErrorCounter",
-                             counter(constant(nv, const, fallback)))
+                             counter(constant(nv, const, fallback))) if counters else None
     return entry
 
 

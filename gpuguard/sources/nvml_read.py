@@ -65,7 +65,10 @@ def text(value: Any) -> str:
 
 
 def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
-           procfs: str) -> None:
+          procfs: str, link_counters: bool = True) -> None:
+    """Every reading of every GPU. Without `link_counters` the NVLink error counters are
+    left out (None): `gpuguard check` never judges them, and they are most of an NVLink
+    GPU's sweep (2-3 ms a call on an H200, four per link)."""
     read = _reader(nv, progress, 0)
     count = read("nvmlDeviceGetCount", nv.nvmlDeviceGetCount)
     emit(
@@ -90,7 +93,8 @@ def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
     # One thread per GPU: NVML is thread-safe and most of a call's time is spent
     # waiting on the GPU, so an 8-GPU host costs about what one GPU costs.
     threads = [
-        threading.Thread(target=_sweep_gpu, args=(nv, emit, progress, procfs, index, count),
+        threading.Thread(target=_sweep_gpu,
+                         args=(nv, emit, progress, procfs, index, count, link_counters),
                          daemon=True)
         for index in range(count)
     ]
@@ -101,7 +105,7 @@ def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
 
 
 def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
-               procfs: str, index: int, count: int) -> None:
+               procfs: str, index: int, count: int, link_counters: bool) -> None:
     slot = index + 1
     lost = [False]
     read = _reader(nv, progress, slot, lost)
@@ -115,7 +119,7 @@ def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progre
               "gpu_lost": getattr(exc, "value", None) == nv.NVML_ERROR_GPU_IS_LOST})
     else:
         readings = _read_gpu(nv, handle, where, read, text, procfs)
-        readings.update(_read_multi_gpu(nv, handle, where, read, index, count))
+        readings.update(_read_multi_gpu(nv, handle, where, read, index, count, link_counters))
         emit({"t": "gpu", "index": index, **readings, "gpu_lost": lost[0]})
     progress.set(slot, "")
 
@@ -233,11 +237,11 @@ def _read_gpu(
 
 
 def _read_multi_gpu(nv: Any, h: Any, where: str, read: Callable[..., Any], index: int,
-                    count: int) -> dict[str, Any]:
+                    count: int, link_counters: bool) -> dict[str, Any]:
     """The readings of issue 11: NVLink, fabric, P2P, HBM temperature, application
     clocks, GSP firmware (see sources/nvml_multi.py for how each call is passed)."""
     g: dict[str, Any] = {
-        "nvlink_links": nvml_multi.nvlink_links(nv, h, read, where),
+        "nvlink_links": nvml_multi.nvlink_links(nv, h, read, where, link_counters),
         **nvml_multi.fabric(nv, h, read, where),
         "p2p_status": nvml_multi.p2p_status(nv, h, read, index, count),
         "memory_temperature_c": read(
