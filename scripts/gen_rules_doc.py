@@ -32,9 +32,9 @@ explain RULE` prints the thresholds in force on a host. This page is generated b
   the input does not carry it, or the rule is disabled (the message names the file and
   line that disabled it).
 
-In Prometheus text (`gpuguard_rule_status`): 0 ok, 1 warning, 2 critical, 3 unknown,
--1 skipped. Exit code of `gpuguard check`: 2 any critical, else 1 any warning, else 3 any
-unknown, else 0.
+In Prometheus text (`gpuguard_rule_status`): 0 ok, 1 warning, 2 critical, 3 unknown; a
+skipped rule has no series. Exit code of `gpuguard check`: 2 any critical, else 1 any
+warning, else 3 any unknown, else 0.
 
 ## Severity
 

@@ -45,9 +45,15 @@ def result_labels(result: Result) -> list[str]:
 def rule_status(results: Iterable[Result]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(
         "gpuguard_rule_status",
-        "Last result of a rule: 0 ok, 1 warning, 2 critical, 3 unknown, -1 skipped.",
+        "Last result of a rule: 0 ok, 1 warning, 2 critical, 3 unknown (skipped rules are "
+        "not exported).",
         labels=["rule", "severity", *GPU_LABELS])
     for r in results:
+        # A skipped rule (not supported here, disabled, nothing to compare with) says nothing
+        # about the GPU: /status lists it; a series for it would be a third of an 8-GPU
+        # host's budget of 450.
+        if r.status is Status.SKIPPED:
+            continue
         family.add_metric([r.rule, r.severity.value, *result_labels(r)], STATUS_VALUE[r.status])
     return family
 

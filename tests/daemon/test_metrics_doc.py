@@ -62,3 +62,36 @@ def test_check_exports_what_the_doc_lists(tmp_path):
     text = gpuguard("check", "--input", str(snap), "--format", "prometheus",
                     "--path.sysfs", str(FIXTURES / "sysfs-aer")).stdout
     assert exported(text) == documented("## `gpuguard check --format prometheus`")
+
+
+def test_an_8_gpu_nvlink_host_stays_under_450_series(start_daemon, tmp_path):
+    """Issue 11's budget: per GPU, not per link; skipped rules have no series."""
+    import copy
+
+    from gpuguard.snapshot import Reading
+    from tests.checks.h200x2 import snapshot
+
+    snap = snapshot()
+    gpus = []
+    for i in range(8):
+        gpu = copy.deepcopy(snap.gpus[i % 2])
+        gpu.index = i
+        gpu.uuid = Reading.ok(f"GPU-00000000-0000-0000-0000-{i:012d}")
+        gpu.pci_bus_id = Reading.ok(f"00000000:{0x10 + i:02X}:00.0")
+        gpu.p2p_status = Reading.ok([{"peer": j, "read": "ok", "write": "ok", "nvlink": "ok",
+                                      "atomics": "ok"} for j in range(8) if j != i])
+        gpu.__post_init__()
+        gpus.append(gpu)
+    snap.gpus = gpus
+    snap.host.gpu_count = Reading.ok(8)
+    snap.host.__post_init__()
+    path = tmp_path / "hgx8.json"
+    write_snapshot(path, snap.to_json())
+    empty_log = tmp_path / "dmesg.txt"  # a healthy host: no Xid series (each adds two)
+    empty_log.write_text("")
+    daemon = start_daemon("--input", str(path), "--fast-interval", "0.3",
+                          "--kmsg-file", str(empty_log))
+    daemon.wait_for(lambda: "gpuguard_gpu_nvlink_links{" in daemon.metrics(), what="NVLink")
+    samples = [line for line in daemon.metrics().splitlines()
+               if line and not line.startswith("#") and "_created" not in line]
+    assert 350 < len(samples) < 450, len(samples)
