@@ -171,3 +171,46 @@ def test_the_growth_limits_come_from_the_rule(pair, tmp_path):
     assert result.message == "NVLink errors growing: CRC data +6 in 30 s (limit 5)"
     grow(pair, history, 100.0)  # 100 s after the first: outside a 60 s window
     assert daemon_result(pair, rules, history).status is Status.OK
+
+
+def test_more_than_18_links_down_names_the_first_18(pair, run_rule):
+    """A bigger board (e.g. a future NVLink domain): the message names 18, observed all."""
+    extra = [{**links(pair, 0)[0], "link": n} for n in range(18, 20)]
+    set_gpu(pair, 0, nvlink_links=[{**link, "up": False} for link in links(pair, 0) + extra])
+    result = run_rule("nvlink.state", pair, Profile(nvlink_links_per_gpu=20))[0]
+    assert result.status is Status.CRITICAL
+    assert result.message == ("0 of 20 NVLinks up (the profile's nvlink_links_per_gpu); down: "
+                              + ", ".join(str(n) for n in range(18)))
+    assert result.observed["down"] == list(range(20))
+
+
+def with_counters(pair: Snapshot, **values: int | None) -> Snapshot:
+    """GPU 0's links with some counters set on every link (None: not read)."""
+    changed = links(pair, 0)
+    for link in changed:
+        link.update(values)
+    return set_gpu(pair, 0, nvlink_links=changed)
+
+
+def test_check_shows_exactly_the_totals_that_were_read(pair, run_rule):
+    with_counters(pair, replay=1, recovery=None, crc_flit=None, crc_data=2)
+    [result, _] = run_rule("nvlink.errors", pair)
+    assert result.status is Status.OK
+    assert result.message == ("totals since the driver loaded: replay 18, CRC data 36 (the "
+                              "daemon judges their growth)")
+    with_counters(pair, replay=None, recovery=None, crc_flit=None, crc_data=None)
+    [result, _] = run_rule("nvlink.errors", pair)
+    assert result.status is Status.SKIPPED and "`check` leaves them out" in result.message
+
+
+def test_the_daemon_ok_names_its_window_and_the_totals(pair, tmp_path):
+    rules = overridden(tmp_path, "nvlink.errors", window_s=90)
+    history = History()
+    for t in (0.0, 10.0):
+        history.add(pair, t)
+    result = daemon_result(pair, rules, history)
+    assert result.status is Status.OK
+    crc_data = sum(link["crc_data"] for link in links(pair, 0))
+    # minutes are rounded (1.5 -> 2)
+    assert result.message == ("NVLink error growth within limits over 2 min (totals: replay 0, "
+                              f"recovery 0, CRC flit 0, CRC data {crc_data})")

@@ -93,3 +93,56 @@ def test_one_gpu_has_no_peer(h200, run_rule):
     set_gpu(h200, p2p_status=[])
     [result] = run_rule("p2p.status", copy.deepcopy(h200), Profile(p2p_require_nvlink=True))
     assert result.status is Status.OK and result.message == "no other GPU to peer with"
+
+
+def bridged(snapshot: Snapshot, up: bool = True) -> Snapshot:
+    """Two PCIe GPUs joined by an NVLink bridge (each link ends at the other GPU), with
+    NVML refusing P2P over NVLink both ways."""
+    buses = ["00000000:3B:00.0", "00000000:3C:00.0"]
+    with_gpus(snapshot, buses)
+    for i in (0, 1):
+        links = [{"link": n, "up": up, "version": 3, "remote_pci": buses[1 - i],
+                  "replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0} for n in range(4)]
+        set_gpu(snapshot, i, nvlink_links=links,
+                p2p_status=[peer(1 - i, nvlink="disabled_by_regkey")])
+    return snapshot
+
+
+def test_a_bridge_whose_links_are_down_is_not_wired(h200, run_rule):
+    assert {r.status for r in run_rule("p2p.status", bridged(h200))} == {Status.WARNING}
+    results = run_rule("p2p.status", bridged(h200, up=False))
+    assert [r.status for r in results] == [Status.OK, Status.OK]
+    assert results[0].message == "P2P with 1 peer(s): NVLink where wired as expected"
+
+
+def test_a_bridge_seen_from_one_side_is_wired_for_both(h200, run_rule):
+    """GPU 1's link list cannot be read: GPU 0's links still end at GPU 1, so the pair is
+    wired, judged from either GPU."""
+    bridged(h200)
+    set_gpu(h200, 1, nvlink_links=Reading.failed("nvmlDeviceGetNvLinkState: timeout"))
+    results = run_rule("p2p.status", h200)
+    assert [r.status for r in results] == [Status.WARNING, Status.WARNING]
+    assert results[0].message.endswith("): GPU 1: nvlink disabled_by_regkey")
+    assert results[1].message.endswith("): GPU 0: nvlink disabled_by_regkey")
+
+
+def test_switch_links_on_one_gpu_only_do_not_wire_the_pair(h200, run_rule):
+    """GPU 0 has links up to an NVSwitch (a VM shows FFFFFFFF:FF:FF.0), GPU 1 no NVLink:
+    the pair is not wired, so no P2P over NVLink is expected between them."""
+    with_gpus(h200, ["00000000:3B:00.0", "00000000:86:00.0"])
+    switch = [{"link": n, "up": True, "version": 4, "remote_pci": "FFFFFFFF:FF:FF.0",
+               "replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0} for n in range(18)]
+    set_gpu(h200, 0, nvlink_links=switch, p2p_status=[peer(1, nvlink="not_supported")])
+    set_gpu(h200, 1, nvlink_links=Reading.not_supported(),
+            p2p_status=[peer(0, nvlink="not_supported")])
+    assert {r.status for r in run_rule("p2p.status", h200)} == {Status.OK}
+    # the same links on both GPUs: wired through the switch, and the refusal is reported
+    set_gpu(h200, 1, nvlink_links=switch)
+    assert {r.status for r in run_rule("p2p.status", h200)} == {Status.WARNING}
+
+
+def test_unread_statuses_are_named_as_read_or_missing(pair, run_rule):
+    set_gpu(pair, 0, p2p_status=[{"peer": 1, "read": "unknown", "write": "ok"}])
+    [result, _] = run_rule("p2p.status", pair, Profile(p2p_require_nvlink=True))
+    assert result.status is Status.UNKNOWN
+    assert result.message == ("cannot tell P2P status: GPU 1: read unknown, nvlink unread")

@@ -100,3 +100,36 @@ def test_an_input_without_an_sxid_list_is_skipped_and_a_bad_one_unknown(run_rule
     assert run_rule("sxid.recent", with_sxids([{"sxid": "x"}]))[0].status is Status.UNKNOWN
     [result] = run_rule("sxid.recent", with_sxids([sxid(12028, NONFATAL)], sxids_dropped=4))
     assert result.message.endswith("(and 4 older SXid line(s) not kept)")
+
+
+def test_the_window_boundary_to_the_microsecond(run_rule):
+    """A line exactly window old still counts; one a microsecond older is aged out."""
+    at_edge = sxid(20034, FATAL, seq=5, age_s=3600)
+    [result] = run_rule("sxid.recent", with_sxids([at_edge]), Profile(xid_window_s=3600))
+    assert result.status is Status.CRITICAL and result.observed["aged_out"] == 0
+    just_over = {**at_edge, "usec": NOW - 3600 * 10**6 - 1}
+    [result] = run_rule("sxid.recent", with_sxids([just_over]), Profile(xid_window_s=3600))
+    assert result.status is Status.OK and result.observed["aged_out"] == 1
+    assert result.message == "no NVSwitch SXid in the last 1h"
+
+
+def test_a_line_without_a_time_counts_and_shows_no_age(run_rule):
+    """No usec on the line, or no clock in the summary: it cannot be aged, so it counts
+    (never dropped for being unreadable), and no age is made up."""
+    undated = {k: v for k, v in sxid(20034, FATAL, "0000:07:00.0", 14).items() if k != "usec"}
+    for snap in (with_sxids([undated]),
+                 with_sxids([sxid(20034, FATAL, "0000:07:00.0", 14)], now_usec=None)):
+        [result] = run_rule("sxid.recent", snap, Profile(xid_window_s=3600))
+        assert result.status is Status.CRITICAL
+        assert result.observed["events"][0]["age_s"] is None
+        assert result.message.startswith("NVSwitch 0000:07:00.0 link 14: SXid 20034 (NVSwitch "
+                                         "link LTSSM fault (the link went down)): drain")
+
+
+@pytest.mark.parametrize(("age_s", "shown"), [
+    (59, "59s"), (60, "1m"), (3599, "59m"), (3600, "1h"), (86399, "23h"), (86400, "1d")])
+def test_ages_are_written_in_the_largest_whole_unit(run_rule, age_s, shown):
+    later = NOW + 86400 * 10**6  # a clock late enough for a line a day old
+    event = {**sxid(12028, NONFATAL), "usec": later - age_s * 10**6}
+    [result] = run_rule("sxid.recent", with_sxids([event], now_usec=later))
+    assert f", last {shown} ago: " in result.message
