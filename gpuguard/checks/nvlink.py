@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, ok, skipped
+from gpuguard.checks import CheckContext, Finding, gpu_check, ok, skipped, unknown
 from gpuguard.history import NVLINK_COUNTERS, nvlink_totals, window_growth
 from gpuguard.snapshot import GpuSnapshot, Snapshot
 
@@ -69,7 +69,9 @@ def errors(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     totals = nvlink_totals(gpu)
     shown = ", ".join(f"{LABELS[k]} {v}" for k, v in totals.items() if v is not None)
     observed: dict[str, Any] = {"totals": totals}
-    if ctx.history is None and all(v is None for v in totals.values()):
+    if all(v is None for v in totals.values()):
+        if ctx.history is not None:  # the daemon reads them: none read is not "no errors"
+            return unknown("no NVLink error counter could be read", **observed)
         # `gpuguard check` does not read them (most of an NVLink GPU's sweep): never ok
         # about what was not read.
         return skipped("NVLink error counters are read by the daemon, which judges their "

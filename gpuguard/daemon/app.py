@@ -96,12 +96,20 @@ class Daemon:
     def load_config(self) -> tuple[Profile, RuleSet]:
         return load_config(self.cfg.profile_path, self.cfg.rules_dirs)
 
+    def _fit_history(self, ruleset: RuleSet) -> None:
+        """Keep the history as long as the longest window a rule judges (a rule whose
+        window_s an override lengthened must not be judged over less than it says)."""
+        windows = [float(r.thresholds["window_s"]) for r in ruleset.rules.values()
+                   if isinstance(r.thresholds.get("window_s"), int | float)]
+        self.history.keep_s = max([660.0, *(w + 60.0 for w in windows)])
+
     def _do_reload(self) -> None:
         notify.reloading()
         with self.stats.lock:
             self.stats.reloads_total += 1
         try:
             self._config = self.load_config()
+            self._fit_history(self._config[1])
         except ConfigError as exc:
             with self.stats.lock:
                 self.stats.reload_success = 0
@@ -297,6 +305,7 @@ class Daemon:
         logs.configure(self.cfg.log_format)
         try:
             self._config = self.load_config()
+            self._fit_history(self._config[1])
             host, port = http.parse_listen(self.cfg.listen)
             services = load_services(self.cfg.config_path) if self.cfg.config_path else []
         except Exception as exc:  # any bad file is exit 3 at start, never a traceback loop

@@ -214,3 +214,23 @@ def test_the_daemon_ok_names_its_window_and_the_totals(pair, tmp_path):
     # minutes are rounded (1.5 -> 2)
     assert result.message == ("NVLink error growth within limits over 2 min (totals: replay 0, "
                               f"recovery 0, CRC flit 0, CRC data {crc_data})")
+
+
+def test_the_daemon_with_no_counter_read_is_unknown_not_ok(run_rule):
+    from gpuguard.engine import evaluate
+    from gpuguard.history import History
+    from gpuguard.profile import Profile
+    from gpuguard.ruleset import load_ruleset
+    from tests.checks.h200x2 import snapshot
+
+    snap = snapshot()
+    for gpu in snap.gpus:
+        links = [{**link, "replay": None, "recovery": None, "crc_flit": None, "crc_data": None}
+                 for link in gpu.nvlink_links.get()]
+        gpu.nvlink_links = Reading.ok(links)
+        gpu.__post_init__()
+    history = History()
+    history.add(snap, 0.0)
+    results = evaluate(snap, load_ruleset(), Profile(), only=["nvlink.errors"], history=history)
+    assert {r.status for r in results} == {Status.UNKNOWN}
+    assert "no NVLink error counter could be read" in results[0].message

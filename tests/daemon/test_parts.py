@@ -148,3 +148,16 @@ def test_aer_growth_warns(h200, default_rules):
         history.add(h200, t)
     res = run_with_history("pcie.aer", h200, history, default_rules)
     assert res.status is Status.WARNING and "grew by 7" in res.message
+
+
+def test_the_history_is_as_long_as_the_longest_window_a_rule_judges(tmp_path):
+    from gpuguard.daemon.app import Daemon, DaemonConfig
+
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("rules:\n  nvlink.errors:\n    thresholds: {window_s: 3600}\n")
+    daemon = Daemon(DaemonConfig(profile_path=profile))
+    daemon._fit_history(daemon.load_config()[1])
+    assert daemon.history.keep_s == 3660.0
+    profile.write_text("")
+    daemon._fit_history(daemon.load_config()[1])
+    assert daemon.history.keep_s == 660.0
