@@ -53,6 +53,16 @@ def set_gpu(snapshot: Snapshot, index: int = 0, **values: Any) -> Snapshot:
     return snapshot
 
 
+def overridden(tmp_path: Path, rule_id: str, **thresholds: Any) -> RuleSet:
+    """The default pack with some of one rule's thresholds overridden, as a user would."""
+    rules = tmp_path / "rules.d"
+    rules.mkdir(exist_ok=True)
+    values = ", ".join(f"{k}: {v}" for k, v in thresholds.items())
+    (rules / f"{rule_id}.yaml").write_text(
+        f"overrides:\n  {rule_id}: {{thresholds: {{{values}}}}}\n")
+    return load_ruleset([rules])
+
+
 RunRule = Callable[..., list[Result]]
 
 

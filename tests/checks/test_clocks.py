@@ -1,7 +1,7 @@
 from gpuguard.history import History
 from gpuguard.results import Status
 from gpuguard.snapshot import Reading
-from tests.conftest import set_gpu
+from tests.conftest import overridden, set_gpu
 
 
 def test_idle_bit_is_not_throttling(h200, run_rule):
@@ -167,16 +167,6 @@ def test_daemon_counts_only_capped_samples(h200, default_rules):
 
 # -- the daemon's HW slowdown window, boundaries and thresholds from the rule
 # (scripts/mutate_rules.py survivors) ---------------------------------------------------
-
-def overridden(tmp_path, rule_id, **thresholds):
-    from gpuguard.ruleset import load_ruleset
-
-    rules = tmp_path / "rules.d"
-    rules.mkdir(exist_ok=True)
-    values = ", ".join(f"{k}: {v}" for k, v in thresholds.items())
-    (rules / f"{rule_id}.yaml").write_text(
-        f"overrides:\n  {rule_id}: {{thresholds: {{{values}}}}}\n")
-    return load_ruleset([rules])
 
 
 def slowdown_result(h200, rules, t_and_reasons, keep_s=660.0, rule="clocks.hw_slowdown"):

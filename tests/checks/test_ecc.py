@@ -1,6 +1,6 @@
 from gpuguard.profile import Profile
 from gpuguard.results import Status
-from tests.conftest import set_gpu
+from tests.conftest import overridden, set_gpu
 
 
 def test_ecc_mode_matches(h200, run_rule):
@@ -59,17 +59,6 @@ def test_ecc_disabled_gpu_is_skipped_not_failed(h200, run_rule):
     [result] = run_rule("ecc.uncorrected", h200)
     assert result.status is Status.SKIPPED
 
-
-def overridden(tmp_path, rule_id, **thresholds):
-    """The default pack with some of one rule's thresholds overridden, as a user would."""
-    from gpuguard.ruleset import load_ruleset
-
-    rules = tmp_path / "rules.d"
-    rules.mkdir(exist_ok=True)
-    values = ", ".join(f"{k}: {v}" for k, v in thresholds.items())
-    (rules / f"{rule_id}.yaml").write_text(
-        f"overrides:\n  {rule_id}: {{thresholds: {{{values}}}}}\n")
-    return load_ruleset([rules])
 
 
 def test_uncorrected_limit_comes_from_the_rule(h200, run_rule, tmp_path):

@@ -1,6 +1,6 @@
 from gpuguard.results import Status
 from gpuguard.snapshot import Process, Reading
-from tests.conftest import set_gpu
+from tests.conftest import overridden, set_gpu
 
 GIB = 1024**3
 
@@ -68,17 +68,6 @@ def test_process_list_error_is_unknown(h200, run_rule):
     assert result.status is Status.UNKNOWN
     assert "GPU is lost" in result.message
 
-
-def overridden(tmp_path, rule_id, **thresholds):
-    """The default pack with some of one rule's thresholds overridden, as a user would."""
-    from gpuguard.ruleset import load_ruleset
-
-    rules = tmp_path / "rules.d"
-    rules.mkdir(exist_ok=True)
-    values = ", ".join(f"{k}: {v}" for k, v in thresholds.items())
-    (rules / f"{rule_id}.yaml").write_text(
-        f"overrides:\n  {rule_id}: {{thresholds: {{{values}}}}}\n")
-    return load_ruleset([rules])
 
 
 def test_memory_thresholds_come_from_the_rules(h200, run_rule, tmp_path):

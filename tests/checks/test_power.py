@@ -1,5 +1,5 @@
 from gpuguard.results import Status
-from tests.conftest import set_gpu
+from tests.conftest import overridden, set_gpu
 
 
 def test_power_limit(h200, run_rule):
@@ -23,17 +23,6 @@ def test_lowered_limit_says_when_the_gpu_is_capped_at_it(h200, run_rule):
     set_gpu(h200, clock_event_reasons=0x4)
     assert "capped at it now" in run_rule("power.limit", h200)[0].message
 
-
-def overridden(tmp_path, rule_id, **thresholds):
-    """The default pack with some of one rule's thresholds overridden, as a user would."""
-    from gpuguard.ruleset import load_ruleset
-
-    rules = tmp_path / "rules.d"
-    rules.mkdir(exist_ok=True)
-    values = ", ".join(f"{k}: {v}" for k, v in thresholds.items())
-    (rules / f"{rule_id}.yaml").write_text(
-        f"overrides:\n  {rule_id}: {{thresholds: {{{values}}}}}\n")
-    return load_ruleset([rules])
 
 
 def test_power_tolerance_comes_from_the_rule(h200, run_rule, tmp_path):

@@ -1,6 +1,6 @@
 from gpuguard.results import Status
 from gpuguard.snapshot import Reading
-from tests.conftest import set_gpu
+from tests.conftest import overridden, set_gpu
 
 
 def test_tlimit_margin_levels(h200, run_rule):
@@ -49,17 +49,6 @@ def test_an_unreadable_margin_is_unknown_not_judged_by_another_sensor(h200, run_
     [result] = run_rule("thermal.margin", h200)
     assert result.status is Status.UNKNOWN and "Unknown Error" in result.message
 
-
-def overridden(tmp_path, rule_id, **thresholds):
-    """The default pack with some of one rule's thresholds overridden, as a user would."""
-    from gpuguard.ruleset import load_ruleset
-
-    rules = tmp_path / "rules.d"
-    rules.mkdir(exist_ok=True)
-    values = ", ".join(f"{k}: {v}" for k, v in thresholds.items())
-    (rules / f"{rule_id}.yaml").write_text(
-        f"overrides:\n  {rule_id}: {{thresholds: {{{values}}}}}\n")
-    return load_ruleset([rules])
 
 
 def test_margin_boundaries(h200, run_rule):
