@@ -47,3 +47,12 @@ def grade(xid: int, text: str | None, catalog: dict[int, XidEntry]) -> Grade:
         wanted = target.group(1) if target else lowered
         severity = next((sev for words, sev in _RECOVERY_154 if words in wanted), severity)
     return Grade(severity, entry.meaning, "; ".join(ACTION_WORDS[a] for a in entry.actions))
+
+
+def span(seconds: float) -> str:
+    """An age or a window as the kernel-log rules write it: 90061 -> 1d, 150 -> 2m."""
+    seconds = int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

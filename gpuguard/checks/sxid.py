@@ -10,6 +10,7 @@ from typing import Any
 
 from gpuguard.checks import CheckContext, Finding, host_check, ok, skipped, unknown, warning
 from gpuguard.sxids import grade
+from gpuguard.xids import span
 
 
 @host_check("sxid.recent")
@@ -67,12 +68,3 @@ def recent(ctx: CheckContext) -> Finding:
     if any(e["severity"] == "critical" for e in counted):
         return ctx.fail(message, **observed)
     return warning(message, **observed)
-
-
-def span(seconds: float) -> str:
-    """90061 -> 1d (as xid.recent writes ages)."""
-    seconds = int(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpuguard.checks import CheckContext, Finding, host_check, ok, warning
 from gpuguard.pci import normalise_pci
-from gpuguard.xids import grade
+from gpuguard.xids import grade, span
 
 
 @host_check("xid.recent", thresholds=("repeat_for_vendor",))
@@ -43,7 +43,7 @@ def recent(ctx: CheckContext) -> Finding:
                         "gpu": gpu_by_pci.get(event["pci"]) if event.get("pci") else None,
                         "age_s": None if now is None or usec is None else (now - usec) // 10**6})
 
-    window = "since boot" if window_s is None else f"in the last {_span(window_s)}"
+    window = "since boot" if window_s is None else f"in the last {span(window_s)}"
     dropped = log.get("xids_dropped") or 0
     observed = {"window": window, "counted": len(counted), "aged_out": aged,
                 "older_not_kept": dropped,
@@ -69,7 +69,7 @@ def recent(ctx: CheckContext) -> Finding:
             where = f"{shown} (not among the GPUs NVML lists)"
         else:
             where = f"GPU {gpu} ({last['pci']})"
-        age = f", last {_span(last['age_s'])} ago" if last["age_s"] is not None else ""
+        age = f", last {span(last['age_s'])} ago" if last["age_s"] is not None else ""
         times = f" x{len(events)}" if len(events) > 1 else ""
         text = f"{where}: Xid {xid}{times} ({last['meaning']}){age}: {last['action']}"
         if last["severity"] == "critical" and len(events) >= ctx.threshold("repeat_for_vendor"):
@@ -81,12 +81,3 @@ def recent(ctx: CheckContext) -> Finding:
     if any(e["severity"] == "critical" for e in counted):
         return ctx.fail(message, **observed)
     return warning(message, **observed)
-
-
-def _span(seconds: float) -> str:
-    seconds = int(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
