@@ -79,6 +79,10 @@ def parity(ctx: CheckContext) -> Finding:
 def docker(ctx: CheckContext) -> Finding:
     host = ctx.snapshot.host
     required = ctx.profile.docker_required
+    asked = host.probe_image.state != "absent"  # --probe-image: the user asked for a run
+    if host.docker.state == "not_supported" and asked and not required:
+        return unknown("--probe-image asked for a GPU container, but "
+                       f"{host.docker.error or 'no Docker daemon is configured'}")
     if host.docker.state == "not_supported" and not required:
         return skipped(host.docker.error or "no Docker daemon configured")
     if host.docker.state == "not_supported":

@@ -25,9 +25,10 @@ def recent(ctx: CheckContext) -> Finding:
                   for g in ctx.snapshot.gpus if g.pci_bus_id.is_ok}
 
     counted: list[dict[str, Any]] = []
-    aged = ignored = 0
+    aged = ignored = acknowledged = 0
     for event in log["xids"]:
         if acked is not None and event.get("seq") is not None and event["seq"] <= acked:
+            acknowledged += 1
             continue
         usec = event.get("usec")
         if window_s is not None and now is not None and usec is not None \
@@ -47,12 +48,16 @@ def recent(ctx: CheckContext) -> Finding:
     dropped = log.get("xids_dropped") or 0
     observed = {"window": window, "counted": len(counted), "aged_out": aged,
                 "older_not_kept": dropped,
-                "not_counted": ignored, "acked_seq": acked,
+                "not_counted": ignored, "acked_seq": acked, "acknowledged": acknowledged,
                 "events": [{k: e[k] for k in ("xid", "pci", "gpu", "severity", "seq", "age_s",
                                                 "pid", "process")} for e in counted]}
     if not counted:
-        extra = f" ({ignored} informational)" if ignored else ""
-        return ok(f"no Xid {window}{extra}", **observed)
+        notes = [f"{n} {what}" for n, what in ((acknowledged, "acknowledged"),
+                                               (ignored, "informational"),
+                                               (aged, "older than the window")) if n]
+        extra = f" ({', '.join(notes)})" if notes else ""
+        return ok(f"no Xid {window} to act on{extra}" if notes else f"no Xid {window}",
+                  **observed)
 
     # One part per GPU and Xid; Xids at addresses NVML does not list (a GPU that fell
     # off the bus) are grouped per Xid, with their addresses.

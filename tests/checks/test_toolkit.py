@@ -230,3 +230,15 @@ def test_probe_that_sees_no_driver_says_nothing(h200, run_rule):
     [result] = run_rule("toolkit.docker", h200)
     assert result.status is Status.CRITICAL
     assert "nvidia-smi reports driver nothing, the host runs 580.159.04" in result.message
+
+
+def test_a_probe_asked_for_without_docker_is_unknown_not_skipped(h200, run_rule):
+    h200.host.docker = Reading.not_supported("no Docker daemon configured (no DOCKER_HOST)")
+    h200.host.probe_image = Reading.not_supported("no Docker daemon configured")
+    h200.host.__post_init__()
+    [result] = run_rule("toolkit.docker", h200)
+    assert result.status is Status.UNKNOWN
+    assert result.message.startswith("--probe-image asked for a GPU container, but no Docker")
+    h200.host.probe_image = Reading()  # not asked: nothing to compare, skipped
+    h200.host.__post_init__()
+    assert run_rule("toolkit.docker", h200)[0].status is Status.SKIPPED

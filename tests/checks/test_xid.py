@@ -207,7 +207,7 @@ def test_dropped_and_informational_lines_are_told(h200, run_rule):
     [result] = run_rule("xid.recent", logged(h200, [], xids_dropped=None))
     assert result.message == "no Xid since boot" and result.observed["older_not_kept"] == 0
     [result] = run_rule("xid.recent", logged(h200, [xid_event(63)]))
-    assert result.message == "no Xid since boot (1 informational)"
+    assert result.message == "no Xid since boot to act on (1 informational)"
     [result] = run_rule("xid.recent", logged(h200, [xid_event(119)]))
     assert not result.message.endswith("not kept)")
     [result] = run_rule("xid.recent", logged(h200, [xid_event(119)], xids_dropped=3))
@@ -252,3 +252,12 @@ def test_window_is_named_in_days_hours_minutes_or_seconds(h200, run_rule):
                           (60, "1m"), (59, "59s")):
         [result] = run_rule("xid.recent", logged(h200, []), Profile(xid_window_s=seconds))
         assert result.message == f"no Xid in the last {text}", seconds
+
+
+def test_acknowledged_and_aged_lines_are_told_not_hidden(h200, run_rule):
+    snap = logged(h200, [xid_event(119, seq=5), xid_event(119, seq=6)])
+    snap.host.kernel_log.value["acked_seq"] = 6
+    [result] = run_rule("xid.recent", snap)
+    assert result.status is Status.OK
+    assert result.message == "no Xid since boot to act on (2 acknowledged)"
+    assert result.observed["acknowledged"] == 2
