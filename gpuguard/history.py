@@ -34,6 +34,10 @@ class Sample:
     nvlink_recovery: int | None = None
     nvlink_crc_flit: int | None = None
     nvlink_crc_data: int | None = None
+    # The links whose four counters the sums above cover: sums are compared only between
+    # samples of the same set, so a link whose counters drop out and come back is never
+    # its whole lifetime count taken as growth.
+    nvlink_read: frozenset[int] | None = None
 
 
 NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
@@ -60,7 +64,7 @@ def sample(gpu: GpuSnapshot, t: float) -> Sample:
     if gpu.pcie_aer.is_ok:
         aer = sum((d.get("correctable") or {}).get("TOTAL", 0) for d in gpu.pcie_aer.get())
     reasons = gpu.clock_event_reasons.value if gpu.clock_event_reasons.is_ok else None
-    nvlink = nvlink_totals(gpu)
+    nvlink, read = _nvlink_sums(gpu)
     return Sample(
         t=t,
         ecc_corrected=gpu.ecc_volatile_corrected.value if gpu.ecc_volatile_corrected.is_ok
@@ -75,7 +79,21 @@ def sample(gpu: GpuSnapshot, t: float) -> Sample:
         nvlink_recovery=nvlink["recovery"],
         nvlink_crc_flit=nvlink["crc_flit"],
         nvlink_crc_data=nvlink["crc_data"],
+        nvlink_read=read,
     )
+
+
+def _nvlink_sums(gpu: GpuSnapshot) -> tuple[dict[str, int | None], frozenset[int] | None]:
+    """Each counter summed over the links that gave all four, and which links those are."""
+    if not gpu.nvlink_links.is_ok:
+        return dict.fromkeys(NVLINK_COUNTERS), None
+    full = [link for link in gpu.nvlink_links.get()
+            if all(link.get(name) is not None for name in NVLINK_COUNTERS)]
+    if not full:
+        return dict.fromkeys(NVLINK_COUNTERS), frozenset()
+    sums: dict[str, int | None] = {name: sum(link[name] for link in full)
+                                   for name in NVLINK_COUNTERS}
+    return sums, frozenset(link["link"] for link in full)
 
 
 class History:

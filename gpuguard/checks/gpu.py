@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, host_check, ok
+from gpuguard.checks import CheckContext, Finding, gpu_check, host_check, ok, unknown
 from gpuguard.snapshot import GpuSnapshot
 
 
@@ -50,4 +50,13 @@ def identity(ctx: CheckContext) -> Finding:
         return ok("no GPU to compare")
     if clashes:
         return ctx.fail("; ".join(clashes), clashes=clashes)
+    unread = [str(gpu.index) for gpu in ctx.snapshot.gpus
+              if not (gpu.uuid.is_ok and gpu.pci_bus_id.is_ok)]
+    nvml = ctx.snapshot.nvml
+    if unread or nvml.hung_call or nvml.sweep_error:
+        # An identity not read this time (or kept from the last sweep for a GPU that did
+        # not answer) cannot show that the GPUs are distinct.
+        who = f"GPU(s) {', '.join(unread)}" if unread else "the GPUs that did not answer"
+        return unknown(f"cannot compare identities: the UUID or bus address of {who} "
+                       "was not read this time", unread=unread)
     return ok(f"{len(ctx.snapshot.gpus)} GPU(s), each with its own UUID and bus address")

@@ -52,6 +52,11 @@ def state(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     expected, basis = expected_links(gpu, ctx.snapshot, ctx.profile.nvlink_links_per_gpu)
     observed: dict[str, Any] = {"up": up, "expected": expected, "links": len(links),
                                 "down": down}
+    if links and up == 0 and expected == 0:
+        # Every link down: also when its peers lost theirs too (a fabric or NVSwitch
+        # fault takes all of them), which the comparison with peers cannot see.
+        return ctx.fail(f"none of the GPU's {len(links)} NVLinks is up ({basis}: "
+                        f"{expected})", **observed)
     if up < expected:
         named = ", ".join(str(n) for n in down[:18]) or "none listed"
         return ctx.fail(f"{up} of {expected} NVLinks up ({basis}); down: {named}",
@@ -88,6 +93,9 @@ def errors(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
               "crc_flit": ctx.threshold("max_crc_flit_growth"),
               "crc_data": ctx.threshold("max_crc_data_growth")}
     samples = ctx.history.samples(gpu)
+    # Only samples that summed the same links as this one compare (history.Sample).
+    if samples:
+        samples = [s for s in samples if s.nvlink_read == samples[-1].nvlink_read]
     over, grown = [], {}
     for name in NVLINK_COUNTERS:
         grew = window_growth(samples, f"nvlink_{name}", window_s)

@@ -59,8 +59,11 @@ def status(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     fallback: list[str] = []
     unread: list[str] = []
     for other in others:
-        # Judged: every pair when the profile requires NVLink, else pairs wired over it.
+        # Judged: every pair when the profile requires NVLink, else pairs wired over it;
+        # whether a pair is wired cannot be told when either GPU's links were not read.
         if not require and not wired(gpu, other, gpu_pcis):
+            if gpu.nvlink_links.state == "error" or other.nvlink_links.state == "error":
+                unread.append(f"GPU {other.index}: NVLinks not read, wiring unknown")
             continue
         entry = peers.get(other.index)
         if entry is None:

@@ -205,7 +205,7 @@ class Daemon:
         results = evaluate(snap, ruleset, profile, cadence="fast", history=self.history)
         self._count_xids(snap, ruleset)
         self._last = snap
-        self.store.update(results, "fast", nvml_hung=hung)
+        self.store.update(results, "fast", source_failed=_source_failure(snap))
         current = self.store.results()
         for supervisor in self.supervisors:
             supervisor.on_cycle(current)
@@ -403,6 +403,16 @@ class Daemon:
             sys.stderr.flush()
             os._exit(0)
         return 0
+
+
+def _source_failure(snap: Snapshot) -> str | None:
+    """Why this cycle's GPU facts are not all current: NVML hung, or the sweep (or the
+    replayed input) failed. NVML not starting at all is a current fact (driver.loaded)."""
+    if snap.nvml.hung_call is not None:
+        return "NVML did not answer in time"
+    if snap.nvml.sweep_error is not None:
+        return f"the NVML sweep failed: {snap.nvml.sweep_error[:200]}"
+    return None
 
 
 class XidMarks:

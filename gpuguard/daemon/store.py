@@ -44,13 +44,13 @@ class ResultStore:
         self._lock = threading.Lock()
         self._entries: dict[Key, Entry] = {}
         self._cadence_of: dict[Key, str] = {}
-        self._nvml_hung = False
+        self._source_failed: str | None = None  # why the sources were not all read
         self._failed: dict[str, str] = {}  # cadence -> why its last cycle failed
 
     @property
     def stale(self) -> bool:
         with self._lock:
-            return self._nvml_hung or bool(self._failed)
+            return self._source_failed is not None or bool(self._failed)
 
     def cycle_failed(self, cadence: str) -> bool:
         with self._lock:
@@ -60,11 +60,12 @@ class ResultStore:
         with self._lock:
             reasons = [f"the last {c} cycle failed: {why}" for c, why in sorted(
                 self._failed.items())]
-            if self._nvml_hung:
-                reasons.append("NVML did not answer in time")
+            if self._source_failed is not None:
+                reasons.append(self._source_failed)
         return "; ".join(reasons) or None
 
-    def update(self, results: list[Result], cadence: str, nvml_hung: bool = False) -> None:
+    def update(self, results: list[Result], cadence: str,
+               source_failed: str | None = None) -> None:
         """Replace this cadence's results with a cycle's. Results of rules or GPUs that the
         cycle no longer has (a GPU that left, a rule no longer selected) go with their series."""
         now = time.time()
@@ -80,7 +81,7 @@ class ResultStore:
                 del self._cadence_of[key]
             self._failed.pop(cadence, None)
             if cadence == "fast":
-                self._nvml_hung = nvml_hung
+                self._source_failed = source_failed
 
     def mark_failed(self, cadence: str, why: str) -> None:
         """A cycle of `cadence` failed: its rules are unknown until one succeeds. The last

@@ -179,7 +179,9 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
     for record in records:
         count += 1
         if record.usec is not None:
-            last_usec = record.usec
+            # the highest, not the last: a saved log may hold an earlier boot after a later
+            # one, and an age is never negative
+            last_usec = record.usec if last_usec is None else max(last_usec, record.usec)
         if "NVRM" in record.text or "fallen off the bus" in record.text:
             event = xid_event(record)
             if event is not None:

@@ -64,3 +64,13 @@ def test_empty_identities_are_not_a_clash_and_no_gpu_is_ok(h200, run_rule):
     snap.gpus = []
     [result] = run_rule("gpu.identity", snap)
     assert result.status is Status.OK and result.message == "no GPU to compare"
+
+
+def test_identities_not_read_are_unknown_not_distinct(h200, run_rule):
+    with_gpus(h200, ["00000000:18:00.0", "00000000:28:00.0"])
+    set_gpu(h200, 1, uuid=Reading.failed("nvmlDeviceGetUUID: Unknown Error"))
+    [result] = run_rule("gpu.identity", h200)
+    assert result.status is Status.UNKNOWN and "GPU(s) 1" in result.message
+    set_gpu(h200, 1, uuid="GPU-1")
+    h200.nvml.hung_call = "nvmlDeviceGetTemperature (GPU 1)"  # kept from the last sweep
+    assert run_rule("gpu.identity", h200)[0].status is Status.UNKNOWN

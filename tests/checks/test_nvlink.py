@@ -234,3 +234,27 @@ def test_the_daemon_with_no_counter_read_is_unknown_not_ok(run_rule):
     results = evaluate(snap, load_ruleset(), Profile(), only=["nvlink.errors"], history=history)
     assert {r.status for r in results} == {Status.UNKNOWN}
     assert "no NVLink error counter could be read" in results[0].message
+
+
+def test_every_link_down_on_every_gpu_is_critical_not_ok(pair, run_rule):
+    """Peers that lost all their links too (a fabric or NVSwitch fault) are no reference."""
+    for index in (0, 1):
+        with_links_down(pair, index, *range(18))
+    results = run_rule("nvlink.state", pair)
+    assert {r.status for r in results} == {Status.CRITICAL}
+    assert results[0].message.startswith("none of the GPU's 18 NVLinks is up")
+
+
+def test_a_link_whose_counters_drop_out_and_come_back_is_not_growth(pair, default_rules):
+    history = History()
+    grow(pair, history, 0.0)
+    every = links(pair, 0)
+    gone = [{**link, **dict.fromkeys(("replay", "recovery", "crc_flit", "crc_data"))}
+            if link["link"] == 2 else link for link in every]
+    for t in (5.0, 10.0):  # link 2's counters not read for two cycles
+        set_gpu(pair, 0, nvlink_links=gone)
+        history.add(pair, t)
+    for t in (15.0, 20.0):  # back, unchanged
+        set_gpu(pair, 0, nvlink_links=every)
+        history.add(pair, t)
+    assert daemon_result(pair, default_rules, history).status is Status.OK

@@ -146,3 +146,12 @@ def test_unread_statuses_are_named_as_read_or_missing(pair, run_rule):
     [result, _] = run_rule("p2p.status", pair, Profile(p2p_require_nvlink=True))
     assert result.status is Status.UNKNOWN
     assert result.message == ("cannot tell P2P status: GPU 1: read unknown, nvlink unread")
+
+
+def test_unread_links_make_the_wiring_unknown_not_ok(pair, run_rule):
+    for index in (0, 1):
+        set_gpu(pair, index, nvlink_links=Reading.failed("nvmlDeviceGetNvLinkState: boom"))
+    set_gpu(pair, 0, p2p_status=[peer(1, nvlink="not_supported")])
+    results = run_rule("p2p.status", pair)
+    assert {r.status for r in results} == {Status.UNKNOWN}
+    assert "NVLinks not read, wiring unknown" in results[0].message

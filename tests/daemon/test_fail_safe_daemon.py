@@ -183,3 +183,13 @@ def test_the_daemon_refuses_a_bad_rule_at_start_and_keeps_good_rules_on_reload(
         daemon.proc.send_signal(signal.SIGHUP)
         daemon.wait_for(lambda: "gpuguard_config_last_reload_successful 1.0" in daemon.metrics(),
                         what="reload accepted")
+
+
+def test_an_input_that_cannot_be_read_is_stale_not_fresh(tmp_path):
+    daemon, path = in_process_daemon(tmp_path, host_snapshot(1))
+    daemon.fast_cycle()
+    assert not daemon.store.stale
+    path.write_text('{"kind": "x"')  # the replayed file, cut off
+    daemon.fast_cycle()
+    assert daemon.store.stale and "the NVML sweep failed" in daemon.store.stale_reason()
+    assert daemon.status_document()["stale"] is True

@@ -71,7 +71,8 @@ def test_store_drops_a_gpu_that_left_and_marks_a_failed_cycle_stale():
     store.update([result(Status.OK, gpu=0), result(Status.OK, gpu=1)], "fast")
     store.update([result(Status.OK, gpu=0)], "fast")
     assert {e.result.gpu.index for e in store.entries()} == {0}
-    store.update([result(Status.CRITICAL, gpu=0)], "fast", nvml_hung=True)
+    store.update([result(Status.CRITICAL, gpu=0)], "fast",
+                 source_failed="NVML did not answer in time")
     assert store.stale and "NVML did not answer" in store.stale_reason()
     store.mark_failed("fast", "RuntimeError: boom")
     [entry] = store.entries()

@@ -112,3 +112,11 @@ def test_sxids_are_bounded(tmp_path):
     log = xids(path)
     assert len(log["sxids"]) == kmsg.MAX_XIDS and log["sxids_dropped"] == 10
     assert log["sxids"][-1]["link"] == (kmsg.MAX_XIDS + 9) % 64
+
+
+def test_a_saved_log_is_timed_by_its_highest_stamp_so_no_age_is_negative(tmp_path):
+    log = tmp_path / "dmesg.txt"
+    log.write_text("[  100.000000] NVRM: Xid (PCI:0000:10:00): 79, pid=1, name=x, GPU has "
+                   "fallen off the bus.\n[    5.000000] an earlier boot's line\n")
+    summary = kmsg.read_file(log).get()
+    assert summary["now_usec"] == 100_000_000
