@@ -119,11 +119,15 @@ def test_a_list_as_pci_bus_id_is_an_error_reading_in_every_format(tmp_path):
     path = bad_snapshot(tmp_path, gpu__pci_bus_id=["00000000:18:00.0"])
     for fmt in ("table", "json", "prometheus"):
         proc = gpuguard("check", "--format", fmt, "--input", str(path))
-        # no rule of this replay reads the address (no sysfs named): the same verdict in
-        # every format, and never a crash
-        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        # the same verdict in every format (unknown: gpu.identity cannot compare an
+        # address it could not read), and never a crash
+        assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
     assert 'pci_bus_id=""' in gpuguard("check", "--format", "prometheus", "--input",
                                        str(path)).stdout
+    unknown = [r for r in json.loads(gpuguard("check", "--format", "json", "--input",
+                                              str(path)).stdout)["results"]
+               if r["status"] == "unknown"]
+    assert [r["rule"] for r in unknown] == ["gpu.identity"]
 
 
 def test_two_gpus_with_one_uuid_both_show_and_are_a_finding(tmp_path):
