@@ -5,8 +5,9 @@ action in its text) into a severity, a meaning and an action. xid.recent, the da
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpuguard.rule import XidEntry
@@ -56,3 +57,40 @@ def span(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+@dataclass
+class Selection:
+    """The kernel-log events a rule acts on, graded, and how many it left out and why."""
+
+    counted: list[dict[str, Any]] = field(default_factory=list)
+    acknowledged: int = 0
+    aged: int = 0
+    ignored: int = 0
+
+
+def select(events: list[dict[str, Any]], log: dict[str, Any], window_s: float | None,
+           grade_event: Callable[[dict[str, Any]], Grade]) -> Selection:
+    """Events not acknowledged (`gpuguard xid ack`: one kmsg sequence for Xids and SXids),
+    inside the window (None: since boot) and not graded `ignore`; each with its grade and
+    its age in seconds (None where the log has no clock). xid.recent and sxid.recent."""
+    now, acked = log.get("now_usec"), log.get("acked_seq")
+    chosen = Selection()
+    for event in events:
+        seq, usec = event.get("seq"), event.get("usec")
+        if acked is not None and seq is not None and seq <= acked:
+            chosen.acknowledged += 1
+            continue
+        if window_s is not None and now is not None and usec is not None \
+                and now - usec > window_s * 1_000_000:
+            chosen.aged += 1
+            continue
+        graded = grade_event(event)
+        if graded.severity == "ignore":
+            chosen.ignored += 1
+            continue
+        chosen.counted.append({**event, "severity": graded.severity, "meaning": graded.meaning,
+                               "action": graded.action,
+                               "age_s": None if now is None or usec is None
+                               else (now - usec) // 10**6})
+    return chosen

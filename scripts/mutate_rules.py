@@ -83,21 +83,6 @@ EQUIVALENT: dict[str, str] = {
     "nvlink.expected_links: number `0` -> `1`":
         "both callers (nvlink.state after get(), the metric after links_up) pass a GPU whose "
         "own links were read, so counts holds it and is never empty",
-    # sxid.recent's own guard of a malformed SXid list: readings.py's kernel_log validation
-    # (HostSnapshot.__post_init__) turns such a list into a failed reading first, so get()
-    # raises (unknown, "invalid kernel_log ...") before the guard runs: it is unreachable.
-    "sxid.recent: boolop `not isinstance(events, list) or not all((isinstance(e, dict) and "
-    "is...` -> `not isinstance(events, list) and (not all((isinstance(e, dict) and ...`":
-        "unreachable: readings.py rejects a malformed sxids list before the check runs",
-    "sxid.recent: boolop `isinstance(e, dict) and isinstance(e.get('sxid'), int)` -> "
-    "`isinstance(e, dict) or isinstance(e.get('sxid'), int)`":
-        "unreachable: readings.py rejects a malformed sxids list before the check runs",
-    "sxid.recent: status `unknown(\"the kernel log summary's SXid list is ...`: unknown() -> "
-    "ok()":
-        "unreachable: readings.py rejects a malformed sxids list before the check runs",
-    "sxid.recent: status `unknown(\"the kernel log summary's SXid list is ...`: unknown() -> "
-    "skipped()":
-        "unreachable: readings.py rejects a malformed sxids list before the check runs",
 }
 
 COMPARE_SWAP: dict[type[ast.cmpop], type[ast.cmpop]] = {

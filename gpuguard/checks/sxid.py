@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from gpuguard.checks import CheckContext, Finding, host_check, ok, skipped, unknown, warning
+from gpuguard.checks import CheckContext, Finding, host_check, ok, skipped, warning
 from gpuguard.sxids import grade
-from gpuguard.xids import span
+from gpuguard.xids import select, span
 
 
 @host_check("sxid.recent")
@@ -19,28 +19,13 @@ def recent(ctx: CheckContext) -> Finding:
     events = log.get("sxids")
     if events is None:
         return skipped("this kernel log summary has no SXid list (an older input)")
-    if not isinstance(events, list) or not all(
-            isinstance(e, dict) and isinstance(e.get("sxid"), int) for e in events):
-        return unknown("the kernel log summary's SXid list is malformed")
+    # (a malformed list never gets here: readings.py makes the kernel log an error reading)
     window_s = ctx.profile.xid_window_s
-    now, acked = log.get("now_usec"), log.get("acked_seq")
-    counted: list[dict[str, Any]] = []
-    aged = ignored = 0
-    for event in events:
-        seq, usec = event.get("seq"), event.get("usec")
-        if acked is not None and seq is not None and seq <= acked:
-            continue
-        if window_s is not None and now is not None and usec is not None \
-                and now - usec > window_s * 1_000_000:
-            aged += 1
-            continue
-        graded = grade(event["sxid"], event.get("text"), ctx.ruleset.sxid_catalog)
-        if graded.severity == "ignore":
-            ignored += 1
-            continue
-        counted.append({**event, "severity": graded.severity, "meaning": graded.meaning,
-                        "action": graded.action,
-                        "age_s": None if now is None or usec is None else (now - usec) // 10**6})
+    acked = log.get("acked_seq")
+    catalog = ctx.ruleset.sxid_catalog
+    chosen = select(events, log, window_s,
+                    lambda event: grade(event["sxid"], event.get("text"), catalog))
+    counted, aged, ignored = chosen.counted, chosen.aged, chosen.ignored
     window = "since boot" if window_s is None else f"in the last {span(window_s)}"
     dropped = log.get("sxids_dropped") or 0
     observed = {"window": window, "counted": len(counted), "aged_out": aged,

@@ -12,37 +12,22 @@ from typing import Any
 
 from gpuguard.checks import CheckContext, Finding, host_check, ok, warning
 from gpuguard.pci import normalise_pci
-from gpuguard.xids import grade, span
+from gpuguard.xids import grade, select, span
 
 
 @host_check("xid.recent", thresholds=("repeat_for_vendor",))
 def recent(ctx: CheckContext) -> Finding:
     log = ctx.snapshot.host.kernel_log.get()
     window_s = ctx.profile.xid_window_s
-    now = log.get("now_usec")
     acked = log.get("acked_seq")
     gpu_by_pci = {normalise_pci(g.pci_bus_id.get()): g.index
                   for g in ctx.snapshot.gpus if g.pci_bus_id.is_ok}
-
-    counted: list[dict[str, Any]] = []
-    aged = ignored = acknowledged = 0
-    for event in log["xids"]:
-        if acked is not None and event.get("seq") is not None and event["seq"] <= acked:
-            acknowledged += 1
-            continue
-        usec = event.get("usec")
-        if window_s is not None and now is not None and usec is not None \
-                and now - usec > window_s * 1_000_000:
-            aged += 1
-            continue
-        graded = grade(event["xid"], event.get("text"), ctx.ruleset.xid_catalog)
-        severity, meaning, action = graded.severity, graded.meaning, graded.action
-        if severity == "ignore":
-            ignored += 1
-            continue
-        counted.append({**event, "severity": severity, "meaning": meaning, "action": action,
-                        "gpu": gpu_by_pci.get(event["pci"]) if event.get("pci") else None,
-                        "age_s": None if now is None or usec is None else (now - usec) // 10**6})
+    catalog = ctx.ruleset.xid_catalog
+    chosen = select(log["xids"], log, window_s,
+                    lambda event: grade(event["xid"], event.get("text"), catalog))
+    counted = [{**e, "gpu": gpu_by_pci.get(e["pci"]) if e.get("pci") else None}
+               for e in chosen.counted]
+    aged, ignored, acknowledged = chosen.aged, chosen.ignored, chosen.acknowledged
 
     window = "since boot" if window_s is None else f"in the last {span(window_s)}"
     dropped = log.get("xids_dropped") or 0
