@@ -389,10 +389,12 @@ HOST_READING_FIELDS: tuple[str, ...] = tuple(
 def _name_readings(obj: Any, scope: str) -> None:
     """Name every reading after its field and turn a value that is not valid for the
     field (gpuguard/readings.py) into an error reading: checked wherever a snapshot is
-    built, so no source, replay or worker line can hand a rule a wrong value."""
+    built, so no source, replay or worker line can hand a rule a wrong value. A reading
+    already named after the field was checked for it when it was named: sources call
+    this after each field they set, and a kernel log of 2,000 Xids is checked once."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
-        if not isinstance(value, Reading):
+        if not isinstance(value, Reading) or value.name == f.name:
             continue
         if value.state == "ok":
             wrong = readings.problem(scope, f.name, value.value)
