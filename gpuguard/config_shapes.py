@@ -127,4 +127,6 @@ class ProfileFile(_Strict):
         ge=0, description="a whole number >= 0")] | Unset = UNSET
     p2p: P2pSpec | Unset = UNSET
     mig: Literal["enabled", "disabled"] | bool | Unset = UNSET
+    disk_paths: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(
+        max_length=64, description="a list of absolute paths")] | Unset = UNSET
     rules: dict[str, OverrideSpec] | Unset = UNSET

@@ -13,6 +13,7 @@
     nvlink_links_per_gpu: 18   # nvlink.state: links up on every GPU (default: its peers')
     p2p: {require_nvlink: true}  # p2p.status: every GPU pair peers over NVLink
     mig: disabled          # mig.mode: the MIG mode every GPU must be in
+    disk_paths: [/var/lib/models]  # host.disk: free space here (and Docker's data root)
     rules:                 # overrides, same shape as a rule file's `overrides:`
       pcie.replays:
         thresholds: {max_replays: 500}
@@ -42,6 +43,8 @@ class Profile:
     p2p_require_nvlink: bool = False
     # The MIG mode every GPU must be in; None: any, as long as none is pending.
     mig_expected: bool | None = None
+    # host.disk: paths whose filesystems must keep free space (beside Docker's data root).
+    disk_paths: list[Path] = field(default_factory=list)
     # as written (each key knows its line): gpuguard.ruleset applies them, naming the line
     rule_overrides: Mapping | None = None
 
@@ -59,7 +62,7 @@ def load_profile(path: Path) -> Profile:
         return profile
     if not isinstance(doc, Mapping):
         raise ConfigError(path, 1, "a profile is a mapping (gpu_count, driver, vbios, ecc, "
-                          "xid_window, docker, nvlink_links_per_gpu, p2p, mig, rules)")
+                          "xid_window, docker, nvlink_links_per_gpu, p2p, mig, disk_paths, rules)")
     spec = schema.convert(doc, ProfileFile, path)
     profile.gpu_count = given(spec.gpu_count)
     if (driver := given(spec.driver)) is not None:
@@ -84,6 +87,11 @@ def load_profile(path: Path) -> Profile:
         profile.p2p_require_nvlink = given(p2p.require_nvlink) is True
     if (mig := given(spec.mig)) is not None:
         profile.mig_expected = mig in ("enabled", True)
+    for text in given(spec.disk_paths) or []:
+        if not text.startswith("/"):
+            raise ConfigError(path, doc.line_of("disk_paths"),
+                              f"disk_paths: {short(text)} is not an absolute path")
+        profile.disk_paths.append(Path(text))
     if given(spec.rules) is not None:
         profile.rule_overrides = doc["rules"]
     return profile

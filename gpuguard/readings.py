@@ -134,9 +134,58 @@ def _kernel_log(value: Any) -> str | None:
             return f"an SXid event's seq/usec/link is not a count: {_show(event)}"
         if event.get("switch") is not None and not isinstance(event.get("switch"), str):
             return f"an SXid event's switch is not text: {_show(event)}"
-    for key in ("now_usec", "acked_seq", "xids_dropped", "sxids_dropped"):
+    ooms = value.get("ooms", [])
+    if not isinstance(ooms, list):
+        return "kernel log summary's ooms is not a list"
+    for event in ooms:
+        if not isinstance(event, dict) or not _optional_int(event.get("pid")) \
+                or event.get("pid") is None:
+            return f"an OOM kill is not {{pid: number, ...}}: {_show(event)}"
+        if not (_optional_int(event.get("seq")) and _optional_int(event.get("usec"))):
+            return f"an OOM kill's seq/usec is not a count: {_show(event)}"
+        if any(event.get(key) is not None and not isinstance(event.get(key), str)
+               for key in ("process", "scope", "cgroup")):
+            return f"an OOM kill's process/scope/cgroup is not text: {_show(event)}"
+    for key in ("now_usec", "acked_seq", "xids_dropped", "sxids_dropped", "ooms_dropped"):
         if not _optional_int(value.get(key)):
             return f"kernel log {key} is not a count: {_show(value.get(key))}"
+    return None
+
+
+HOST_MEMORY_KEYS = ("total_bytes", "available_bytes", "swap_total_bytes", "swap_used_bytes")
+
+
+def _host_memory(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return f"must be host memory sizes, not {_show(value)}"
+    for key in HOST_MEMORY_KEYS:
+        if not _optional_int(value.get(key)) or value.get(key) is None:
+            return f"host memory {key} is not a size in bytes: {_show(value.get(key))}"
+    if value["available_bytes"] > value["total_bytes"] or \
+            value["swap_used_bytes"] > value["swap_total_bytes"]:
+        return f"host memory sizes do not add up: {_show(value)}"
+    return None
+
+
+DISK_SIZE_KEYS = ("total_bytes", "free_bytes", "inodes_total", "inodes_free")
+
+
+def _disk_space(value: Any) -> str | None:
+    if _mapping_list(value):
+        return _mapping_list(value)
+    for entry in value:
+        if not isinstance(entry.get("path"), str) or entry.get("role") not in ("docker", "profile"):
+            return f"a disk entry is not {{path: text, role: docker|profile, ...}}: {_show(entry)}"
+        if entry.get("error") is not None:
+            if not isinstance(entry["error"], str):
+                return f"a disk entry's error is not text: {_show(entry)}"
+            continue
+        for key in DISK_SIZE_KEYS:
+            if not _optional_int(entry.get(key)) or entry.get(key) is None:
+                return f"disk {entry['path']} {key} is not a count: {_show(entry.get(key))}"
+        if entry["free_bytes"] > entry["total_bytes"] or \
+                entry["inodes_free"] > entry["inodes_total"]:
+            return f"disk {entry['path']}: free is more than total"
     return None
 
 
@@ -218,7 +267,7 @@ HOST_FIELDS: dict[str, Validator] = {
     "kernel_modules": _text_list, "device_nodes": _text_list, "secure_boot": _bool,
     "persistenced_running": _bool, "cdi_specs": _mapping_list, "container_cli": _mapping,
     "ctk_version": _text, "docker": _mapping, "probe_image": _mapping,
-    "fabricmanager_running": _bool,
+    "fabricmanager_running": _bool, "host_memory": _host_memory, "disk_space": _disk_space,
 }
 
 

@@ -254,6 +254,13 @@ class HostInfo:
     probe_image: Reading[dict[str, Any]] = reading_field()
     # procfs: an nvidia-fabricmanager process runs on this host (issue 11).
     fabricmanager_running: Reading[bool] = reading_field()
+    # Host resources (issue 14; the daemon, `check --host-resources`), from psutil:
+    # {"total_bytes", "available_bytes", "swap_total_bytes", "swap_used_bytes"}.
+    host_memory: Reading[dict[str, Any]] = reading_field()
+    # statvfs of Docker's data root and the profile's disk_paths, one entry per path:
+    # {"path", "role": docker|profile, "total_bytes", "free_bytes", "inodes_total",
+    # "inodes_free"}, or {"path", "role", "error"} for a path that could not be read.
+    disk_space: Reading[list[dict[str, Any]]] = reading_field()
 
     def __post_init__(self) -> None:
         if not isinstance(self.hostname, str) or not isinstance(self.source, str):

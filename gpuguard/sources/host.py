@@ -43,6 +43,12 @@ class HostOptions:
     # preflight `check` on hosts that do not run their inference in Docker.
     docker: str = "on"
     profile_path: Path | None = None
+    # Host memory and disk space (host.memory, host.disk): the daemon reads them; `check`
+    # only with --host-resources (psutil's import and Docker's API stay off its path).
+    host_resources: bool = True
+    # The paths host.disk watches besides Docker's data root; None: the profile's
+    # `disk_paths`, read from profile_path (the daemon sets its loaded profile's here).
+    disk_paths: tuple[Path, ...] | None = None
     # Which families to read: all for a live check, only those named for a replay.
     kernel_log: bool = True
     procfs: bool = True
@@ -97,6 +103,39 @@ def _docker(opts: HostOptions) -> dict[str, Reading[Any]]:
     return {"docker": toolkit.docker_info(opts.paths.rootfs)}
 
 
+RESOURCES_OFF = ("host resources are not read by `gpuguard check` unless asked: "
+                 "--host-resources (the daemon reads them)")
+
+
+def _host_memory(opts: HostOptions) -> dict[str, Reading[Any]]:
+    if not opts.host_resources:
+        return {"host_memory": Reading.not_supported(RESOURCES_OFF)}
+    from gpuguard.sources import host_memory
+
+    return {"host_memory": host_memory.read(opts.paths.procfs, opts.read_timeout)}
+
+
+def _disk_space(opts: HostOptions) -> dict[str, Reading[Any]]:
+    if not opts.host_resources:
+        return {"disk_space": Reading.not_supported(RESOURCES_OFF)}
+    from gpuguard.sources import disk_space
+
+    paths = opts.disk_paths
+    if paths is None:
+        if opts.profile_path is None:
+            paths = ()
+        else:
+            from gpuguard.profile import load_profile
+            from gpuguard.yamlfile import ConfigError
+
+            try:
+                paths = tuple(load_profile(opts.profile_path).disk_paths)
+            except ConfigError as exc:  # the parent reports the bad profile, exit 3
+                return {"disk_space": Reading.failed(f"the profile's disk_paths: {exc}")}
+    return {"disk_space": disk_space.read(opts.paths.rootfs, paths, opts.docker != "off",
+                                          opts.read_timeout)}
+
+
 def _probe_image(opts: HostOptions) -> dict[str, Reading[Any]]:
     from gpuguard.sources import toolkit
 
@@ -109,11 +148,13 @@ HOST_SOURCES: tuple[HostSource, ...] = (
     HostSource("procfs", ("kernel_module_version", "kernel_modules", "persistenced_running",
                           "fabricmanager_running"), lambda o: o.procfs, _procfs),
     HostSource("sysfs", ("secure_boot",), lambda o: o.sysfs, _sysfs),
+    HostSource("host_memory", ("host_memory",), lambda o: o.procfs, _host_memory),
     HostSource("rootfs", ("device_nodes", "cdi_specs", "container_cli", "ctk_version"),
                lambda o: o.rootfs, _rootfs),
     HostSource("kernel_log", ("kernel_log",), lambda o: o.kernel_log,
                lambda o: {"kernel_log": read_kernel_log(o)}),
     HostSource("docker", ("docker",), lambda o: o.rootfs, _docker),
+    HostSource("disk_space", ("disk_space",), lambda o: o.rootfs, _disk_space),
     HostSource("probe_image", ("probe_image",), lambda o: o.rootfs and bool(o.probe_image),
                _probe_image),
 )

@@ -1,0 +1,45 @@
+"""Host memory source: available memory and swap in use, from psutil (host.memory).
+
+psutil reads /proc/meminfo; its module-wide PROCFS_PATH is set to `--path.procfs` before
+each read, so the source runs on a host's /proc mounted elsewhere (a container) and on a
+fixture tree. psutil is imported here, inside the read: `gpuguard check` imports it only
+with --host-resources (its import is off the default check's path).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from gpuguard.snapshot import Reading
+from gpuguard.sources import deadline
+
+
+def read(procfs: Path, timeout_s: float) -> Reading[dict[str, Any]]:
+    """Sizes in bytes: total, available (free plus what the kernel can reclaim at once,
+    page cache included: MemAvailable), swap total and swap in use."""
+    try:
+        return Reading.ok(deadline.call(f"meminfo:{procfs}", lambda: _read(procfs), timeout_s))
+    except deadline.DeadlineExceeded as exc:
+        return Reading.failed(f"{procfs}/meminfo: {exc}")
+    except (OSError, ValueError, KeyError, IndexError, RuntimeWarning) as exc:
+        return Reading.failed(f"cannot read {procfs}/meminfo: {type(exc).__name__}: {exc}")
+
+
+def _read(procfs: Path) -> dict[str, Any]:
+    import psutil
+
+    psutil.PROCFS_PATH = str(procfs)
+    with warnings.catch_warnings():
+        # psutil warns (and reports 0) when a field such as MemAvailable is missing; a
+        # missing MemAvailable is an error here, never a 0 that reads as "out of memory"
+        warnings.simplefilter("error", RuntimeWarning)
+        memory = psutil.virtual_memory()
+        try:
+            swap = psutil.swap_memory()
+        except RuntimeWarning:  # no pswpin/pswpout in vmstat: the sizes are still right
+            warnings.simplefilter("ignore", RuntimeWarning)
+            swap = psutil.swap_memory()
+    return {"total_bytes": int(memory.total), "available_bytes": int(memory.available),
+            "swap_total_bytes": int(swap.total), "swap_used_bytes": int(swap.used)}
