@@ -1,0 +1,238 @@
+"""host.memory and host.disk on the real H200 snapshot with host facts set: each status,
+each threshold at, just below and just above its line, and overrides moving the lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuguard.results import Status
+from gpuguard.snapshot import Reading, Snapshot
+from gpuguard.sources import kmsg
+from tests.conftest import FIXTURES, overridden
+
+GIB = 1024**3
+OOM_LOG = FIXTURES / "kmsg" / "oom.kmsg"
+QUIET_LOG = FIXTURES / "kmsg" / "dmesg.log"
+
+
+def with_memory(snap: Snapshot, available_percent: float = 60.0, swap_total: int = 0,
+                swap_used: int = 0, log: Path | None = QUIET_LOG) -> Snapshot:
+    total = 1000 * GIB
+    snap.host.host_memory = Reading.ok({
+        "total_bytes": total, "available_bytes": int(total * available_percent / 100),
+        "swap_total_bytes": swap_total, "swap_used_bytes": swap_used})
+    if log is not None:
+        snap.host.kernel_log = kmsg.read_file(log)
+    snap.host.__post_init__()
+    return snap
+
+
+def test_quiet_log_and_memory_available_is_ok(h200, run_rule):
+    [result] = run_rule("host.memory", with_memory(h200, 60.0))
+    assert result.status is Status.OK
+    assert "600.0 GiB of 1000.0 GiB available (60.0 %)" in result.message
+    assert "no OOM kill in the last 1d" in result.message
+
+
+@pytest.mark.parametrize(("percent", "status"), [
+    (10.0, Status.OK), (9.99, Status.WARNING), (5.0, Status.WARNING),
+    (4.99, Status.CRITICAL), (0.0, Status.CRITICAL)])
+def test_available_memory_lines(h200, run_rule, percent, status):
+    [result] = run_rule("host.memory", with_memory(h200, percent))
+    assert result.status is status, result.message
+
+
+def test_available_lines_come_from_the_rule(h200, run_rule, tmp_path):
+    rules = overridden(tmp_path, "host.memory", available_warning_percent=30,
+                       available_critical_percent=20)
+    [result] = run_rule("host.memory", with_memory(h200, 25.0), rules=rules)
+    assert result.status is Status.WARNING
+    [result] = run_rule("host.memory", with_memory(h200, 19.0), rules=rules)
+    assert result.status is Status.CRITICAL
+
+
+@pytest.mark.parametrize(("used_gib", "status"), [
+    (50, Status.OK), (51, Status.WARNING), (100, Status.WARNING)])
+def test_swap_in_use_lines(h200, run_rule, used_gib, status):
+    snap = with_memory(h200, 60.0, swap_total=100 * GIB, swap_used=used_gib * GIB)
+    [result] = run_rule("host.memory", snap)
+    assert result.status is status
+    if status is Status.WARNING:
+        assert f"swap {used_gib} % in use" in result.message
+
+
+def test_swap_line_comes_from_the_rule(h200, run_rule, tmp_path):
+    rules = overridden(tmp_path, "host.memory", swap_used_warning_percent=10)
+    snap = with_memory(h200, 60.0, swap_total=100 * GIB, swap_used=11 * GIB)
+    [result] = run_rule("host.memory", snap, rules=rules)
+    assert result.status is Status.WARNING
+
+
+def test_no_swap_is_not_judged(h200, run_rule):
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, swap_total=0, swap_used=0))
+    assert result.status is Status.OK
+    assert "swap_used_percent" not in result.observed
+
+
+def test_oom_kills_in_the_window_warn_and_name_their_victims(h200, run_rule):
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, log=OOM_LOG))
+    assert result.status is Status.WARNING
+    msg = result.message
+    assert "2 OOM kill(s) in the last 1d" in msg
+    assert "python3 (pid 48213, 2h ago)" in msg
+    assert "pt_main_thread (pid 52001, cgroup /system.slice/docker-4f2a9c.scope, 16m ago)" \
+        in msg
+    # the kill 26 h before the log's end is outside the default 24 h window
+    assert "3111" not in msg
+    assert [k["pid"] for k in result.observed["oom_kills"]] == [48213, 52001]
+
+
+def test_oom_window_comes_from_the_rule(h200, run_rule, tmp_path):
+    rules = overridden(tmp_path, "host.memory", oom_window_s=3600)
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, log=OOM_LOG), rules=rules)
+    assert result.status is Status.WARNING
+    assert "1 OOM kill(s) in the last 1h" in result.message and "48213" not in result.message
+    rules = overridden(tmp_path, "host.memory", oom_window_s=600)
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, log=OOM_LOG), rules=rules)
+    assert result.status is Status.OK
+
+
+def test_xid_ack_does_not_hide_an_oom_kill(h200, run_rule):
+    snap = with_memory(h200, 60.0, log=OOM_LOG)
+    assert snap.host.kernel_log.value is not None
+    snap.host.kernel_log.value["acked_seq"] = 10**6
+    [result] = run_rule("host.memory", snap)
+    assert result.status is Status.WARNING
+
+
+def test_an_unreadable_kernel_log_is_unknown_unless_memory_already_fails(h200, run_rule):
+    snap = with_memory(h200, 60.0, log=None)
+    snap.host.kernel_log = Reading.failed("cannot read /dev/kmsg: permission denied")
+    snap.host.__post_init__()
+    [result] = run_rule("host.memory", snap)
+    assert result.status is Status.UNKNOWN
+    assert "permission denied" in result.message
+    snap.host.host_memory = Reading.ok({"total_bytes": 100, "available_bytes": 1,
+                                        "swap_total_bytes": 0, "swap_used_bytes": 0})
+    snap.host.__post_init__()
+    [result] = run_rule("host.memory", snap)
+    assert result.status is Status.CRITICAL and "permission denied" in result.message
+
+
+def test_memory_not_read_is_skipped_and_unreadable_is_unknown(h200, run_rule):
+    h200.host.host_memory = Reading.not_supported("not asked")
+    h200.host.__post_init__()
+    [result] = run_rule("host.memory", h200)
+    assert result.status is Status.SKIPPED
+    h200.host.host_memory = Reading.failed("/proc/meminfo: did not return within 5 s")
+    h200.host.__post_init__()
+    [result] = run_rule("host.memory", h200)
+    assert result.status is Status.UNKNOWN and "did not return" in result.message
+
+
+def test_impossible_memory_sizes_are_an_error_reading(h200, run_rule):
+    h200.host.host_memory = Reading.ok({"total_bytes": 10, "available_bytes": 20,
+                                        "swap_total_bytes": 0, "swap_used_bytes": 0})
+    h200.host.__post_init__()
+    [result] = run_rule("host.memory", h200)
+    assert result.status is Status.UNKNOWN and "do not add up" in result.message
+
+
+# --- host.disk -----------------------------------------------------------------------
+
+
+def disk(path: str = "/var/lib/models", free_percent: float = 50.0,
+         inodes_percent: float | None = 50.0, role: str = "profile") -> dict[str, Any]:
+    total, inodes = 1000 * GIB, 1_000_000
+    return {"path": path, "role": role, "total_bytes": total,
+            "free_bytes": int(total * free_percent / 100),
+            "inodes_total": inodes if inodes_percent is not None else 0,
+            "inodes_free": int(inodes * inodes_percent / 100) if inodes_percent is not None
+            else 0}
+
+
+def with_disks(snap: Snapshot, *entries: dict[str, Any]) -> Snapshot:
+    snap.host.disk_space = Reading.ok(list(entries))
+    snap.host.__post_init__()
+    return snap
+
+
+def test_nothing_configured_is_skipped_not_a_warning(h200, run_rule):
+    [result] = run_rule("host.disk", with_disks(h200))
+    assert result.status is Status.SKIPPED
+
+
+def test_disks_with_room_are_ok(h200, run_rule):
+    [result] = run_rule("host.disk", with_disks(
+        h200, disk("/var/lib/docker", role="docker"), disk("/models", 40.0)))
+    assert result.status is Status.OK
+    assert result.message == "/var/lib/docker 50 % free, /models 40 % free"
+
+
+@pytest.mark.parametrize(("percent", "status"), [
+    (10.0, Status.OK), (9.99, Status.WARNING), (5.0, Status.WARNING),
+    (4.99, Status.CRITICAL)])
+def test_free_space_lines(h200, run_rule, percent, status):
+    [result] = run_rule("host.disk", with_disks(h200, disk("/models", 50.0),
+                                                disk("/var/lib/docker", percent, role="docker")))
+    assert result.status is status
+    if status is not Status.OK:
+        assert result.message.startswith("/var/lib/docker (Docker data root): ")
+        assert "/models" not in result.message
+
+
+@pytest.mark.parametrize(("percent", "status"), [
+    (10.0, Status.OK), (9.99, Status.WARNING), (5.0, Status.WARNING),
+    (4.99, Status.CRITICAL)])
+def test_free_inode_lines(h200, run_rule, percent, status):
+    [result] = run_rule("host.disk", with_disks(h200, disk("/models", 50.0, percent)))
+    assert result.status is status
+    if status is not Status.OK:
+        assert "% of inodes free" in result.message
+
+
+def test_disk_lines_come_from_the_rule(h200, run_rule, tmp_path):
+    rules = overridden(tmp_path, "host.disk", free_warning_percent=30, free_critical_percent=20,
+                       inodes_warning_percent=60, inodes_critical_percent=55)
+    [result] = run_rule("host.disk", with_disks(h200, disk("/m", 25.0, 70.0)), rules=rules)
+    assert result.status is Status.WARNING
+    [result] = run_rule("host.disk", with_disks(h200, disk("/m", 19.0, 70.0)), rules=rules)
+    assert result.status is Status.CRITICAL
+    [result] = run_rule("host.disk", with_disks(h200, disk("/m", 50.0, 58.0)), rules=rules)
+    assert result.status is Status.WARNING
+    [result] = run_rule("host.disk", with_disks(h200, disk("/m", 50.0, 54.0)), rules=rules)
+    assert result.status is Status.CRITICAL
+
+
+def test_a_filesystem_without_an_inode_table_is_judged_on_space_only(h200, run_rule):
+    [result] = run_rule("host.disk", with_disks(h200, disk("/btrfs", 50.0, None)))
+    assert result.status is Status.OK
+    assert result.observed["paths"][0]["inodes_free_percent"] is None
+
+
+def test_worst_path_decides_and_each_failing_path_is_named(h200, run_rule):
+    [result] = run_rule("host.disk", with_disks(
+        h200, disk("/a", 8.0), disk("/b", 3.0), disk("/c", 60.0)))
+    assert result.status is Status.CRITICAL
+    assert "/a (profile): " in result.message and "/b (profile): " in result.message
+    assert "/c" not in result.message
+
+
+def test_a_path_not_read_is_unknown_unless_another_fails(h200, run_rule):
+    gone = {"path": "/nfs/models", "role": "profile",
+            "error": "statvfs did not return within 5 s (a network mount that is gone?)"}
+    [result] = run_rule("host.disk", with_disks(h200, disk("/a", 60.0), gone))
+    assert result.status is Status.UNKNOWN
+    assert "/nfs/models" in result.message and "/a 60 % free" in result.message
+    [result] = run_rule("host.disk", with_disks(h200, disk("/a", 4.0), gone))
+    assert result.status is Status.CRITICAL and "1 not read" in result.message
+
+
+def test_an_impossible_disk_entry_is_an_error_reading(h200, run_rule):
+    wrong = disk("/a", 50.0)
+    wrong["free_bytes"] = wrong["total_bytes"] + 1
+    [result] = run_rule("host.disk", with_disks(h200, wrong))
+    assert result.status is Status.UNKNOWN and "free is more than total" in result.message
