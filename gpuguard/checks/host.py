@@ -113,7 +113,8 @@ def disk(ctx: CheckContext) -> Finding:
     fine: list[str] = []
     observed: list[dict[str, Any]] = []
     for entry in entries:
-        where = f"{entry['path']} ({'Docker data root' if entry['role'] == 'docker' else 'profile'})"
+        role = "Docker data root" if entry["role"] == "docker" else "profile"
+        where = f"{entry['path']} ({role})"
         if entry.get("error"):
             unread.append(f"{where}: {entry['error']}")
             observed.append({"path": entry["path"], "role": entry["role"],

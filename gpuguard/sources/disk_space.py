@@ -34,12 +34,12 @@ def read(rootfs: Path, disk_paths: tuple[Path, ...], docker: bool,
     elif why is not None:
         failed.append({"path": "docker data root", "role": "docker",
                        "error": f"{why}; {DEFAULT_DOCKER_ROOT} does not exist"})
-    for path in disk_paths:
-        if str(path) not in (p for p, _ in wanted):
-            wanted.append((str(path), "profile"))
+    for extra in disk_paths:
+        if str(extra) not in (p for p, _ in wanted):
+            wanted.append((str(extra), "profile"))
     answers = deadline.call_all(
-        {f"statvfs:{_under(rootfs, path)}": _statvfs_of(_under(rootfs, path))
-         for path, _ in wanted}, timeout_s)
+        {f"statvfs:{_under(rootfs, name)}": _statvfs_of(_under(rootfs, name))
+         for name, _ in wanted}, timeout_s)
     entries: list[dict[str, Any]] = []
     for path, role in wanted:
         answer = answers[f"statvfs:{_under(rootfs, path)}"]
