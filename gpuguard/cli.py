@@ -54,6 +54,10 @@ def _host_source_options(fn: Any) -> Any:
                      help="Check the Docker daemon (toolkit.docker). Default: the daemon "
                           "always does; `check` only with --probe-image or when the profile "
                           "says `docker: required` (the docker SDK costs ~200 ms to import)."),
+        click.option("--host-resources/--no-host-resources", "host_resources", default=None,
+                     help="Read host memory and disk space (host.memory, host.disk). Default: the "
+                          "daemon and `snapshot` always do; `check` only when asked (psutil's "
+                          "import and the Docker API stay off its path)."),
         click.option("--probe-image", metavar="IMAGE",
                      help="Also run nvidia-smi in a throwaway container of IMAGE with all GPUs "
                           "and compare its driver version with the host's (off by default)."),
@@ -107,13 +111,14 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
           input_path: Path | None, timeout: float, quiet: bool, fail_on: str,
           xid_window: str | None,
           profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
-          state_dir: Path, docker: bool | None, probe_image: str | None, path_sysfs: Path,
+          state_dir: Path, docker: bool | None, host_resources: bool | None,
+          probe_image: str | None, path_sysfs: Path,
           path_procfs: Path, path_rootfs: Path) -> None:
     """Check this host (or a saved dump) and exit 0 ok, 1 warning, 2 critical, 3 unknown."""
     started = time.monotonic()
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
     host_opts = _host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
-                              docker, "auto", profile_path)
+                              docker, "auto", profile_path, host_resources is True)
     # check never judges the NVLink error counters (the daemon does, by growth): left out
     collection = _collection(host_opts, input_path, timeout, link_counters=False)
     try:
@@ -159,14 +164,14 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
 @_path_options
 def snapshot(output: Path | None, input_path: Path | None, timeout: float,
              kmsg_file: Path | None, state_dir: Path, docker: bool | None,
-             probe_image: str | None, path_sysfs: Path, path_procfs: Path,
-             path_rootfs: Path) -> None:
+             host_resources: bool | None, probe_image: str | None, path_sysfs: Path,
+             path_procfs: Path, path_rootfs: Path) -> None:
     """Record this host's snapshot as JSON (replay it with `check --input`)."""
     import json
 
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
     host_opts = _host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
-                              docker, "on", None)
+                              docker, "on", None, host_resources is not False)
     snap = _collection(host_opts, input_path, timeout).result()
     _emit(json.dumps(snap.to_json(), indent=2) + "\n", output)
 
@@ -230,7 +235,8 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
            input_path: Path | None, log_format: str, udev: bool, config_path: Path | None,
            dry_run: bool, events_file: Path | None,
            profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
-           state_dir: Path, docker: bool | None, probe_image: str | None, path_sysfs: Path,
+           state_dir: Path, docker: bool | None, host_resources: bool | None,
+           probe_image: str | None, path_sysfs: Path,
            path_procfs: Path, path_rootfs: Path) -> None:
     """Run the checks on a schedule and serve them to Prometheus (systemd Type=notify)."""
     from gpuguard.daemon.app import Daemon, DaemonConfig
@@ -248,7 +254,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
         listen=listen, fast_interval=fast_interval, slow_interval=slow_interval,
         timeout=timeout, input_path=input_path,
         host=_host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
-                           docker, "on", profile_path),
+                           docker, "on", profile_path, host_resources is not False),
         profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
         log_format=log_format, dry_run=dry_run,
         config_path=or_default(config_path, DEFAULT_CONFIG))
@@ -388,7 +394,7 @@ def _check_filters(only: tuple[str, ...], skip: tuple[str, ...], rule_ids: list[
 def _host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,
                   state_dir: Path, probe_image: str | None, timeout: float,
                   docker: bool | None, docker_default: str,
-                  profile_path: Path | None) -> HostOptions:
+                  profile_path: Path | None, host_resources: bool = False) -> HostOptions:
     from gpuguard.paths import DEFAULT_PROFILE, or_default
     from gpuguard.sources.host import HostOptions
 
@@ -397,7 +403,7 @@ def _host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,
     opts = HostOptions(paths=paths, kmsg_file=kmsg_file, state_dir=state_dir,
                        probe_image=probe_image, probe_timeout=max(timeout, 5.0),
                        read_timeout=min(5.0, 0.75 * timeout), docker=mode,
-                       profile_path=profile_path)
+                       profile_path=profile_path, host_resources=host_resources)
     if input_path is not None:
         # A replay reads only the host sources the user pointed at.
         given = _given_options()

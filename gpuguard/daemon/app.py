@@ -48,8 +48,9 @@ from gpuguard.yamlfile import ConfigError
 log = structlog.get_logger("gpuguard.daemon")
 
 DEFAULT_LISTEN = "127.0.0.1:9412"
-# Host sources read every fast cycle; the others every slow one.
-FAST_SOURCES = frozenset({"kernel_log"})
+# Host sources read every fast cycle; the others every slow one. Host memory is one
+# read of /proc/meminfo (~0.1 ms): memory pressure cannot wait a minute either.
+FAST_SOURCES = frozenset({"kernel_log", "host_memory"})
 # How long SIGTERM waits for a cycle in progress (the unit's TimeoutStopSec is 15 s).
 STOP_GRACE_S = 5.0
 
@@ -96,6 +97,12 @@ class Daemon:
     def load_config(self) -> tuple[Profile, RuleSet]:
         return load_config(self.cfg.profile_path, self.cfg.rules_dirs)
 
+    def _use_config(self, config: tuple[Profile, RuleSet]) -> None:
+        self._config = config
+        self._fit_history(config[1])
+        # host.disk watches the paths of the profile in use (a bad reload keeps the last)
+        self.cfg.host.disk_paths = tuple(config[0].disk_paths)
+
     def _fit_history(self, ruleset: RuleSet) -> None:
         """Keep the history as long as the longest window a rule judges (a rule whose
         window_s an override lengthened must not be judged over less than it says)."""
@@ -108,8 +115,7 @@ class Daemon:
         with self.stats.lock:
             self.stats.reloads_total += 1
         try:
-            self._config = self.load_config()
-            self._fit_history(self._config[1])
+            self._use_config(self.load_config())
         except ConfigError as exc:
             with self.stats.lock:
                 self.stats.reload_success = 0
@@ -124,7 +130,7 @@ class Daemon:
             with self.stats.lock:
                 self.stats.reload_success = 1
                 self.stats.last_reload_time = time.time()
-            log.info("config_reloaded", rules=len(self._config[1].rules))
+            log.info("config_reloaded", rules=len(self._config[1].rules) if self._config else 0)
             self.run_now("reload")
         notify.notify("READY=1")
 
@@ -304,15 +310,15 @@ class Daemon:
     def run(self) -> int:
         logs.configure(self.cfg.log_format)
         try:
-            self._config = self.load_config()
-            self._fit_history(self._config[1])
+            config = self.load_config()
+            self._use_config(config)
             host, port = http.parse_listen(self.cfg.listen)
             services = load_services(self.cfg.config_path) if self.cfg.config_path else []
         except Exception as exc:  # any bad file is exit 3 at start, never a traceback loop
             log.error("config_invalid", error=f"{exc}" if isinstance(exc, ConfigError | ValueError)
                       else f"{type(exc).__name__}: {exc}")
             return 3
-        tagged = {r.id for r in self._config[1].rules.values() if "failover" in r.tags}
+        tagged = {r.id for r in config[1].rules.values() if "failover" in r.tags}
         state_dir = self.cfg.host.state_dir or Path("/var/lib/gpuguard")
         self.supervisors = [Supervisor(s, state_dir, tagged, self.cfg.dry_run)
                             for s in services]

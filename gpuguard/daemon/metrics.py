@@ -58,6 +58,7 @@ class DaemonCollector(Collector):
         # The telemetry of a failed cycle's snapshot is not current: none rather than old.
         if snapshot is not None and not self.store.cycle_failed("fast"):
             yield from families.telemetry(snapshot)
+            yield from families.host_resources(snapshot)
             yield from families.sources(snapshot)
         yield from self._daemon()
         yield from self._failover()

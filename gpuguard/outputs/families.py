@@ -171,3 +171,54 @@ def telemetry(snapshot: Snapshot, nvlink_links_per_gpu: int | None = None
     yield from (info, temp, margin, power, limit, util, mem, ecc, aer, replays, gen, width,
                 reasons, nvlinks, nvlink_errors, fabric, mem_temp)
 
+
+
+def host_resources(snapshot: Snapshot) -> Iterator[Metric]:
+    """Host memory, OOM kills and disk space (host.memory, host.disk): only what was read,
+    so a `check` that did not ask for them exports none of these families' series."""
+    host = snapshot.host
+    if host.host_memory.is_ok:
+        sizes = host.host_memory.get()
+        for name, key, text in (
+                ("gpuguard_host_memory_total_bytes", "total_bytes", "Host memory (RAM)."),
+                ("gpuguard_host_memory_available_bytes", "available_bytes",
+                 "Host memory available without swapping (MemAvailable: page cache the "
+                 "kernel can drop counts as available)."),
+                ("gpuguard_host_swap_total_bytes", "swap_total_bytes", "Swap space."),
+                ("gpuguard_host_swap_used_bytes", "swap_used_bytes", "Swap space in use.")):
+            yield GaugeMetricFamily(name, text, value=sizes[key])
+    if host.kernel_log.is_ok:
+        log = host.kernel_log.get()
+        kills = GaugeMetricFamily(
+            "gpuguard_host_oom_kills", "Out-of-memory kills the kernel log holds (since boot, "
+            "as far back as its ring buffer reaches), by scope: host (the host ran out) or "
+            "cgroup (a container or unit hit its limit). Use changes(), not rate().",
+            labels=["scope"])
+        counts = {"host": 0, "cgroup": 0}
+        for event in log.get("ooms", []):
+            scope = event.get("scope") or "host"
+            counts[scope] = counts.get(scope, 0) + 1
+        counts["host"] += log.get("ooms_dropped") or 0
+        for scope, count in sorted(counts.items()):
+            kills.add_metric([scope], count)
+        yield kills
+    if host.disk_space.is_ok:
+        labels = ["path", "role"]
+        size = GaugeMetricFamily("gpuguard_disk_size_bytes", "Size of the filesystem holding "
+                                 "the path (Docker's data root, or a profile disk_path).",
+                                 labels=labels)
+        free = GaugeMetricFamily("gpuguard_disk_free_bytes", "Space free to unprivileged "
+                                 "processes on the filesystem holding the path (df's Avail).",
+                                 labels=labels)
+        inodes = GaugeMetricFamily("gpuguard_disk_free_inodes_ratio", "Free inodes of the "
+                                   "filesystem holding the path, 0 to 1 (none for a "
+                                   "filesystem without an inode table).", labels=labels)
+        for entry in host.disk_space.get():
+            if entry.get("error"):
+                continue  # not read: no series rather than an old or made-up one
+            where = [entry["path"], entry["role"]]
+            size.add_metric(where, entry["total_bytes"])
+            free.add_metric(where, entry["free_bytes"])
+            if entry["inodes_total"]:
+                inodes.add_metric(where, entry["inodes_free"] / entry["inodes_total"])
+        yield from (size, free, inodes)

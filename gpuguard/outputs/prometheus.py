@@ -27,6 +27,7 @@ class CheckCollector(Collector):
         # The same per-GPU gauges as the daemon's: a textfile user sees temperature, power,
         # ECC and PCIe beside the verdicts.
         yield from families.telemetry(self.snapshot)
+        yield from families.host_resources(self.snapshot)
         yield from families.sources(self.snapshot)
         counts = GaugeMetricFamily("gpuguard_check_results", "Results of the last check by status.",
                                    labels=["status"])
