@@ -16,7 +16,7 @@ import pytest
 from gpuguard.profile import Profile
 from gpuguard.results import Status
 from gpuguard.snapshot import Snapshot
-from gpuguard.sources import deadline, disk_space, host_memory
+from gpuguard.sources import deadline, host_memory
 from gpuguard.sources.host import HostOptions, collect_host
 from tests.conftest import FIXTURES
 
@@ -112,7 +112,7 @@ def test_a_tmpfs_filled_past_the_lines(run_rule, h200, tmpfs):
 def test_a_tmpfs_out_of_inodes(run_rule, h200, tmpfs):
     for n in range(375):  # of 400 inodes, the root directory holds one
         (tmpfs / f"shard-{n}").touch()
-    status, message, [entry] = _judge_disk(run_rule, h200, (tmpfs,))
+    status, message, [_entry] = _judge_disk(run_rule, h200, (tmpfs,))
     assert status is Status.WARNING and "of inodes free" in message, message
     for n in range(375, 395):
         (tmpfs / f"shard-{n}").touch()
@@ -122,7 +122,7 @@ def test_a_tmpfs_out_of_inodes(run_rule, h200, tmpfs):
 
 def test_paths_are_read_under_the_rootfs(run_rule, h200, tmpfs):
     # the host's /models, seen as <rootfs>/models (gpuguard in a container)
-    status, _, [entry] = _judge_disk(run_rule, h200, (Path("/models"),), rootfs=tmpfs.parent)
+    _status, _, [entry] = _judge_disk(run_rule, h200, (Path("/models"),), rootfs=tmpfs.parent)
     assert entry["path"] == "/models" and entry["total_bytes"] == 8 * 2**20
 
 
