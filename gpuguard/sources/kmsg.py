@@ -254,7 +254,8 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
                 mismatch["kernel"] = m.group(1)
         elif "SXid" in record.text:
             sxids.add(record)
-        elif "ill process " in record.text or record.text.startswith("oom-kill:"):
+        elif ("Kill" in record.text and " process " in record.text) or \
+                record.text.startswith("oom-kill:"):
             ooms.add(record)
         elif _UNSIGNED.search(record.text) and "nvidia" in record.text.lower():
             unsigned_rejected = True
