@@ -35,10 +35,16 @@ def test_daemon_exports_what_the_doc_lists(start_daemon, tmp_path):
     host = host_snapshot(2, {(0, "pci_bus_id"): "00000000:3B:00.0",
                              (1, "pci_bus_id"): "00000000:86:00.0", **NVLINK_HOST})
     write_snapshot(snap, host)
+    # host resources (issue 14): a /proc with meminfo, a root with a Docker data root
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "var" / "lib" / "docker").mkdir(parents=True)
     daemon = start_daemon("--input", str(snap), "--fast-interval", "0.3",
                           "--kmsg-file", str(FIXTURES / "kmsg" / "dmesg.log"),
-                          "--path.sysfs", str(FIXTURES / "sysfs-aer"))
-    daemon.wait_for(lambda: "gpuguard_xid_events_total{" in daemon.metrics(), what="xids")
+                          "--path.sysfs", str(FIXTURES / "sysfs-aer"),
+                          "--path.procfs", str(FIXTURES / "procfs-meminfo"),
+                          "--path.rootfs", str(rootfs), env={"DOCKER_HOST": ""})
+    daemon.wait_for(lambda: "gpuguard_xid_events_total{" in daemon.metrics() and
+                    "gpuguard_disk_free_bytes{" in daemon.metrics(), what="xids and disks")
     text = daemon.metrics()
     # the failover metrics appear only with services (tests/supervisor checks them)
     daemon_metrics = {n for n in documented("## The daemon")
