@@ -129,16 +129,18 @@ def disk(ctx: CheckContext) -> Finding:
                          "inodes_free_percent": None if inodes is None else round(inodes, 1)})
         status = Status.OK
         said: list[str] = []
-        for name, value, what in (("free", free, f"{_gib(entry['free_bytes'])} free "
-                                   f"({free:.1f} % of {_gib(entry['total_bytes'])})"),
-                                  ("inodes", inodes, f"{inodes:.1f} % of inodes free"
-                                   if inodes is not None else "")):
-            if value is None:
-                continue
-            if value < ctx.threshold(f"{name}_critical_percent"):
+        levels = [(free, f"{_gib(entry['free_bytes'])} free ({free:.1f} % of "
+                   f"{_gib(entry['total_bytes'])})", ctx.threshold("free_critical_percent"),
+                   ctx.threshold("free_warning_percent"))]
+        if inodes is not None:
+            levels.append((inodes, f"{inodes:.1f} % of inodes free",
+                           ctx.threshold("inodes_critical_percent"),
+                           ctx.threshold("inodes_warning_percent")))
+        for value, what, critical_below, warning_below in levels:
+            if value < critical_below:
                 status = Status.CRITICAL
                 said.append(what)
-            elif value < ctx.threshold(f"{name}_warning_percent"):
+            elif value < warning_below:
                 status = max(status, Status.WARNING, key=lambda s: s.rank)
                 said.append(what)
         if said:
