@@ -68,6 +68,28 @@ DAEMON_ALERTS: list[dict[str, Any]] = [
                      "runbook": "Look up the Xid in gpuguard's xid.recent result (/status) and "
                                 "follow its action: reset the GPU or reboot the node; contact "
                                 "the vendor if it comes back."}},
+    # Issue 14. host.memory warns for a whole day after an OOM kill (its window), through
+    # GPUGuardRuleWarning; this one says at once that a new kill happened.
+    {"alert": "GPUGuardHostOomKill",
+     "expr": "gpuguard_host_oom_kills - (gpuguard_host_oom_kills offset 10m) > 0",
+     "labels": {"severity": "warning"},
+     "annotations": {"summary": "the out-of-memory killer killed a process on "
+                                "{{ $labels.instance }} ({{ $labels.scope }})",
+                     "runbook": "host.memory in /status names the victim and its cgroup; "
+                                "`journalctl -k | grep -i -e 'out of memory' -e oom-kill`. A "
+                                "cgroup kill is a container or unit at its memory limit; a host "
+                                "kill is the whole host out of memory."}},
+    {"alert": "GPUGuardDiskFillingUp",
+     # Before host.disk's 10 % line: at the rate of the last 6 h, full within a day.
+     "expr": "predict_linear(gpuguard_disk_free_bytes[6h], 86400) < 0 and "
+             "gpuguard_disk_free_bytes / gpuguard_disk_size_bytes < 0.25",
+     "for": "30m",
+     "labels": {"severity": "warning"},
+     "annotations": {"summary": "{{ $labels.path }} on {{ $labels.instance }} fills up within "
+                                "a day at its current rate",
+                     "runbook": "See what grows there: `docker system df` for Docker's data "
+                                "root, `du -sh <path>/*` for the model cache; prune old images "
+                                "and model revisions (host.disk's remediation)."}},
     {"alert": "GPUGuardFailoverActive",
      "expr": "gpuguard_failover_active == 1",
      "labels": {"severity": "warning"},

@@ -104,10 +104,25 @@ def dashboard() -> dict[str, Any]:
                   "0": {"text": "not started", "color": "red"},
                   "1": {"text": "in progress", "color": "orange"},
                   "2": {"text": "completed", "color": "green"}}}]}, "overrides": []}),
+        panel("Host memory available and swap in use", "timeseries",
+              [('gpuguard_host_memory_available_bytes{instance=~"$host"}',
+                "{{instance}} available"),
+               ('gpuguard_host_swap_used_bytes{instance=~"$host"}', "{{instance}} swap used"),
+               ('gpuguard_host_memory_total_bytes{instance=~"$host"}', "{{instance}} total")],
+              0, 58, 12, 8, unit="bytes"),
+        panel("OOM kills and disk free", "timeseries",
+              [('gpuguard_host_oom_kills{instance=~"$host"} - (gpuguard_host_oom_kills'
+                '{instance=~"$host"} offset $__interval) > 0',
+                "{{instance}} OOM kills ({{scope}})"),
+               ('gpuguard_disk_free_bytes{instance=~"$host"} / gpuguard_disk_size_bytes'
+                '{instance=~"$host"}', "{{instance}} {{path}} free"),
+               ('gpuguard_disk_free_inodes_ratio{instance=~"$host"}',
+                "{{instance}} {{path}} inodes free")],
+              12, 58, 12, 8, unit="percentunit"),
         panel("Daemon: cycle duration and scrape health", "timeseries",
               [('gpuguard_cycle_duration_seconds{instance=~"$host"}', "{{instance}} {{cadence}}"),
                ('up{job=~"gpuguard.*", instance=~"$host"}', "{{instance}} up")],
-              0, 58, 24, 6, unit="s"),
+              0, 66, 24, 6, unit="s"),
     ]
     variables = [
         {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Data source",

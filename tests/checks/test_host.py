@@ -236,3 +236,52 @@ def test_an_impossible_disk_entry_is_an_error_reading(h200, run_rule):
     wrong["free_bytes"] = wrong["total_bytes"] + 1
     [result] = run_rule("host.disk", with_disks(h200, wrong))
     assert result.status is Status.UNKNOWN and "free is more than total" in result.message
+
+
+def test_observed_percentages_are_rounded_to_a_tenth(h200, run_rule):
+    snap = with_memory(h200, 100 / 3, swap_total=3 * GIB, swap_used=GIB)
+    [result] = run_rule("host.memory", snap)
+    assert result.observed["available_percent"] == 33.3
+    assert result.observed["swap_used_percent"] == 33.3
+    entry = disk("/m", 100 / 3, 200 / 3)
+    [result] = run_rule("host.disk", with_disks(h200, entry))
+    assert result.observed["paths"][0]["free_percent"] == 33.3
+    assert result.observed["paths"][0]["inodes_free_percent"] == 66.7
+
+
+def test_a_filesystem_of_no_size_counts_as_all_free(h200, run_rule):
+    empty = {"path": "/pseudo", "role": "profile", "total_bytes": 0, "free_bytes": 0,
+             "inodes_total": 0, "inodes_free": 0}
+    [result] = run_rule("host.disk", with_disks(h200, empty))
+    assert result.status is Status.OK and result.message == "/pseudo 100 % free"
+
+
+def test_many_kills_name_the_last_three_and_count_the_rest(h200, run_rule, tmp_path):
+    path = tmp_path / "loop.log"
+    path.write_text("".join(f"[{100 + i}.000000] Out of memory: Killed process {500 + i} "
+                            f"(worker{i}) total-vm:1kB\n" for i in range(5)))
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, log=path))
+    msg = result.message
+    assert msg.startswith("5 OOM kill(s) in the last 1d: worker2 (pid 502, 2s ago), "
+                          "worker3 (pid 503, 1s ago), worker4 (pid 504, 0s ago) and 2 earlier")
+    assert "worker1" not in msg and "not kept" not in msg
+    three = tmp_path / "three.log"
+    three.write_text("".join(f"[{100 + i}.000000] Out of memory: Killed process {500 + i} "
+                             f"(worker{i}) total-vm:1kB\n" for i in range(3)))
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, log=three))
+    assert "worker0 (pid 500" in result.message and "earlier" not in result.message
+    four = tmp_path / "four.log"
+    four.write_text("".join(f"[{100 + i}.000000] Out of memory: Killed process {500 + i} "
+                            f"(worker{i}) total-vm:1kB\n" for i in range(4)))
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, log=four))
+    assert result.message.endswith("worker3 (pid 503, 0s ago) and 1 earlier")
+
+
+def test_kills_beyond_the_bound_are_counted_in_the_message(h200, run_rule, tmp_path):
+    n = kmsg.MAX_OOMS + 7
+    path = tmp_path / "storm.log"
+    path.write_text("".join(f"[{100 + i}.000000] Out of memory: Killed process {1000 + i} "
+                            f"(worker) total-vm:1kB\n" for i in range(n)))
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, log=path))
+    assert result.message.endswith(f"and {kmsg.MAX_OOMS - 3} earlier (and 7 older kill "
+                                   "line(s) not kept)")
