@@ -27,7 +27,7 @@ def read(rootfs: Path, disk_paths: tuple[Path, ...], docker: bool,
     wanted: list[tuple[str, str]] = []
     failed: list[dict[str, Any]] = []
     root, why = docker_root(rootfs, timeout_s) if docker else (None, None)
-    if root is None and _exists(rootfs, DEFAULT_DOCKER_ROOT):
+    if root is None and _exists(rootfs, DEFAULT_DOCKER_ROOT, timeout_s):
         root = DEFAULT_DOCKER_ROOT  # no engine to ask (or it did not answer): the default
     if root is not None:
         wanted.append((root, "docker"))
@@ -95,8 +95,10 @@ def _under(rootfs: Path, path: str) -> Path:
     return rootfs / path.lstrip("/")
 
 
-def _exists(rootfs: Path, path: str) -> bool:
+def _exists(rootfs: Path, path: str, timeout_s: float) -> bool:
+    """A directory there (a stat, under the deadline too: /var/lib/docker may be a mount)."""
+    where = _under(rootfs, path)
     try:
-        return _under(rootfs, path).is_dir()
-    except OSError:
+        return bool(deadline.call(f"isdir:{where}", where.is_dir, timeout_s))
+    except (OSError, deadline.DeadlineExceeded):
         return False
