@@ -172,7 +172,6 @@ def telemetry(snapshot: Snapshot, nvlink_links_per_gpu: int | None = None
                 reasons, nvlinks, nvlink_errors, fabric, mem_temp)
 
 
-
 def host_resources(snapshot: Snapshot) -> Iterator[Metric]:
     """Host memory, OOM kills and disk space (host.memory, host.disk): only what was read,
     so a `check` that did not ask for them exports none of these families' series."""
@@ -192,7 +191,8 @@ def host_resources(snapshot: Snapshot) -> Iterator[Metric]:
         kills = GaugeMetricFamily(
             "gpuguard_host_oom_kills", "Out-of-memory kills the kernel log holds (since boot, "
             "as far back as its ring buffer reaches), by scope: host (the host ran out) or "
-            "cgroup (a container or unit hit its limit). Use changes(), not rate().",
+            "cgroup (a container or unit hit its limit). Not a counter (the ring buffer "
+            "forgets): a new kill is a rise, `x - x offset 10m > 0`.",
             labels=["scope"])
         counts = {"host": 0, "cgroup": 0}
         for event in log.get("ooms", []):
