@@ -1,19 +1,24 @@
 """Host memory source: available memory and swap in use, from psutil (host.memory).
 
-psutil reads /proc/meminfo; its module-wide PROCFS_PATH is set to `--path.procfs` before
-each read, so the source runs on a host's /proc mounted elsewhere (a container) and on a
-fixture tree. psutil is imported here, inside the read: `gpuguard check` imports it only
-with --host-resources (its import is off the default check's path).
+psutil reads /proc/meminfo; its module-wide PROCFS_PATH is set to `--path.procfs` for the
+read and put back after it (under a lock), so the source runs on a host's /proc mounted
+elsewhere (a container) and on a fixture tree, and other users of psutil in the process
+(psutil.Process) keep the /proc they expect. psutil is imported here, inside the read:
+`gpuguard check` imports it only with --host-resources (off the default check's path).
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
 
 from gpuguard.snapshot import Reading
 from gpuguard.sources import deadline
+
+# PROCFS_PATH is one global of psutil: one read at a time changes it.
+_PROCFS_LOCK = threading.Lock()
 
 
 def read(procfs: Path, timeout_s: float) -> Reading[dict[str, Any]]:
@@ -30,10 +35,19 @@ def read(procfs: Path, timeout_s: float) -> Reading[dict[str, Any]]:
 def _read(procfs: Path) -> dict[str, Any]:
     import psutil
 
-    psutil.PROCFS_PATH = str(procfs)
+    with _PROCFS_LOCK:
+        saved = psutil.PROCFS_PATH
+        psutil.PROCFS_PATH = str(procfs)
+        try:
+            return _sizes(psutil)
+        finally:
+            psutil.PROCFS_PATH = saved
+
+
+def _sizes(psutil: Any) -> dict[str, Any]:
     with warnings.catch_warnings():
-        # psutil warns (and reports 0) when a field such as MemAvailable is missing; a
-        # missing MemAvailable is an error here, never a 0 that reads as "out of memory"
+        # psutil warns (and reports 0) when a field it needs is missing: an error here,
+        # never a 0 that reads as "out of memory"
         warnings.simplefilter("error", RuntimeWarning)
         memory = psutil.virtual_memory()
         try:

@@ -38,6 +38,14 @@ def test_memory_from_a_procfs_root():
                      "swap_used_bytes": (8388604 - 2097151) * 1024}
 
 
+def test_a_procfs_root_is_not_left_behind_for_other_psutil_users():
+    import psutil
+
+    host_memory.read(MEMINFO_FIXTURE, 5.0)
+    assert psutil.PROCFS_PATH == "/proc"
+    assert psutil.Process(os.getpid()).pid == os.getpid()  # reads this host's /proc
+
+
 def test_the_fixture_host_warns_on_memory_and_swap(run_rule, h200):
     collect_host(h200, HostOptions(paths=_paths(procfs=MEMINFO_FIXTURE)),
                  only=frozenset({"host_memory"}))
