@@ -38,6 +38,8 @@ def _percent(part: int, whole: int) -> float:
                                        "swap_used_warning_percent", "oom_window_s"))
 def memory(ctx: CheckContext) -> Finding:
     host = ctx.snapshot.host
+    if host.host_memory.state == "not_supported":  # `check` without --host-resources: say so
+        return skipped(host.host_memory.error or "host memory is not read here")
     sizes = host.host_memory.get()
     problems: list[tuple[Status, str]] = []
     available = _percent(sizes["available_bytes"], sizes["total_bytes"])
@@ -104,7 +106,10 @@ def _kills_text(kills: list[dict[str, Any]], window_s: float, dropped: int) -> s
 @host_check("host.disk", thresholds=("free_warning_percent", "free_critical_percent",
                                      "inodes_warning_percent", "inodes_critical_percent"))
 def disk(ctx: CheckContext) -> Finding:
-    entries = ctx.snapshot.host.disk_space.get()
+    reading = ctx.snapshot.host.disk_space
+    if reading.state == "not_supported":  # `check` without --host-resources: say so
+        return skipped(reading.error or "disk space is not read here")
+    entries = reading.get()
     if not entries:
         return skipped("no path to judge: no Docker data root on this host and no "
                        "disk_paths in the profile")

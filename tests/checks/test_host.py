@@ -123,10 +123,13 @@ def test_an_unreadable_kernel_log_is_unknown_unless_memory_already_fails(h200, r
 
 
 def test_memory_not_read_is_skipped_and_unreadable_is_unknown(h200, run_rule):
-    h200.host.host_memory = Reading.not_supported("not asked")
+    h200.host.host_memory = Reading.not_supported("not asked: --host-resources")
+    h200.host.disk_space = Reading.not_supported("not asked: --host-resources")
     h200.host.__post_init__()
     [result] = run_rule("host.memory", h200)
-    assert result.status is Status.SKIPPED
+    assert result.status is Status.SKIPPED and result.message == "not asked: --host-resources"
+    [result] = run_rule("host.disk", h200)
+    assert result.status is Status.SKIPPED and result.message == "not asked: --host-resources"
     h200.host.host_memory = Reading.failed("/proc/meminfo: did not return within 5 s")
     h200.host.__post_init__()
     [result] = run_rule("host.memory", h200)
