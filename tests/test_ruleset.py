@@ -181,8 +181,8 @@ def test_missing_rules_dir(tmp_path):
     ("text", "line", "words"),
     [
         ("gpu_count: eight\n", 1, "gpu_count must be a whole number"),
-        ("gpus: 8\n", 1, "gpus: unknown key (allowed: docker, driver, ecc, gpu_count, mig, "
-         "nvlink_links_per_gpu, p2p, rules,"),
+        ("gpus: 8\n", 1, "gpus: unknown key (allowed: active_probe, docker, driver, ecc, "
+         "gpu_count, mig, nvlink_links_per_gpu, p2p, rules,"),
         ("driver:\n  min_version: 570.86\n", 2, "must be a quoted version"),
         ("driver:\n  min_version: 'five'\n", 2, "not a dotted version"),
         ("driver:\n  minimum: '570'\n", 2,

@@ -446,7 +446,7 @@ class _Run:
         c = self.c
         self.cu.call("cuMemcpyDtoH_v2", self.host, c.c_uint64(self.device_a.value),
                      c.c_size_t(size))
-        return c.string_at(self.host.value, size)
+        return bytes(c.string_at(self.host.value, size))
 
     def compute(self) -> dict[str, Any]:
         from array import array
@@ -525,7 +525,7 @@ class _Run:
         cu.call("cuEventSynchronize", stop)
         ms = c.c_float()
         cu.call("cuEventElapsedTime", c.byref(ms), start, stop)
-        return max(ms.value, 1e-3) / 1e3
+        return float(max(ms.value, 1e-3)) / 1e3
 
     def memory(self) -> float:
         c = self.c
