@@ -100,12 +100,25 @@ def main() -> None:
 @click.option("--xid-window", metavar="SPAN",
               help="Count Xids of the last SPAN (90s, 15m, 2h, 1d) or `boot` "
                    "[default: the profile's xid_window, else boot].")
+@click.option("--active", type=click.Choice(["on", "force"]), is_flag=False, flag_value="on",
+              default=None, help="Also run the active probe (docs/active-probe.md): a kernel, "
+                                 "a memory pattern and PCIe, HBM and NVLink copies on every "
+                                 "idle GPU; `--active=force` probes busy GPUs too.")
+@click.option("--active-deadline", type=click.FloatRange(min=0.5, max=600), metavar="S",
+              help="Seconds the active probe may take [default: the profile's "
+                   "active_probe.deadline_s, else 10].")
+@click.option("--active-buffer-mib", type=click.IntRange(min=1, max=16384), metavar="MIB",
+              help="Size of the bandwidth copies [default: profile, else 256].")
+@click.option("--active-pattern-mib", type=click.IntRange(min=1, max=16384), metavar="MIB",
+              help="Device memory memory.pattern writes and reads back [default: profile, "
+                   "else 64].")
 @_rule_options
 @_host_source_options
 @_path_options
 def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str, ...],
           input_path: Path | None, timeout: float, quiet: bool, fail_on: str,
-          xid_window: str | None,
+          xid_window: str | None, active: str | None, active_deadline: float | None,
+          active_buffer_mib: int | None, active_pattern_mib: int | None,
           profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
           state_dir: Path, docker: bool | None, probe_image: str | None, path_sysfs: Path,
           path_procfs: Path, path_rootfs: Path) -> None:
@@ -121,6 +134,9 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
         _check_filters(only, skip, list(ruleset.rules))
         if xid_window is not None:
             profile.xid_window_s = _window(xid_window)
+        if active is not None and input_path is not None:
+            raise ConfigProblem("--active probes this host's GPUs; it cannot check a saved "
+                                "--input (a snapshot saved after a probe keeps its results)")
     except click.ClickException:
         collection.abandon()  # do not leave the worker behind
         raise
@@ -132,6 +148,9 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     render = _renderer(fmt)
     waiting = time.monotonic()
     snapshot = collection.result()
+    if active is not None:
+        _active_probe(snapshot, profile, active == "force", active_deadline,
+                      active_buffer_mib, active_pattern_mib)
     gathered = time.monotonic()
     verdict = Verdict(evaluate(snapshot, ruleset, profile, only, skip), fail_on)
     if fmt == "table" and quiet and verdict.nagios_code == 0:
@@ -372,6 +391,23 @@ def _print_timing(waiting: float, gathered: float, snapshot: Snapshot) -> None:
     click.echo(f"gpuguard timing: parent ready {ms(waiting)} ms, sources in {ms(gathered)} ms, "
                f"done {ms(time.monotonic())} ms; NVML worker {snapshot.nvml.elapsed_s} s "
                "from its fork", err=True)
+
+
+def _active_probe(snapshot: Snapshot, profile: Profile, force: bool, deadline_s: float | None,
+                  buffer_mib: int | None, pattern_mib: int | None) -> None:
+    """The active probe on the GPUs the NVML sweep found (it needs their bus ids and how
+    busy they are): its results become the snapshot's probe_* readings."""
+    from gpuguard.sources.active_probe import MIB, ActiveProbe, ProbeOptions
+
+    given = profile.probe_settings
+    opts = ProbeOptions(force=force)
+    opts.deadline_s = deadline_s or given.get("deadline_s", opts.deadline_s)
+    opts.bandwidth_bytes = int(buffer_mib or given.get("buffer_mib", 256)) * MIB
+    opts.pattern_bytes = int(pattern_mib or given.get("pattern_mib", 64)) * MIB
+    opts.max_memory_percent = given.get("max_memory_percent", opts.max_memory_percent)
+    opts.max_utilization_percent = given.get("max_utilization_percent",
+                                             opts.max_utilization_percent)
+    ActiveProbe(snapshot, opts).finish(snapshot)
 
 
 def _check_filters(only: tuple[str, ...], skip: tuple[str, ...], rule_ids: list[str]) -> None:

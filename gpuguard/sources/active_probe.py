@@ -164,8 +164,13 @@ class ActiveProbe:
                                     if w.index not in ended}
         endings = {w.index: _ending(w.pid, finished) for w in self.workers}
         elapsed = time.monotonic() - self.started
-        assemble(snapshot, self.opts, self.skipped, [w.index for w in self.workers],
-                 messages, hung, endings, elapsed)
+        ran = [w.index for w in self.workers]
+        assemble(snapshot, self.opts, self.skipped, ran, messages, hung, endings, elapsed)
+        # gpuguard_source_success{source="active_probe"}: failed when a GPU it ran on
+        # has a reading it could not take
+        snapshot.record("active_probe", self.started,
+                        [getattr(gpu, name) for gpu in snapshot.gpus if gpu.index in ran
+                         for name in FIELDS])
 
     def _where(self, worker: _Worker) -> str:
         slot = self._progress.buf[worker.slot * 128:(worker.slot + 1) * 128]

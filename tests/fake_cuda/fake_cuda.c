@@ -14,7 +14,8 @@
  *   FAKE_CUDA_LAUNCH_ERROR=code    cuLaunchKernel returns this CUresult
  *   FAKE_CUDA_HANG=name            this function never returns (a wedged GPU)
  *   FAKE_CUDA_CRASH=name           this function raises SIGSEGV (a driver bug)
- *   FAKE_CUDA_FAULT_GPU=i          HANG, CRASH, CORRUPT and SLOW apply only to GPU i
+ *   FAKE_CUDA_FAULT_GPU=i          HANG, CRASH, CORRUPT, SLOW and LAUNCH_ERROR apply only
+ *                                  to GPU i
  *                                  (calls before a context, cuInit, always match)
  *   FAKE_CUDA_CORRUPT=compute|pattern   the kernel writes a wrong word / memset leaves a
  *                                  stuck bit
@@ -225,7 +226,7 @@ CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigne
     (void)extra;
     faults("cuLaunchKernel");
     int err = env_int("FAKE_CUDA_LAUNCH_ERROR", 0);
-    if (err) return err;
+    if (err && gpu_matches()) return err;
     uint32_t *p = (uint32_t *)(uintptr_t)*(uint64_t *)params[0];
     uint32_t n = *(uint32_t *)params[1], seed = *(uint32_t *)params[2];
     uint64_t threads = (uint64_t)gx * bx;
