@@ -142,14 +142,18 @@ def bandwidth(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     observed: dict[str, Any] = {"h2d_gbps": measured["h2d_gbps"],
                                 "d2h_gbps": measured["d2h_gbps"]}
     floor = probe_floor(ctx, gpu, "pcie")
-    if floor is None:
-        gen, width = gpu.pcie_link_gen_current.get(), gpu.pcie_link_width_current.get()
-        link = LANE_GBPS.get(gen, 0.0) * width
-        observed.update(link=f"Gen{gen} x{width}", link_gbps=round(link, 1))
-        floor = link * ctx.threshold("floor_fraction")
-    observed["floor_gbps"] = round(floor, 1)
     text = (f"host to device {measured['h2d_gbps']:.1f} GB/s, device to host "
             f"{measured['d2h_gbps']:.1f} GB/s")
+    if floor is None:
+        gen, width = gpu.pcie_link_gen_current.get(), gpu.pcie_link_width_current.get()
+        observed["link"] = f"Gen{gen} x{width}"
+        if gen not in LANE_GBPS:
+            return ok(f"{text}; no lane rate known for PCIe Gen{gen}: not judged "
+                      "(active_probe.floors_gbps in the profile sets one)", **observed)
+        link = LANE_GBPS[gen] * width
+        observed["link_gbps"] = round(link, 1)
+        floor = link * ctx.threshold("floor_fraction")
+    observed["floor_gbps"] = round(floor, 1)
     if slower < floor:
         return ctx.fail(f"{text}: below the floor of {floor:.1f} GB/s", **observed)
     return ok(f"{text} (floor {floor:.1f} GB/s)", **observed)

@@ -126,3 +126,9 @@ def test_gpu_compute_unknown_when_the_probe_hung_and_skipped_when_it_left_the_gp
            probe_compute=Reading.not_supported("busy"))
     [result] = run_rule("gpu.compute", h200)
     assert result.status is Status.SKIPPED and "95 %" in result.message
+
+
+def test_gpu_compute_ok_reports_no_mismatch(h200, run_rule):
+    from tests.checks.probed import probed
+
+    assert run_rule("gpu.compute", probed(h200))[0].observed["mismatches"] == 0

@@ -195,3 +195,20 @@ def test_memory_bandwidth_of_an_unknown_model_is_reported_not_judged(h200, run_r
     [result] = run_rule("memory.bandwidth", h200)
     assert result.status is Status.OK
     assert "not judged" in result.message and "NVIDIA L40S" in result.message
+
+
+def test_memory_pattern_names_the_size_and_a_write_error_is_critical(h200, run_rule):
+    from tests.checks.probed import probed
+
+    assert "128 MiB" in run_rule("memory.pattern", probed(h200))[0].message
+    probed(h200, probe_pattern={"error": "cuMemsetD32_v2 returned 700", "mismatches": None})
+    [result] = run_rule("memory.pattern", h200)
+    assert result.status is Status.CRITICAL and "cuMemsetD32_v2" in result.message
+
+
+def test_memory_bandwidth_reports_its_floor_to_a_tenth(h200, run_rule, tmp_path):
+    from tests.checks.probed import probed
+
+    rules = overridden(tmp_path, "memory.bandwidth", floor_fraction=0.33333)
+    [result] = run_rule("memory.bandwidth", probed(h200), rules=rules)
+    assert result.observed["floor_gbps"] == 1600.0  # 1599.984

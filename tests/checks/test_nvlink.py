@@ -301,3 +301,22 @@ def test_nvlink_bandwidth_pcie_fallback_and_unmeasured_pairs(pair, h200, run_rul
     probed(pair, 0, probe_peers=[_peer(1, 200.0, 200.0)])
     profile = Profile(probe_floors_gbps={"NVIDIA H200": {"nvlink": 150.0}})
     assert run_rule("nvlink.bandwidth", pair, profile)[0].status is Status.OK
+
+
+def test_nvlink_bandwidth_edges(pair, run_rule):
+    from tests.checks.probed import probed
+
+    profile = Profile(probe_floors_gbps={"NVIDIA H200": {"nvlink": 150.0}})
+    probed(pair, 0, probe_peers=[_peer(1, 150.0, 150.0)])  # at the floor
+    assert run_rule("nvlink.bandwidth", pair, profile)[0].status is Status.OK
+    # an error on a pair with access is unmeasured, never a rate of 0 or a pass
+    probed(pair, 0, probe_peers=[{"peer": 1, "access": True, "error": "cuMemcpyPeer 700"}])
+    assert run_rule("nvlink.bandwidth", pair)[0].status is Status.UNKNOWN
+    # a rate missing from a measured pair is not a pass
+    low = Profile(probe_floors_gbps={"NVIDIA H200": {"nvlink": 0.5}})
+    probed(pair, 0, probe_peers=[{"peer": 1, "access": True, "gbps": None,
+                                  "reverse_gbps": 390.0}])
+    assert run_rule("nvlink.bandwidth", pair, low)[0].status is Status.WARNING
+    probed(pair, 0, probe_peers=[{"peer": 1, "access": False}])
+    [result] = run_rule("nvlink.bandwidth", pair)[:1]
+    assert result.status is Status.OK and "no peer access" in result.message

@@ -286,3 +286,17 @@ def test_pcie_bandwidth_floor_follows_the_link_the_rule_and_the_profile(h200, ru
     assert run_rule("pcie.bandwidth", h200, rules=rules)[0].status is Status.OK
     profile = Profile(probe_floors_gbps={"NVIDIA H200": {"pcie": 25.0}})
     assert run_rule("pcie.bandwidth", h200, profile)[0].status is Status.OK
+
+
+def test_pcie_bandwidth_at_the_floor_is_ok_and_an_unknown_generation_not_judged(h200,
+                                                                              run_rule):
+    from gpuguard.profile import Profile
+    from tests.checks.probed import probed
+
+    probed(h200, probe_pcie={"h2d_gbps": 40.0, "d2h_gbps": 41.0})
+    profile = Profile(probe_floors_gbps={"NVIDIA H200": {"pcie": 40.0}})
+    assert run_rule("pcie.bandwidth", h200, profile)[0].status is Status.OK
+    assert run_rule("pcie.bandwidth", h200)[0].observed["link_gbps"] == 63.0  # 63.008
+    set_gpu(h200, pcie_link_gen_current=7)
+    [result] = run_rule("pcie.bandwidth", h200)
+    assert result.status is Status.OK and "not judged" in result.message

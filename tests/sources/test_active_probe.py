@@ -172,3 +172,23 @@ def test_active_with_a_saved_input_is_refused(tmp_path):
     proc = gpuguard("check", "--active", "--input",
                     str(REPO / "tests/fixtures/h200/nvidia-smi-q.xml"))
     assert proc.returncode == 3 and "--active" in proc.stderr
+
+
+def test_a_saved_snapshot_replays_the_probe_and_a_bad_value_is_unknown(h200, tmp_path):
+    from tests.checks.probed import probed
+
+    saved = tmp_path / "snapshot.json"
+    doc = probed(h200, probe_pattern={"error": None, "mismatches": 3, "bytes": 1024}).to_json()
+    saved.write_text(json.dumps(doc))
+    proc = gpuguard("check", "--input", str(saved), "--format", "json",
+                    *[a for rule in PROBE_RULES for a in ("--only", rule)])
+    results = {r["rule"]: r for r in json.loads(proc.stdout)["results"]}
+    assert results["memory.pattern"]["status"] == "critical"
+    assert results["gpu.compute"]["status"] == "ok"
+    doc["gpus"][0]["probe_memory"] = "fast"
+    doc["gpus"][0]["probe_compute"] = {"mismatches": "none"}
+    saved.write_text(json.dumps(doc))
+    proc = gpuguard("check", "--input", str(saved), "--format", "json",
+                    "--only", "memory.bandwidth", "--only", "gpu.compute")
+    statuses = {r["rule"]: r["status"] for r in json.loads(proc.stdout)["results"]}
+    assert statuses == {"memory.bandwidth": "unknown", "gpu.compute": "unknown"}
