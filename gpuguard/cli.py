@@ -239,6 +239,10 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
                    "[default: /etc/gpuguard/gpuguard.yaml if present].")
 @click.option("--dry-run", is_flag=True,
               help="Supervisor: log the transitions it would make, change nothing.")
+@click.option("--active-probe-interval", type=click.FloatRange(min=0), default=0.0,
+              show_default=True, metavar="S",
+              help="Run the active probe (docs/active-probe.md) on idle GPUs every S seconds "
+                   "(0: never); its results are stale after 2 intervals.")
 @click.option("--events-file", type=click.Path(path_type=Path),
               help="Also read udev-style events as JSON lines appended to this file "
                    "({\"action\": \"remove\", \"properties\": {...}}): a replay of a udev log.")
@@ -247,7 +251,7 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
 @_path_options
 def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: float,
            input_path: Path | None, log_format: str, udev: bool, config_path: Path | None,
-           dry_run: bool, events_file: Path | None,
+           dry_run: bool, active_probe_interval: float, events_file: Path | None,
            profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
            state_dir: Path, docker: bool | None, probe_image: str | None, path_sysfs: Path,
            path_procfs: Path, path_rootfs: Path) -> None:
@@ -269,7 +273,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
         host=_host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
                            docker, "on", profile_path),
         profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
-        log_format=log_format, dry_run=dry_run,
+        log_format=log_format, dry_run=dry_run, active_probe_interval=active_probe_interval,
         config_path=or_default(config_path, DEFAULT_CONFIG))
     sys.exit(Daemon(cfg).run())
 
@@ -397,16 +401,9 @@ def _active_probe(snapshot: Snapshot, profile: Profile, force: bool, deadline_s:
                   buffer_mib: int | None, pattern_mib: int | None) -> None:
     """The active probe on the GPUs the NVML sweep found (it needs their bus ids and how
     busy they are): its results become the snapshot's probe_* readings."""
-    from gpuguard.sources.active_probe import MIB, ActiveProbe, ProbeOptions
+    from gpuguard.sources.active_probe import ActiveProbe, options
 
-    given = profile.probe_settings
-    opts = ProbeOptions(force=force)
-    opts.deadline_s = deadline_s or given.get("deadline_s", opts.deadline_s)
-    opts.bandwidth_bytes = int(buffer_mib or given.get("buffer_mib", 256)) * MIB
-    opts.pattern_bytes = int(pattern_mib or given.get("pattern_mib", 64)) * MIB
-    opts.max_memory_percent = given.get("max_memory_percent", opts.max_memory_percent)
-    opts.max_utilization_percent = given.get("max_utilization_percent",
-                                             opts.max_utilization_percent)
+    opts = options(profile.probe_settings, force, deadline_s, buffer_mib, pattern_mib)
     ActiveProbe(snapshot, opts).finish(snapshot)
 
 

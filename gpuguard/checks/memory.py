@@ -109,8 +109,8 @@ def pattern(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     if wrong:
         return ctx.fail(f"{wrong} words read back different from the walking pattern written "
                         f"({size} bytes checked)", **observed)
-    return ok(f"walking ones and zeros read back right ({(size or 0) / 2**20:.0f} MiB "
-              "written and read)", **observed)
+    written = f" ({size >> 20} MiB written and read)" if size else ""
+    return ok(f"walking ones and zeros read back right{written}", **observed)
 
 
 # HBM bandwidth by model as NVML names it, GB/s (NVIDIA's data sheets): memory.bandwidth's

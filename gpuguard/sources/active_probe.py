@@ -62,6 +62,20 @@ class ProbeOptions:
     max_utilization_percent: float = 10.0
 
 
+def options(settings: dict[str, float], force: bool = False, deadline_s: float | None = None,
+            buffer_mib: int | None = None, pattern_mib: int | None = None) -> ProbeOptions:
+    """The probe's options: what the command line gives, else the profile's active_probe
+    section (`settings`), else the defaults."""
+    opts = ProbeOptions(force=force)
+    opts.deadline_s = deadline_s or settings.get("deadline_s", opts.deadline_s)
+    opts.bandwidth_bytes = int(buffer_mib or settings.get("buffer_mib", 256)) * MIB
+    opts.pattern_bytes = int(pattern_mib or settings.get("pattern_mib", 64)) * MIB
+    opts.max_memory_percent = settings.get("max_memory_percent", opts.max_memory_percent)
+    opts.max_utilization_percent = settings.get("max_utilization_percent",
+                                                opts.max_utilization_percent)
+    return opts
+
+
 def skip_reason(gpu: GpuSnapshot, opts: ProbeOptions) -> str | None:
     """Why this GPU is not probed, or None. Unreadable usage is a reason: a GPU that
     might be serving is never touched."""
@@ -129,6 +143,14 @@ class ActiveProbe:
         self._read_fd = -1
         if not self.workers:
             return
+        # What the workers import, imported before the fork: in the daemon another thread
+        # may hold the import lock at the fork, and a child would wait on it forever.
+        import array  # noqa: F401
+        import ctypes  # noqa: F401
+        import fcntl  # noqa: F401
+        import struct  # noqa: F401
+
+        from gpuguard.sources import cuda_api  # noqa: F401
         read_fd, write_fd = os.pipe()
         # lockf locks are per process: the workers' turnstile for the shared links
         with tempfile.TemporaryFile() as lock:

@@ -201,6 +201,8 @@ def test_memory_pattern_names_the_size_and_a_write_error_is_critical(h200, run_r
     from tests.checks.probed import probed
 
     assert "128 MiB" in run_rule("memory.pattern", probed(h200))[0].message
+    probed(h200, probe_pattern={"error": None, "mismatches": 0, "bytes": None})
+    assert run_rule("memory.pattern", h200)[0].message.endswith("read back right")
     probed(h200, probe_pattern={"error": "cuMemsetD32_v2 returned 700", "mismatches": None})
     [result] = run_rule("memory.pattern", h200)
     assert result.status is Status.CRITICAL and "cuMemsetD32_v2" in result.message

@@ -317,6 +317,9 @@ def test_nvlink_bandwidth_edges(pair, run_rule):
     probed(pair, 0, probe_peers=[{"peer": 1, "access": True, "gbps": None,
                                   "reverse_gbps": 390.0}])
     assert run_rule("nvlink.bandwidth", pair, low)[0].status is Status.WARNING
+    probed(pair, 0, probe_peers=[{"peer": 1, "access": True, "gbps": 390.0,
+                                  "reverse_gbps": None}])
+    assert run_rule("nvlink.bandwidth", pair, low)[0].status is Status.WARNING
     probed(pair, 0, probe_peers=[{"peer": 1, "access": False}])
     [result] = run_rule("nvlink.bandwidth", pair)[:1]
     assert result.status is Status.OK and "no peer access" in result.message

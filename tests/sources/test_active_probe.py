@@ -4,8 +4,6 @@ deadline, on the fake NVML and the fake libcuda.so.1 (tests/fake_cuda/fake_cuda.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,18 +20,6 @@ SMALL = ("--active-buffer-mib", "4", "--active-pattern-mib", "2")
 # ones are a real H200's) and a slowed copy (40 ms per MiB: 0.05-0.1 GB/s) does not.
 FAKE_FLOORS = "active_probe:\n  floors_gbps:\n    NVIDIA H200: {pcie: 0.5, memory: 0.5, " \
               "nvlink: 0.5}\n"
-
-
-@pytest.fixture(scope="session")
-def fake_cuda(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/fake_cuda/fake_cuda.c built into a folder holding libcuda.so.1."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    assert cc, "a C compiler is needed to build the fake libcuda (see README)"
-    out = tmp_path_factory.mktemp("fake_cuda")
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o",
-                    str(out / "libcuda.so.1"), str(REPO / "tests/fake_cuda/fake_cuda.c")],
-                   check=True)
-    return out
 
 
 Run = Callable[..., tuple[int, dict[tuple[str, int | None], dict[str, Any]]]]
