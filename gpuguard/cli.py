@@ -104,12 +104,25 @@ def main() -> None:
 @click.option("--xid-window", metavar="SPAN",
               help="Count Xids of the last SPAN (90s, 15m, 2h, 1d) or `boot` "
                    "[default: the profile's xid_window, else boot].")
+@click.option("--active", type=click.Choice(["on", "force"]), is_flag=False, flag_value="on",
+              default=None, help="Also run the active probe (docs/active-probe.md): a kernel, "
+                                 "a memory pattern and PCIe, HBM and NVLink copies on every "
+                                 "idle GPU; `--active=force` probes busy GPUs too.")
+@click.option("--active-deadline", type=click.FloatRange(min=0.5, max=600), metavar="S",
+              help="Seconds the active probe may take [default: the profile's "
+                   "active_probe.deadline_s, else 10].")
+@click.option("--active-buffer-mib", type=click.IntRange(min=1, max=16384), metavar="MIB",
+              help="Size of the bandwidth copies [default: profile, else 256].")
+@click.option("--active-pattern-mib", type=click.IntRange(min=1, max=16384), metavar="MIB",
+              help="Device memory memory.pattern writes and reads back [default: profile, "
+                   "else 64].")
 @_rule_options
 @_host_source_options
 @_path_options
 def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str, ...],
           input_path: Path | None, timeout: float, quiet: bool, fail_on: str,
-          xid_window: str | None,
+          xid_window: str | None, active: str | None, active_deadline: float | None,
+          active_buffer_mib: int | None, active_pattern_mib: int | None,
           profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
           state_dir: Path, docker: bool | None, host_resources: bool | None,
           probe_image: str | None, path_sysfs: Path,
@@ -126,6 +139,9 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
         _check_filters(only, skip, list(ruleset.rules))
         if xid_window is not None:
             profile.xid_window_s = _window(xid_window)
+        if active is not None and input_path is not None:
+            raise ConfigProblem("--active probes this host's GPUs; it cannot check a saved "
+                                "--input (a snapshot saved after a probe keeps its results)")
     except click.ClickException:
         collection.abandon()  # do not leave the worker behind
         raise
@@ -137,6 +153,9 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     render = _renderer(fmt)
     waiting = time.monotonic()
     snapshot = collection.result()
+    if active is not None:
+        _active_probe(snapshot, profile, active == "force", active_deadline,
+                      active_buffer_mib, active_pattern_mib)
     gathered = time.monotonic()
     verdict = Verdict(evaluate(snapshot, ruleset, profile, only, skip), fail_on)
     if fmt == "table" and quiet and verdict.nagios_code == 0:
@@ -225,6 +244,10 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
                    "[default: /etc/gpuguard/gpuguard.yaml if present].")
 @click.option("--dry-run", is_flag=True,
               help="Supervisor: log the transitions it would make, change nothing.")
+@click.option("--active-probe-interval", type=click.FloatRange(min=0), default=0.0,
+              show_default=True, metavar="S",
+              help="Run the active probe (docs/active-probe.md) on idle GPUs every S seconds "
+                   "(0: never); its results are stale after 2 intervals.")
 @click.option("--events-file", type=click.Path(path_type=Path),
               help="Also read udev-style events as JSON lines appended to this file "
                    "({\"action\": \"remove\", \"properties\": {...}}): a replay of a udev log.")
@@ -233,7 +256,7 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
 @_path_options
 def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: float,
            input_path: Path | None, log_format: str, udev: bool, config_path: Path | None,
-           dry_run: bool, events_file: Path | None,
+           dry_run: bool, active_probe_interval: float, events_file: Path | None,
            profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
            state_dir: Path, docker: bool | None, host_resources: bool | None,
            probe_image: str | None, path_sysfs: Path,
@@ -256,7 +279,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
         host=_host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
                            docker, "on", profile_path, host_resources is not False),
         profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
-        log_format=log_format, dry_run=dry_run,
+        log_format=log_format, dry_run=dry_run, active_probe_interval=active_probe_interval,
         config_path=or_default(config_path, DEFAULT_CONFIG))
     sys.exit(Daemon(cfg).run())
 
@@ -378,6 +401,16 @@ def _print_timing(waiting: float, gathered: float, snapshot: Snapshot) -> None:
     click.echo(f"gpuguard timing: parent ready {ms(waiting)} ms, sources in {ms(gathered)} ms, "
                f"done {ms(time.monotonic())} ms; NVML worker {snapshot.nvml.elapsed_s} s "
                "from its fork", err=True)
+
+
+def _active_probe(snapshot: Snapshot, profile: Profile, force: bool, deadline_s: float | None,
+                  buffer_mib: int | None, pattern_mib: int | None) -> None:
+    """The active probe on the GPUs the NVML sweep found (it needs their bus ids and how
+    busy they are): its results become the snapshot's probe_* readings."""
+    from gpuguard.sources.active_probe import ActiveProbe, options
+
+    opts = options(profile.probe_settings, force, deadline_s, buffer_mib, pattern_mib)
+    ActiveProbe(snapshot, opts).finish(snapshot)
 
 
 def _check_filters(only: tuple[str, ...], skip: tuple[str, ...], rule_ids: list[str]) -> None:

@@ -113,6 +113,35 @@ class P2pSpec(_Strict):
     require_nvlink: Flag | Unset = UNSET
 
 
+Gbps = Annotated[float, msgspec.Meta(gt=0, description="GB/s, a number > 0")]
+
+
+class ProbeFloorsSpec(_Strict):
+    # GB/s floors for one GPU model, replacing the ones derived from its link and SKU
+    pcie: Gbps | Unset = UNSET
+    memory: Gbps | Unset = UNSET
+    nvlink: Gbps | Unset = UNSET
+
+
+class ActiveProbeSpec(_Strict):
+    """`active_probe:` in the profile (gpuguard check --active, docs/active-probe.md)."""
+
+    deadline_s: Annotated[float, msgspec.Meta(gt=0, le=600, description="seconds, 0-600")] \
+        | Unset = UNSET
+    buffer_mib: Annotated[int, msgspec.Meta(ge=1, le=16384, description="MiB, 1-16384")] \
+        | Unset = UNSET
+    pattern_mib: Annotated[int, msgspec.Meta(ge=1, le=16384, description="MiB, 1-16384")] \
+        | Unset = UNSET
+    max_memory_percent: Annotated[float, msgspec.Meta(ge=0, le=100,
+                                                      description="percent, 0-100")] \
+        | Unset = UNSET
+    max_utilization_percent: Annotated[float, msgspec.Meta(ge=0, le=100,
+                                                           description="percent, 0-100")] \
+        | Unset = UNSET
+    # GPU model name (as NVML reports it) -> its floors
+    floors_gbps: dict[str, ProbeFloorsSpec] | Unset = UNSET
+
+
 class ProfileFile(_Strict):
     gpu_count: Annotated[int, msgspec.Meta(ge=0, description="a whole number >= 0")] \
         | Unset = UNSET
@@ -129,4 +158,5 @@ class ProfileFile(_Strict):
     mig: Literal["enabled", "disabled"] | bool | Unset = UNSET
     disk_paths: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(
         max_length=64, description="a list of absolute paths")] | Unset = UNSET
+    active_probe: ActiveProbeSpec | Unset = UNSET
     rules: dict[str, OverrideSpec] | Unset = UNSET

@@ -14,6 +14,10 @@
     p2p: {require_nvlink: true}  # p2p.status: every GPU pair peers over NVLink
     mig: disabled          # mig.mode: the MIG mode every GPU must be in
     disk_paths: [/var/lib/models]  # host.disk: free space here (and Docker's data root)
+    active_probe:          # gpuguard check --active (docs/active-probe.md)
+      buffer_mib: 256      # bandwidth copies; pattern_mib: 64 for memory.pattern
+      floors_gbps:         # per GPU model, instead of the floors derived from link and SKU
+        NVIDIA H200: {pcie: 40, memory: 2400, nvlink: 240}
     rules:                 # overrides, same shape as a rule file's `overrides:`
       pcie.replays:
         thresholds: {max_replays: 500}
@@ -45,6 +49,10 @@ class Profile:
     mig_expected: bool | None = None
     # host.disk: paths whose filesystems must keep free space (beside Docker's data root).
     disk_paths: list[Path] = field(default_factory=list)
+    # active_probe: settings given (deadline_s, buffer_mib, pattern_mib, max_memory_percent,
+    # max_utilization_percent) and GB/s floors by GPU model: {"pcie"|"memory"|"nvlink": x}
+    probe_settings: dict[str, float] = field(default_factory=dict)
+    probe_floors_gbps: dict[str, dict[str, float]] = field(default_factory=dict)
     # as written (each key knows its line): gpuguard.ruleset applies them, naming the line
     rule_overrides: Mapping | None = None
 
@@ -62,7 +70,8 @@ def load_profile(path: Path) -> Profile:
         return profile
     if not isinstance(doc, Mapping):
         raise ConfigError(path, 1, "a profile is a mapping (gpu_count, driver, vbios, ecc, "
-                          "xid_window, docker, nvlink_links_per_gpu, p2p, mig, disk_paths, rules)")
+                          "xid_window, docker, nvlink_links_per_gpu, p2p, mig, disk_paths, "
+                          "active_probe, rules)")
     spec = schema.convert(doc, ProfileFile, path)
     profile.gpu_count = given(spec.gpu_count)
     if (driver := given(spec.driver)) is not None:
@@ -92,6 +101,15 @@ def load_profile(path: Path) -> Profile:
             raise ConfigError(path, doc.line_of("disk_paths"),
                               f"disk_paths: {short(text)} is not an absolute path")
         profile.disk_paths.append(Path(text))
+    if (probe := given(spec.active_probe)) is not None:
+        profile.probe_settings = {
+            name: value for name in ("deadline_s", "buffer_mib", "pattern_mib",
+                                     "max_memory_percent", "max_utilization_percent")
+            if (value := given(getattr(probe, name))) is not None}
+        profile.probe_floors_gbps = {
+            model: {kind: value for kind in ("pcie", "memory", "nvlink")
+                    if (value := given(getattr(floors, kind))) is not None}
+            for model, floors in (given(probe.floors_gbps) or {}).items()}
     if given(spec.rules) is not None:
         profile.rule_overrides = doc["rules"]
     return profile

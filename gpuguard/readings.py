@@ -227,6 +227,52 @@ def _p2p(value: Any) -> str | None:
     return None
 
 
+def _gbps(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and \
+        math.isfinite(value) and 0 <= value <= 1e6
+
+
+def _probe_check(value: Any) -> str | None:
+    """An active probe's read-back: {"error": text|None, "mismatches": n|None, ...}."""
+    if not isinstance(value, dict):
+        return f"must be a probe result mapping, not {_show(value)}"
+    if value.get("error") is not None and _text(value["error"]):
+        return f"a probe's error must be text, not {_show(value['error'])}"
+    for key in ("mismatches", "words", "bytes"):
+        if not _optional_int(value.get(key)):
+            return f"a probe's {key} must be a count, not {_show(value.get(key))}"
+    if value.get("error") is None and value.get("mismatches") is None:
+        return "a probe result needs an error or a mismatch count"
+    phases = value.get("phases_ms", {})
+    if not isinstance(phases, dict) or not all(isinstance(k, str) and _gbps(v)
+                                               for k, v in phases.items()):
+        return f"a probe's phases_ms must map phases to milliseconds, not {_show(phases)}"
+    return None
+
+
+def _probe_pcie(value: Any) -> str | None:
+    if not isinstance(value, dict) or not all(_gbps(value.get(k))
+                                              for k in ("h2d_gbps", "d2h_gbps")):
+        return f"must be {{h2d_gbps, d2h_gbps}} in GB/s, not {_show(value)}"
+    return None
+
+
+def _probe_peers(value: Any) -> str | None:
+    if _mapping_list(value):
+        return _mapping_list(value)
+    for peer in value:
+        if not _optional_int(peer.get("peer")) or peer.get("peer") is None:
+            return f"a peer entry has no peer index: {_show(peer)}"
+        if peer.get("access") not in (True, False, None):
+            return f"a peer entry's access must be true, false or null: {_show(peer)}"
+        for key in ("gbps", "reverse_gbps"):
+            if peer.get(key) is not None and not _gbps(peer[key]):
+                return f"a peer entry's {key} is not GB/s: {_show(peer)}"
+        if peer.get("error") is not None and _text(peer["error"]):
+            return f"a peer entry's error is not text: {_show(peer)}"
+    return None
+
+
 COUNT = _int(0, MAX_COUNTER)
 CELSIUS = _int(-100, 250)
 MHZ = _int(0, 100_000)
@@ -257,6 +303,8 @@ GPU_FIELDS: dict[str, Validator] = {
     "clock_mem_max_mhz": MHZ,
     "utilization_gpu_percent": PERCENT, "utilization_memory_percent": PERCENT,
     "compute_processes": _processes, "recovery_action": _text, "pcie_aer": _aer,
+    "probe_skipped": _text, "probe_compute": _probe_check, "probe_pattern": _probe_check,
+    "probe_pcie": _probe_pcie, "probe_memory": _float(0, 1e6), "probe_peers": _probe_peers,
 }
 # Counters and sizes: ECC counts, retired pages, remapped rows, replays, memory bytes.
 GPU_COUNT_PREFIXES = ("ecc_", "retired_pages_", "remapped_rows_", "pcie_replay_", "memory_")

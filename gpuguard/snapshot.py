@@ -211,6 +211,22 @@ class GpuSnapshot:
     clock_mem_app_default_mhz: Reading[int] = reading_field()
     gsp_firmware_version: Reading[str] = reading_field()
 
+    # The active probe (gpuguard check --active, sources/active_probe.py; absent when it
+    # did not run). probe_skipped: why it left this GPU alone ("" when it probed it).
+    probe_skipped: Reading[str] = reading_field()
+    # {"error": text|None, "mismatches": n|None, "words": n|None, "phases_ms": {...},
+    #  "elapsed_s": s}: the kernel's pattern read back, or the CUDA error that stopped it.
+    probe_compute: Reading[dict[str, Any]] = reading_field()
+    # {"error": text|None, "mismatches": n, "bytes": n}: walking ones and zeros read back.
+    probe_pattern: Reading[dict[str, Any]] = reading_field()
+    # {"h2d_gbps": GB/s, "d2h_gbps": GB/s, "bytes": n}: pinned copies, best of three.
+    probe_pcie: Reading[dict[str, Any]] = reading_field()
+    # Device-to-device copy, bytes read plus written, GB/s.
+    probe_memory: Reading[float] = reading_field()
+    # Peer copies with every other probed GPU: [{"peer": i, "access": bool|None,
+    # "gbps": to it, "reverse_gbps": from it, "error"?: text}].
+    probe_peers: Reading[list[dict[str, Any]]] = reading_field()
+
     def ref(self) -> GpuRef:
         """Which GPU this is, as results and metrics name it."""
         return GpuRef(index=self.index,

@@ -98,6 +98,19 @@ def fake_nvml(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def fake_cuda(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/fake_cuda/fake_cuda.c built into a folder holding libcuda.so.1 (the active
+    probe's tests)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed to build the fake libcuda (see README)"
+    out = tmp_path_factory.mktemp("fake_cuda")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o",
+                    str(out / "libcuda.so.1"), str(REPO / "tests/fake_cuda/fake_cuda.c")],
+                   check=True)
+    return out
+
+
 @pytest.fixture
 def fake_env(fake_nvml: Path) -> Iterator[Callable[..., dict[str, str]]]:
     def make(**switches: str | int) -> dict[str, str]:

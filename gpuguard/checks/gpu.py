@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, host_check, ok, unknown
+from gpuguard.checks import (
+    CheckContext,
+    Finding,
+    gpu_check,
+    host_check,
+    not_probed,
+    ok,
+    unknown,
+)
 from gpuguard.snapshot import GpuSnapshot
 
 
@@ -60,3 +68,24 @@ def identity(ctx: CheckContext) -> Finding:
         return unknown(f"cannot compare identities: the UUID or bus address of {who} "
                        "was not read this time", unread=unread)
     return ok(f"{len(ctx.snapshot.gpus)} GPU(s), each with its own UUID and bus address")
+
+
+@gpu_check("gpu.compute")
+def compute(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    """The active probe's kernel: a GPU the driver reports healthy can still fail every
+    kernel (a page fault leaves a server's /health at 200). A CUDA error on the way to
+    the kernel (cuInit, the context, the launch) is the answer, named (cuda_api.ERRORS)."""
+    gate = not_probed(gpu, "probe_compute")
+    if gate is not None:
+        return gate
+    result = gpu.probe_compute.get()
+    observed = {"phases_ms": result.get("phases_ms"), "elapsed_s": result.get("elapsed_s")}
+    if result.get("error"):
+        return ctx.fail(f"the GPU cannot run a kernel: {result['error']}",
+                        error=result["error"], **observed)
+    words, wrong = result.get("words"), result.get("mismatches")
+    if wrong:
+        return ctx.fail(f"a kernel's pattern read back wrong in {wrong} of {words} words",
+                        mismatches=wrong, words=words, **observed)
+    return ok(f"a kernel wrote {words} words and every one read back right",
+              mismatches=0, words=words, **observed)

@@ -3,7 +3,17 @@ temperature."""
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckContext, Finding, critical, gpu_check, ok, skipped, warning
+from gpuguard.checks import (
+    CheckContext,
+    Finding,
+    critical,
+    gpu_check,
+    not_probed,
+    ok,
+    probe_floor,
+    skipped,
+    warning,
+)
 from gpuguard.snapshot import GpuSnapshot
 
 _GIB = 1024**3
@@ -81,3 +91,59 @@ def temperature(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     if margin <= ctx.threshold("warn_margin_c"):
         return warning(text, **observed)
     return ok(text, **observed)
+
+
+@gpu_check("memory.pattern")
+def pattern(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    """Walking ones and zeros written to device memory and read back (the active probe):
+    a stuck or coupled bit that ECC did not catch shows here."""
+    gate = not_probed(gpu, "probe_pattern")
+    if gate is not None:
+        return gate
+    result = gpu.probe_pattern.get()
+    size, wrong = result.get("bytes"), result.get("mismatches")
+    observed = {"bytes": size, "mismatches": wrong}
+    if result.get("error"):
+        return ctx.fail(f"the memory pattern could not be written: {result['error']}",
+                        error=result["error"], **observed)
+    if wrong:
+        return ctx.fail(f"{wrong} words read back different from the walking pattern written "
+                        f"({size} bytes checked)", **observed)
+    written = f" ({size >> 20} MiB written and read)" if size else ""
+    return ok(f"walking ones and zeros read back right{written}", **observed)
+
+
+# HBM bandwidth by model as NVML names it, GB/s (NVIDIA's data sheets): memory.bandwidth's
+# reference. A model not here is measured and reported, not judged (see the rule).
+HBM_GBPS = {
+    "NVIDIA H200": 4800.0,
+    "NVIDIA H100 80GB HBM3": 3350.0,
+    "NVIDIA A100-SXM4-80GB": 2039.0,
+    "NVIDIA A100 80GB PCIe": 1935.0,
+}
+
+
+@gpu_check("memory.bandwidth", thresholds=("floor_fraction",))
+def bandwidth(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    """A device-to-device copy, bytes read plus written per second, against a share of
+    the SKU's HBM bandwidth: a measurement, where the memory clock alone proves nothing."""
+    gate = not_probed(gpu, "probe_memory")
+    if gate is not None:
+        return gate
+    measured = gpu.probe_memory.get()
+    model = gpu.name.get_or(None)
+    floor = probe_floor(ctx, gpu, "memory")
+    observed: dict[str, object] = {"gbps": measured, "model": model}
+    if floor is None and isinstance(model, str) and model in HBM_GBPS:
+        floor = HBM_GBPS[model] * ctx.threshold("floor_fraction")
+        observed["hbm_gbps"] = HBM_GBPS[model]
+    if floor is None:
+        return ok(f"device-to-device copy at {measured:.0f} GB/s; no HBM bandwidth known for "
+                  f"{model}: not judged (active_probe.floors_gbps in the profile sets one)",
+                  **observed)
+    observed["floor_gbps"] = round(floor, 1)
+    if measured < floor:
+        return ctx.fail(f"device-to-device copy at {measured:.0f} GB/s, below the floor of "
+                        f"{floor:.0f} GB/s", **observed)
+    return ok(f"device-to-device copy at {measured:.0f} GB/s (floor {floor:.0f} GB/s)",
+              **observed)

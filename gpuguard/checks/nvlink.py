@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, ok, skipped, unknown
+from gpuguard.checks import (
+    CheckContext,
+    Finding,
+    gpu_check,
+    not_probed,
+    ok,
+    probe_floor,
+    skipped,
+    unknown,
+)
 from gpuguard.history import NVLINK_COUNTERS, nvlink_totals, window_growth
 from gpuguard.snapshot import GpuSnapshot, Snapshot
 
@@ -109,3 +118,44 @@ def errors(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
         return ctx.fail("NVLink errors growing: " + ", ".join(over), **observed)
     return ok(f"NVLink error growth within limits over {window_s / 60:.0f} min "
               f"(totals: {shown or 'none read'})", **observed)
+
+
+@gpu_check("nvlink.bandwidth", thresholds=("floor_fraction", "link_gbps"))
+def bandwidth(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    """Peer copies (the active probe) with every other probed GPU it has peer access to,
+    both ways, against a share of its links' rate: peer access can fall back to PCIe, or
+    run over fewer links than are up."""
+    gate = not_probed(gpu, "probe_peers")
+    if gate is not None:
+        return gate
+    peers = gpu.probe_peers.get()
+    if not peers:
+        return skipped("no other GPU was probed: no pair to copy between")
+    floor = probe_floor(ctx, gpu, "nvlink")
+    up = links_up(gpu)
+    observed: dict[str, Any] = {"peers": peers, "links_up": up}
+    if floor is None and up:
+        floor = up * ctx.threshold("link_gbps") * ctx.threshold("floor_fraction")
+    if floor is not None:
+        observed["floor_gbps"] = round(floor, 1)
+    slow, unmeasured, measured = [], [], []
+    for peer in peers:
+        if peer.get("error") or peer.get("access") is None:
+            unmeasured.append(f"GPU {peer['peer']}: {peer.get('error') or 'not measured'}")
+        elif peer.get("access"):
+            rate = min(peer.get("gbps") or 0.0, peer.get("reverse_gbps") or 0.0)
+            measured.append(f"GPU {peer['peer']} {rate:.0f} GB/s")
+            if floor is not None and rate < floor:
+                slow.append(f"GPU {peer['peer']} at {rate:.0f} GB/s")
+    if slow:
+        return ctx.fail(f"peer copies below the floor of {floor:.0f} GB/s: {', '.join(slow)}",
+                        **observed)
+    if unmeasured:
+        return unknown("peer copies not measured with " + "; ".join(unmeasured), **observed)
+    if not measured:
+        return ok("no peer access to any other GPU: no pair to copy between "
+                  "(p2p.status judges peer access)", **observed)
+    if floor is None:
+        return ok(f"peer copies with {', '.join(measured)}; no NVLink up on this GPU: "
+                  "not judged against an NVLink floor", **observed)
+    return ok(f"peer copies with {', '.join(measured)} (floor {floor:.0f} GB/s)", **observed)

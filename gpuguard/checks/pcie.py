@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
+from gpuguard.checks import CheckContext, Finding, gpu_check, not_probed, ok, probe_floor, warning
 from gpuguard.history import Sample, growth
 from gpuguard.snapshot import GpuSnapshot
 
@@ -122,3 +122,38 @@ def aer(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
         return warning("PCIe AER errors: " + "; ".join(problems), **observed)
     checked = ", ".join(f"{d['role'].replace('_', ' ')} {d['address']}" for d in chain)
     return ok(f"no uncorrectable AER errors on {checked}", **observed)
+
+
+# Data rate per lane and direction in GB/s after line coding (8b/10b to Gen2, 128b/130b
+# from Gen3): the link's theoretical rate, of which a healthy x16 Gen5 H200 moves 87 %.
+LANE_GBPS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
+
+
+@gpu_check("pcie.bandwidth", thresholds=("floor_fraction",))
+def bandwidth(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    """Pinned host-to-device and device-to-host copies (the active probe) against a share
+    of the rate of the link as it trained: a link at full width can still move a fraction
+    of it (a bad riser, retimer or slot)."""
+    gate = not_probed(gpu, "probe_pcie")
+    if gate is not None:
+        return gate
+    measured = gpu.probe_pcie.get()
+    slower = min(measured["h2d_gbps"], measured["d2h_gbps"])
+    observed: dict[str, Any] = {"h2d_gbps": measured["h2d_gbps"],
+                                "d2h_gbps": measured["d2h_gbps"]}
+    floor = probe_floor(ctx, gpu, "pcie")
+    text = (f"host to device {measured['h2d_gbps']:.1f} GB/s, device to host "
+            f"{measured['d2h_gbps']:.1f} GB/s")
+    if floor is None:
+        gen, width = gpu.pcie_link_gen_current.get(), gpu.pcie_link_width_current.get()
+        observed["link"] = f"Gen{gen} x{width}"
+        if gen not in LANE_GBPS:
+            return ok(f"{text}; no lane rate known for PCIe Gen{gen}: not judged "
+                      "(active_probe.floors_gbps in the profile sets one)", **observed)
+        link = LANE_GBPS[gen] * width
+        observed["link_gbps"] = round(link, 1)
+        floor = link * ctx.threshold("floor_fraction")
+    observed["floor_gbps"] = round(floor, 1)
+    if slower < floor:
+        return ctx.fail(f"{text}: below the floor of {floor:.1f} GB/s", **observed)
+    return ok(f"{text} (floor {floor:.1f} GB/s)", **observed)

@@ -25,7 +25,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
 from gpuguard import collect
-from gpuguard.daemon import events, http, logs, notify
+from gpuguard.daemon import active, events, http, logs, notify
+from gpuguard.daemon.active import ProbeKeeper
 from gpuguard.daemon.metrics import DaemonCollector, DaemonStats
 from gpuguard.daemon.sampler import NvmlSampler
 from gpuguard.daemon.store import ResultStore
@@ -70,6 +71,8 @@ class DaemonConfig:
     log_format: str = "auto"
     config_path: Path | None = None  # services for the supervisor (gpuguard/supervisor)
     dry_run: bool = False
+    # Seconds between runs of the active probe on idle GPUs; 0: never (daemon/active.py).
+    active_probe_interval: float = 0.0
 
 
 class Daemon:
@@ -91,6 +94,8 @@ class Daemon:
         self._idle.set()
         self._scheduler: BackgroundScheduler | None = None
         self.supervisors: list[Supervisor] = []
+        self.probes = ProbeKeeper(cfg.active_probe_interval) \
+            if cfg.active_probe_interval > 0 and cfg.input_path is None else None
 
     # --- configuration -------------------------------------------------------------
 
@@ -203,6 +208,8 @@ class Daemon:
         # The slow cycle's host facts, and the kernel log read now (Xids cannot wait a minute).
         host_sources.collect_host(self._slow_facts, self.cfg.host, only=FAST_SOURCES)
         collect.finish(snap, self._slow_facts, self.cfg.host)
+        if self.probes is not None:
+            self.probes.apply(snap, time.time())
         hung = snap.nvml.hung_call is not None
         if hung:
             with self.stats.lock:
@@ -226,6 +233,22 @@ class Daemon:
         snap = Snapshot(host=copy.copy(base.host), nvml=base.nvml, gpus=base.gpus)
         host_sources.merge(snap, facts)
         self.store.update(evaluate(snap, ruleset, profile, cadence="slow"), "slow")
+
+    def probe_cycle(self) -> None:
+        """The active probe on the GPUs of the last sweep that are idle now."""
+        if self.probes is None or self._last is None or self._config is None:
+            return
+        try:
+            self.probes.run(self._last, self._config[0])
+        except Exception:  # the kept results age into stale (unknown); the daemon goes on
+            log.exception("active_probe_failed")
+
+    def active_probe_passes(self, gpus: list[int] | None) -> tuple[bool, str]:
+        """For the supervisor's `failback_probe: active`: a fresh probe of `gpus`."""
+        if self._last is None or self._config is None:
+            return False, "no NVML sweep yet"
+        profile, ruleset = self._config
+        return active.passes(self._last, profile, ruleset, gpus)
 
     def _count_xids(self, snap: Snapshot, ruleset: RuleSet) -> None:
         if not snap.host.kernel_log.is_ok:
@@ -320,7 +343,8 @@ class Daemon:
             return 3
         tagged = {r.id for r in config[1].rules.values() if "failover" in r.tags}
         state_dir = self.cfg.host.state_dir or Path("/var/lib/gpuguard")
-        self.supervisors = [Supervisor(s, state_dir, tagged, self.cfg.dry_run)
+        self.supervisors = [Supervisor(s, state_dir, tagged, self.cfg.dry_run,
+                                       active_check=self.active_probe_passes)
                             for s in services]
         for supervisor in self.supervisors:
             supervisor.start()
@@ -354,6 +378,10 @@ class Daemon:
         self._scheduler.add_job(self.slow_cycle, "interval", seconds=self.cfg.slow_interval,
                                 id="slow", next_run_time=_utcnow(),
                                 misfire_grace_time=int(max(1, self.cfg.slow_interval)))
+        if self.probes is not None:
+            self._scheduler.add_job(self.probe_cycle, "interval",
+                                    seconds=self.cfg.active_probe_interval, id="active_probe",
+                                    misfire_grace_time=int(self.cfg.active_probe_interval))
         self._scheduler.start()
 
         signal.signal(signal.SIGHUP, lambda *_: self._reload.set())

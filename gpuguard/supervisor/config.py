@@ -6,6 +6,8 @@
         failback_after: 10          # consecutive healthy cycles (default 10)
         min_cpu_time: 300           # seconds on CPU before failing back (anti-flap)
         failback: auto              # or manual: only `gpuguard failover to gpu`
+        failback_probe: active      # fail back only after an active probe passes on the
+                                    # service's GPUs (docs/active-probe.md); default none
         rules: ["driver.*", "gpu.count"]   # default: the rules tagged `failover`
         gpus: [0, 1]                # default: every GPU counts
         probe: {http: "http://127.0.0.1:8000/health", status: 200, timeout: 60}
@@ -127,6 +129,7 @@ class ServiceSpec(_Strict):
     failback_after: Annotated[int, msgspec.Meta(ge=1)] = 10
     min_cpu_time: Annotated[float, msgspec.Meta(ge=0)] = 300.0
     failback: str = "auto"
+    failback_probe: Literal["none", "active"] = "none"
     rules: list[Text] | None = None
     gpus: list[GpuIndex] | None = None
     docker: DockerSection | None = None
@@ -174,6 +177,7 @@ class Service:
     failback_after: int = 10
     min_cpu_time: float = 300.0
     manual_failback: bool = False
+    failback_probe: str = "none"
     rules: list[str] | None = None
     gpus: list[int] | None = None
     nginx: Nginx | None = None
@@ -237,7 +241,8 @@ def _service(path: Path, spec: ServiceSpec, entry: Mapping) -> Service:
                     timeout=probe.timeout),
         failover_after=spec.failover_after, failback_after=spec.failback_after,
         min_cpu_time=spec.min_cpu_time, manual_failback=spec.failback == "manual",
-        rules=spec.rules, gpus=spec.gpus, nginx=nginx, origin=f"{path}:{entry.line}",
+        failback_probe=spec.failback_probe, rules=spec.rules, gpus=spec.gpus, nginx=nginx,
+        origin=f"{path}:{entry.line}",
     )
 
 

@@ -23,6 +23,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,10 @@ class NotReady(Exception):
     pass
 
 
+# (the service's GPUs, None: all) -> (passed, why): the supervisor's failback probe
+ActiveCheck = Callable[[list[int] | None], tuple[bool, str]]
+
+
 def other(variant: str) -> str:
     return "cpu" if variant == "gpu" else "gpu"
 
@@ -60,8 +65,12 @@ class Snapshot:
 
 class Supervisor:
     def __init__(self, service: Service, state_dir: Path, tagged: set[str],
-                 dry_run: bool = False, backend: Backend | None = None) -> None:
+                 dry_run: bool = False, backend: Backend | None = None,
+                 active_check: ActiveCheck | None = None) -> None:
         self.service = service
+        # `failback_probe: active`: a fresh active probe of the service's GPUs (the
+        # daemon's Daemon.active_probe_passes), asked before failing back
+        self.active_check = active_check
         self.state_dir = state_dir
         self.path = state.path_for(state_dir, service.name)
         self.tagged = tagged
@@ -204,11 +213,33 @@ class Supervisor:
             self._save()
             return
         to = "cpu" if action == "to_cpu" else "gpu"
+        if to == "gpu" and svc.failback_probe == "active" and not self._probe_passes():
+            return
         reason = ("; ".join(f"{r.rule}"
                             + (f" (GPU {r.gpu.index})" if r.gpu else "") + f": {r.message}"
                             for r in why[:3])
                   if to == "cpu" else f"{counts.healthy} healthy cycles")
         self.transition(to, reason)
+
+    def _probe_passes(self) -> bool:
+        """Fail back only to GPUs that compute: a failed or unknown probe keeps the service
+        on CPU and starts the healthy count again (it is asked again after
+        failback_after more healthy cycles)."""
+        if self.active_check is None:
+            passed, why = False, "no active probe available (the daemon did not give one)"
+        else:
+            try:
+                passed, why = self.active_check(self.service.gpus)
+            except Exception as exc:  # no probe, no failback
+                passed, why = False, f"the active probe failed: {type(exc).__name__}: {exc}"
+        if passed:
+            self.log.info("failback_probe_passed", detail=why)
+            return True
+        self.log.warning("failback_blocked", reason=why)
+        with self._lock:
+            self.state.healthy_cycles = 0
+        self._save()
+        return False
 
     def _check_request(self) -> None:
         try:

@@ -74,3 +74,61 @@ def test_identities_not_read_are_unknown_not_distinct(h200, run_rule):
     set_gpu(h200, 1, uuid="GPU-1")
     h200.nvml.hung_call = "nvmlDeviceGetTemperature (GPU 1)"  # kept from the last sweep
     assert run_rule("gpu.identity", h200)[0].status is Status.UNKNOWN
+
+
+# --- gpu.compute (the active probe) ---------------------------------------------------
+
+
+def test_gpu_compute_is_skipped_when_the_probe_did_not_run(h200, run_rule):
+    [result] = run_rule("gpu.compute", h200)
+    assert result.status is Status.SKIPPED
+    assert "--active" in result.message
+
+
+def test_gpu_compute_ok_when_the_pattern_reads_back(h200, run_rule):
+    from tests.checks.probed import probed
+
+    [result] = run_rule("gpu.compute", probed(h200))
+    assert result.status is Status.OK
+    assert result.observed["words"] == 262144 and result.observed["phases_ms"]["init"] == 497.0
+
+
+def test_gpu_compute_one_wrong_word_is_critical(h200, run_rule):
+    from tests.checks.probed import probed
+
+    probed(h200, probe_compute={"error": None, "mismatches": 1, "words": 262144})
+    [result] = run_rule("gpu.compute", h200)
+    assert result.status is Status.CRITICAL
+    assert "1 of 262144" in result.message
+
+
+def test_gpu_compute_a_named_cuda_error_is_critical(h200, run_rule):
+    from gpuguard.sources.cuda_api import describe
+    from tests.checks.probed import probed
+
+    error = f"cuInit returned {describe(802)} (phase init)"
+    probed(h200, probe_compute={"error": error, "mismatches": None, "words": None})
+    [result] = run_rule("gpu.compute", h200)
+    assert result.status is Status.CRITICAL
+    assert "CUDA_ERROR_SYSTEM_NOT_READY" in result.message and "fabric" in result.message
+
+
+def test_gpu_compute_unknown_when_the_probe_hung_and_skipped_when_it_left_the_gpu(h200,
+                                                                                 run_rule):
+    from tests.checks.probed import probed
+
+    probed(h200, probe_compute=Reading.failed("the active probe did not finish within its "
+                                              "10 s deadline: GPU 0 phase compute: "
+                                              "cuCtxSynchronize"))
+    [result] = run_rule("gpu.compute", h200)
+    assert result.status is Status.UNKNOWN and "cuCtxSynchronize" in result.message
+    probed(h200, probe_skipped="busy: 95 % utilization > 10 %",
+           probe_compute=Reading.not_supported("busy"))
+    [result] = run_rule("gpu.compute", h200)
+    assert result.status is Status.SKIPPED and "95 %" in result.message
+
+
+def test_gpu_compute_ok_reports_no_mismatch(h200, run_rule):
+    from tests.checks.probed import probed
+
+    assert run_rule("gpu.compute", probed(h200))[0].observed["mismatches"] == 0

@@ -1,3 +1,4 @@
+from gpuguard.profile import Profile
 from gpuguard.results import Status
 from gpuguard.snapshot import Process, Reading
 from tests.conftest import overridden, set_gpu
@@ -148,3 +149,68 @@ def test_memory_temperature_without_a_maximum_is_not_judged(h200, run_rule):
     assert run_rule("memory.temperature", h200)[0].status is Status.SKIPPED
     set_gpu(h200, memory_temperature_max_c=95, memory_temperature_c=Reading.failed("x"))
     assert run_rule("memory.temperature", h200)[0].status is Status.UNKNOWN
+
+
+# --- memory.pattern and memory.bandwidth (the active probe) ---------------------------
+
+
+def test_memory_pattern_levels(h200, run_rule):
+    from tests.checks.probed import probed
+
+    assert run_rule("memory.pattern", h200)[0].status is Status.SKIPPED  # no --active
+    assert run_rule("memory.pattern", probed(h200))[0].status is Status.OK
+    probed(h200, probe_pattern={"error": None, "mismatches": 32, "bytes": 128 << 20})
+    [result] = run_rule("memory.pattern", h200)
+    assert result.status is Status.CRITICAL and "32 words" in result.message
+
+
+def test_memory_bandwidth_floor_is_half_the_h200s_hbm(h200, run_rule):
+    from tests.checks.probed import probed
+
+    assert run_rule("memory.bandwidth", h200)[0].status is Status.SKIPPED  # no --active
+    probed(h200, probe_memory=2400.0)
+    [result] = run_rule("memory.bandwidth", h200)
+    assert result.status is Status.OK and result.observed["floor_gbps"] == 2400.0
+    probed(h200, probe_memory=2399.0)
+    [result] = run_rule("memory.bandwidth", h200)
+    assert result.status is Status.WARNING and "2399" in result.message
+
+
+def test_memory_bandwidth_floor_comes_from_the_rule_and_the_profile(h200, run_rule, tmp_path):
+    from tests.checks.probed import probed
+
+    probed(h200, probe_memory=3000.0)
+    rules = overridden(tmp_path, "memory.bandwidth", floor_fraction=0.7)  # 3360
+    assert run_rule("memory.bandwidth", h200, rules=rules)[0].status is Status.WARNING
+    profile = Profile(probe_floors_gbps={"NVIDIA H200": {"memory": 3500.0}})
+    assert run_rule("memory.bandwidth", h200, profile)[0].status is Status.WARNING
+    profile = Profile(probe_floors_gbps={"NVIDIA H200": {"memory": 2900.0}})
+    assert run_rule("memory.bandwidth", h200, profile, rules)[0].status is Status.OK
+
+
+def test_memory_bandwidth_of_an_unknown_model_is_reported_not_judged(h200, run_rule):
+    from tests.checks.probed import probed
+
+    probed(h200, name="NVIDIA L40S", probe_memory=10.0)
+    [result] = run_rule("memory.bandwidth", h200)
+    assert result.status is Status.OK
+    assert "not judged" in result.message and "NVIDIA L40S" in result.message
+
+
+def test_memory_pattern_names_the_size_and_a_write_error_is_critical(h200, run_rule):
+    from tests.checks.probed import probed
+
+    assert "128 MiB" in run_rule("memory.pattern", probed(h200))[0].message
+    probed(h200, probe_pattern={"error": None, "mismatches": 0, "bytes": None})
+    assert run_rule("memory.pattern", h200)[0].message.endswith("read back right")
+    probed(h200, probe_pattern={"error": "cuMemsetD32_v2 returned 700", "mismatches": None})
+    [result] = run_rule("memory.pattern", h200)
+    assert result.status is Status.CRITICAL and "cuMemsetD32_v2" in result.message
+
+
+def test_memory_bandwidth_reports_its_floor_to_a_tenth(h200, run_rule, tmp_path):
+    from tests.checks.probed import probed
+
+    rules = overridden(tmp_path, "memory.bandwidth", floor_fraction=0.33333)
+    [result] = run_rule("memory.bandwidth", probed(h200), rules=rules)
+    assert result.observed["floor_gbps"] == 1600.0  # 1599.984

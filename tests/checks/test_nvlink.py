@@ -258,3 +258,68 @@ def test_a_link_whose_counters_drop_out_and_come_back_is_not_growth(pair, defaul
         set_gpu(pair, 0, nvlink_links=every)
         history.add(pair, t)
     assert daemon_result(pair, default_rules, history).status is Status.OK
+
+
+# --- nvlink.bandwidth (the active probe) ----------------------------------------------
+
+
+def _peer(peer: int, gbps: float, reverse: float) -> dict[str, Any]:
+    return {"peer": peer, "access": True, "gbps": gbps, "reverse_gbps": reverse}
+
+
+def test_nvlink_bandwidth_floor_is_half_of_18_links(pair, run_rule):
+    from tests.checks.probed import probed
+
+    assert run_rule("nvlink.bandwidth", pair)[0].status is Status.SKIPPED  # no --active
+    probed(pair, 0, probe_peers=[_peer(1, 392.0, 390.0)])
+    [result] = run_rule("nvlink.bandwidth", pair)[:1]
+    assert result.status is Status.OK and result.observed["floor_gbps"] == 239.1
+    probed(pair, 0, probe_peers=[_peer(1, 392.0, 239.0)])  # the slower way is judged
+    [result] = run_rule("nvlink.bandwidth", pair)[:1]
+    assert result.status is Status.WARNING and "GPU 1 at 239" in result.message
+    with_links_down(pair, 0, *range(9))  # 9 links up: floor 119.5
+    assert run_rule("nvlink.bandwidth", pair)[0].status is Status.OK
+
+
+def test_nvlink_bandwidth_pcie_fallback_and_unmeasured_pairs(pair, h200, run_rule, tmp_path):
+    from tests.checks.probed import probed
+
+    probed(pair, 0, probe_peers=[_peer(1, 52.0, 51.0)])  # peer copies over PCIe
+    assert run_rule("nvlink.bandwidth", pair)[0].status is Status.WARNING
+    rules = overridden(tmp_path, "nvlink.bandwidth", floor_fraction=0.1)
+    assert run_rule("nvlink.bandwidth", pair, rules=rules)[0].status is Status.OK
+    probed(pair, 0, probe_peers=[{"peer": 1, "access": None,
+                                  "error": "not measured: GPU 0's worker died of SIGSEGV"}])
+    [result] = run_rule("nvlink.bandwidth", pair)[:1]
+    assert result.status is Status.UNKNOWN and "SIGSEGV" in result.message
+    probed(pair, 0, probe_peers=[])
+    assert run_rule("nvlink.bandwidth", pair)[0].status is Status.SKIPPED
+    # a GPU without NVLink: measured, not judged against an NVLink floor
+    probed(h200, probe_peers=[_peer(1, 20.0, 20.0)])
+    [result] = run_rule("nvlink.bandwidth", h200)
+    assert result.status is Status.OK and "not judged" in result.message
+    probed(pair, 0, probe_peers=[_peer(1, 200.0, 200.0)])
+    profile = Profile(probe_floors_gbps={"NVIDIA H200": {"nvlink": 150.0}})
+    assert run_rule("nvlink.bandwidth", pair, profile)[0].status is Status.OK
+
+
+def test_nvlink_bandwidth_edges(pair, run_rule):
+    from tests.checks.probed import probed
+
+    profile = Profile(probe_floors_gbps={"NVIDIA H200": {"nvlink": 150.0}})
+    probed(pair, 0, probe_peers=[_peer(1, 150.0, 150.0)])  # at the floor
+    assert run_rule("nvlink.bandwidth", pair, profile)[0].status is Status.OK
+    # an error on a pair with access is unmeasured, never a rate of 0 or a pass
+    probed(pair, 0, probe_peers=[{"peer": 1, "access": True, "error": "cuMemcpyPeer 700"}])
+    assert run_rule("nvlink.bandwidth", pair)[0].status is Status.UNKNOWN
+    # a rate missing from a measured pair is not a pass
+    low = Profile(probe_floors_gbps={"NVIDIA H200": {"nvlink": 0.5}})
+    probed(pair, 0, probe_peers=[{"peer": 1, "access": True, "gbps": None,
+                                  "reverse_gbps": 390.0}])
+    assert run_rule("nvlink.bandwidth", pair, low)[0].status is Status.WARNING
+    probed(pair, 0, probe_peers=[{"peer": 1, "access": True, "gbps": 390.0,
+                                  "reverse_gbps": None}])
+    assert run_rule("nvlink.bandwidth", pair, low)[0].status is Status.WARNING
+    probed(pair, 0, probe_peers=[{"peer": 1, "access": False}])
+    [result] = run_rule("nvlink.bandwidth", pair)[:1]
+    assert result.status is Status.OK and "no peer access" in result.message

@@ -251,3 +251,52 @@ def test_daemon_warns_when_correctable_errors_grow(h200, default_rules):
     assert judged([(0, 8), (10, 8)]).status is Status.OK
     assert judged([(0, 8), (10, 9)]).status is Status.WARNING
     assert judged([(10, 8)]).status is Status.OK
+
+
+# --- pcie.bandwidth (the active probe) ------------------------------------------------
+
+
+def test_pcie_bandwidth_floor_is_70_percent_of_the_gen5_x16_link(h200, run_rule):
+    from tests.checks.probed import probed
+
+    assert run_rule("pcie.bandwidth", h200)[0].status is Status.SKIPPED  # no --active
+    [result] = run_rule("pcie.bandwidth", probed(h200))  # the real 55.4 / 55.2 GB/s
+    assert result.status is Status.OK
+    assert result.observed["floor_gbps"] == 44.1 and result.observed["link"] == "Gen5 x16"
+    # the slower direction is judged: at the floor ok, just below it a warning
+    probed(h200, probe_pcie={"h2d_gbps": 55.4, "d2h_gbps": 44.11})
+    assert run_rule("pcie.bandwidth", h200)[0].status is Status.OK
+    probed(h200, probe_pcie={"h2d_gbps": 44.09, "d2h_gbps": 55.2})
+    [result] = run_rule("pcie.bandwidth", h200)
+    assert result.status is Status.WARNING and "44.1" in result.message
+
+
+def test_pcie_bandwidth_floor_follows_the_link_the_rule_and_the_profile(h200, run_rule,
+                                                                        tmp_path):
+    from gpuguard.profile import Profile
+    from tests.checks.probed import probed
+    from tests.checks.test_memory import overridden
+
+    probed(h200, probe_pcie={"h2d_gbps": 30.0, "d2h_gbps": 30.0})
+    assert run_rule("pcie.bandwidth", h200)[0].status is Status.WARNING
+    set_gpu(h200, pcie_link_gen_current=4)  # Gen4 x16: 31.5 GB/s, floor 22.1
+    assert run_rule("pcie.bandwidth", h200)[0].status is Status.OK
+    set_gpu(h200, pcie_link_gen_current=5)
+    rules = overridden(tmp_path, "pcie.bandwidth", floor_fraction=0.4)
+    assert run_rule("pcie.bandwidth", h200, rules=rules)[0].status is Status.OK
+    profile = Profile(probe_floors_gbps={"NVIDIA H200": {"pcie": 25.0}})
+    assert run_rule("pcie.bandwidth", h200, profile)[0].status is Status.OK
+
+
+def test_pcie_bandwidth_at_the_floor_is_ok_and_an_unknown_generation_not_judged(h200,
+                                                                              run_rule):
+    from gpuguard.profile import Profile
+    from tests.checks.probed import probed
+
+    probed(h200, probe_pcie={"h2d_gbps": 40.0, "d2h_gbps": 41.0})
+    profile = Profile(probe_floors_gbps={"NVIDIA H200": {"pcie": 40.0}})
+    assert run_rule("pcie.bandwidth", h200, profile)[0].status is Status.OK
+    assert run_rule("pcie.bandwidth", h200)[0].observed["link_gbps"] == 63.0  # 63.008
+    set_gpu(h200, pcie_link_gen_current=7)
+    [result] = run_rule("pcie.bandwidth", h200)
+    assert result.status is Status.OK and "not judged" in result.message

@@ -34,6 +34,8 @@
  *   FAKE_NVML_MIG_PENDING=1    MIG mode disabled now, enabled after a reset
  *   FAKE_NVML_MEM_TEMP=C       HBM temperature (default 35; its maximum is 95)
  *   FAKE_NVML_APP_CLOCK_SM=MHz application SM clock (default: the default, 1980)
+ *   FAKE_NVML_MEM_TOTAL_MIB=n  memory total (v1 memory info; default: not supported)
+ *   FAKE_NVML_MEM_USED_MIB=n   ... and memory used (default 0)
  *
  * Structs are laid out as nvidia-ml-py's ctypes declarations (pynvml.py) pass them.
  */
@@ -192,6 +194,18 @@ nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t d, unsigned int *w) {
 }
 
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+    (void)d;
+    unsigned long long mib = 1ULL << 20;
+    int total = env_int("FAKE_NVML_MEM_TOTAL_MIB", 0);
+    if (total <= 0) return NVML_ERROR_NOT_SUPPORTED;
+    m->total = (unsigned long long)total * mib;
+    m->used = (unsigned long long)env_int("FAKE_NVML_MEM_USED_MIB", 0) * mib;
+    m->free = m->total - m->used;
+    return NVML_SUCCESS;
+}
+
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     (void)d;
     u->gpu = (unsigned int)env_int("FAKE_NVML_UTIL", 0);

@@ -1,0 +1,275 @@
+/*
+ * A stand-in libcuda.so.1 for tests of the active probe on machines without a GPU.
+ *
+ * gpuguard's probe worker loads it with ctypes (LD_LIBRARY_PATH points at its folder),
+ * so the whole probe runs for real: the fork per GPU, the phases, the deadline, the lock.
+ * "Device memory" is host memory (malloc); copies are memcpy; the one "kernel" (the
+ * probe's `fill`) is emulated in cuLaunchKernel: word i becomes seed + i. GPUs are found
+ * by the bus ids the fake NVML gives (00000000:1X:00.0, X = index).
+ *
+ * Environment switches:
+ *   FAKE_CUDA_GPUS=N               devices (default 8: any the fake NVML lists)
+ *   FAKE_CUDA_INIT_ERROR=code      cuInit returns this CUresult (802, 999, 3, ...)
+ *   FAKE_CUDA_CTX_ERROR=code       cuDevicePrimaryCtxRetain returns this CUresult
+ *   FAKE_CUDA_LAUNCH_ERROR=code    cuLaunchKernel returns this CUresult
+ *   FAKE_CUDA_HANG=name            this function never returns (a wedged GPU)
+ *   FAKE_CUDA_CRASH=name           this function raises SIGSEGV (a driver bug)
+ *   FAKE_CUDA_FAULT_GPU=i          HANG, CRASH, CORRUPT, SLOW and LAUNCH_ERROR apply only
+ *                                  to GPU i
+ *                                  (calls before a context, cuInit, always match)
+ *   FAKE_CUDA_CORRUPT=compute|pattern   the kernel writes a wrong word / memset leaves a
+ *                                  stuck bit
+ *   FAKE_CUDA_SLOW=h2d|d2h|d2d|peer:US  this kind of copy sleeps US microseconds per MiB
+ *   FAKE_CUDA_NO_PEER=1            cuDeviceCanAccessPeer answers 0
+ *   FAKE_CUDA_LOG=path             append "take KIND" / "give KIND" for every allocation,
+ *                                  context and event, so a test can see all were released
+ */
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef struct { int device; } fake_ctx;
+
+static fake_ctx contexts[64];
+static __thread fake_ctx *current;
+
+static int env_int(const char *name, int fallback) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : fallback;
+}
+
+static int gpu_matches(void) {
+    int only = env_int("FAKE_CUDA_FAULT_GPU", -1);
+    return only < 0 || !current || current->device == only;
+}
+
+static void log_line(const char *what, const char *kind) {
+    const char *path = getenv("FAKE_CUDA_LOG");
+    if (!path) return;
+    FILE *f = fopen(path, "a");
+    if (!f) return;
+    fprintf(f, "%s %s\n", what, kind);
+    fclose(f);
+}
+
+static void faults(const char *fn) {
+    const char *crash = getenv("FAKE_CUDA_CRASH");
+    if (crash && strcmp(crash, fn) == 0 && gpu_matches()) raise(SIGSEGV);
+    const char *hang = getenv("FAKE_CUDA_HANG");
+    if (hang && strcmp(hang, fn) == 0 && gpu_matches()) for (;;) pause();
+}
+
+static void slow(const char *kind, size_t bytes) {
+    const char *v = getenv("FAKE_CUDA_SLOW");
+    size_t n = strlen(kind);
+    if (!v || strncmp(v, kind, n) != 0 || v[n] != ':' || !gpu_matches()) return;
+    usleep((useconds_t)(atof(v + n + 1) * (double)bytes / (1 << 20)));
+}
+
+CUresult cuInit(unsigned int flags) {
+    (void)flags;
+    faults("cuInit");
+    return env_int("FAKE_CUDA_INIT_ERROR", 0);
+}
+
+CUresult cuDeviceGetByPCIBusId(int *dev, const char *bus) {
+    unsigned domain, b, d, f;
+    faults("cuDeviceGetByPCIBusId");
+    if (sscanf(bus, "%x:%x:%x.%x", &domain, &b, &d, &f) != 4) return 1;
+    int index = (int)b - 0x10;
+    if (index < 0 || index >= env_int("FAKE_CUDA_GPUS", 8)) return 101;
+    *dev = index;
+    return 0;
+}
+
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) {
+    fake_ctx *saved = current;
+    current = &contexts[dev];
+    faults("cuDevicePrimaryCtxRetain");
+    current = saved;
+    int err = env_int("FAKE_CUDA_CTX_ERROR", 0);
+    if (err) return err;
+    contexts[dev].device = dev;
+    *ctx = &contexts[dev];
+    log_line("take", "context");
+    return 0;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(int dev) {
+    (void)dev;
+    log_line("give", "context");
+    return 0;
+}
+
+CUresult cuCtxSetCurrent(void *ctx) {
+    current = ctx;
+    return 0;
+}
+
+CUresult cuCtxSynchronize(void) {
+    faults("cuCtxSynchronize");
+    return 0;
+}
+
+CUresult cuMemAlloc_v2(uint64_t *ptr, size_t size) {
+    faults("cuMemAlloc_v2");
+    void *p = malloc(size);
+    if (!p) return 2;
+    *ptr = (uint64_t)(uintptr_t)p;
+    log_line("take", "device");
+    return 0;
+}
+
+CUresult cuMemFree_v2(uint64_t ptr) {
+    free((void *)(uintptr_t)ptr);
+    log_line("give", "device");
+    return 0;
+}
+
+CUresult cuMemAllocHost_v2(void **ptr, size_t size) {
+    *ptr = malloc(size);
+    if (!*ptr) return 2;
+    log_line("take", "host");
+    return 0;
+}
+
+CUresult cuMemFreeHost(void *ptr) {
+    free(ptr);
+    log_line("give", "host");
+    return 0;
+}
+
+CUresult cuMemsetD32_v2(uint64_t ptr, unsigned int value, size_t count) {
+    uint32_t *p = (uint32_t *)(uintptr_t)ptr;
+    faults("cuMemsetD32_v2");
+    for (size_t i = 0; i < count; i++) p[i] = value;
+    const char *corrupt = getenv("FAKE_CUDA_CORRUPT");
+    /* A stuck bit 3 in the sixth word of every slice the probe writes. */
+    if (corrupt && strcmp(corrupt, "pattern") == 0 && gpu_matches() && count > 5)
+        p[5] ^= 8;
+    return 0;
+}
+
+static CUresult copy(const char *fn, const char *kind, void *dst, const void *src, size_t n) {
+    faults(fn);
+    memcpy(dst, src, n);
+    slow(kind, n);
+    return 0;
+}
+
+CUresult cuMemcpyHtoD_v2(uint64_t dst, const void *src, size_t n) {
+    return copy("cuMemcpyHtoD_v2", "h2d", (void *)(uintptr_t)dst, src, n);
+}
+
+CUresult cuMemcpyDtoH_v2(void *dst, uint64_t src, size_t n) {
+    return copy("cuMemcpyDtoH_v2", "d2h", dst, (const void *)(uintptr_t)src, n);
+}
+
+CUresult cuMemcpyDtoD_v2(uint64_t dst, uint64_t src, size_t n) {
+    return copy("cuMemcpyDtoD_v2", "d2d", (void *)(uintptr_t)dst,
+                (const void *)(uintptr_t)src, n);
+}
+
+CUresult cuMemcpyPeer(uint64_t dst, void *dctx, uint64_t src, void *sctx, size_t n) {
+    (void)dctx; (void)sctx;
+    return copy("cuMemcpyPeer", "peer", (void *)(uintptr_t)dst,
+                (const void *)(uintptr_t)src, n);
+}
+
+CUresult cuDeviceCanAccessPeer(int *can, int dev, int peer) {
+    *can = dev != peer && !env_int("FAKE_CUDA_NO_PEER", 0);
+    return 0;
+}
+
+CUresult cuCtxEnablePeerAccess(void *peer, unsigned int flags) {
+    (void)peer; (void)flags;
+    return 0;
+}
+
+CUresult cuCtxDisablePeerAccess(void *peer) {
+    (void)peer;
+    return 0;
+}
+
+static int module_token;
+
+CUresult cuModuleLoadData(void **module, const void *image) {
+    faults("cuModuleLoadData");
+    if (!strstr((const char *)image, ".entry fill")) return 218;
+    *module = &module_token;
+    log_line("take", "module");
+    return 0;
+}
+
+CUresult cuModuleUnload(void *module) {
+    (void)module;
+    log_line("give", "module");
+    return 0;
+}
+
+CUresult cuModuleGetFunction(void **fn, void *module, const char *name) {
+    (void)module;
+    if (strcmp(name, "fill") != 0) return 500;
+    *fn = &module_token;
+    return 0;
+}
+
+CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned shared, void *stream,
+                        void **params, void **extra) {
+    (void)fn; (void)gy; (void)gz; (void)by; (void)bz; (void)shared; (void)stream;
+    (void)extra;
+    faults("cuLaunchKernel");
+    int err = env_int("FAKE_CUDA_LAUNCH_ERROR", 0);
+    if (err && gpu_matches()) return err;
+    uint32_t *p = (uint32_t *)(uintptr_t)*(uint64_t *)params[0];
+    uint32_t n = *(uint32_t *)params[1], seed = *(uint32_t *)params[2];
+    uint64_t threads = (uint64_t)gx * bx;
+    for (uint32_t i = 0; i < n && i < threads; i++) p[i] = seed + i;
+    const char *corrupt = getenv("FAKE_CUDA_CORRUPT");
+    if (corrupt && strcmp(corrupt, "compute") == 0 && gpu_matches() && n > 7) p[7] ^= 1;
+    return 0;
+}
+
+typedef struct { double t; } fake_event;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+CUresult cuEventCreate(void **event, unsigned int flags) {
+    (void)flags;
+    *event = calloc(1, sizeof(fake_event));
+    log_line("take", "event");
+    return *event ? 0 : 2;
+}
+
+CUresult cuEventDestroy_v2(void *event) {
+    free(event);
+    log_line("give", "event");
+    return 0;
+}
+
+CUresult cuEventRecord(void *event, void *stream) {
+    (void)stream;
+    ((fake_event *)event)->t = now();
+    return 0;
+}
+
+CUresult cuEventSynchronize(void *event) {
+    (void)event;
+    faults("cuEventSynchronize");
+    return 0;
+}
+
+CUresult cuEventElapsedTime(float *ms, void *start, void *stop) {
+    *ms = (float)((((fake_event *)stop)->t - ((fake_event *)start)->t) * 1000.0);
+    return 0;
+}

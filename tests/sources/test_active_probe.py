@@ -1,0 +1,180 @@
+"""`gpuguard check --active` end to end: the real CLI, the real forked workers, the real
+deadline, on the fake NVML and the fake libcuda.so.1 (tests/fake_cuda/fake_cuda.c)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, gpuguard
+
+PROBE_RULES = ("gpu.compute", "memory.pattern", "memory.bandwidth", "pcie.bandwidth",
+               "nvlink.bandwidth")
+SMALL = ("--active-buffer-mib", "4", "--active-pattern-mib", "2")
+# The fake's copies are memcpy (3.5-17 GB/s here): floors it meets by far (the per-model
+# ones are a real H200's) and a slowed copy (40 ms per MiB: 0.05-0.1 GB/s) does not.
+FAKE_FLOORS = "active_probe:\n  floors_gbps:\n    NVIDIA H200: {pcie: 0.5, memory: 0.5, " \
+              "nvlink: 0.5}\n"
+
+
+Run = Callable[..., tuple[int, dict[tuple[str, int | None], dict[str, Any]]]]
+
+
+@pytest.fixture
+def probe(fake_nvml: Path, fake_cuda: Path, tmp_path: Path) -> Run:
+    """Run `check --active --format json` on 2 fake GPUs; the exit code and each result
+    by (rule, GPU index)."""
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(FAKE_FLOORS)
+
+    def run(*args: str, cuda: bool = True, **switches: str | int) -> tuple[int, Any]:
+        env = {"LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}" if cuda else str(fake_nvml),
+               "FAKE_NVML_GPUS": "2", "FAKE_NVML_MEM_TOTAL_MIB": "1000",
+               **{k.upper(): str(v) for k, v in switches.items()}}
+        proc = gpuguard("check", "--format", "json", "--profile", str(profile),
+                        *[a for rule in PROBE_RULES for a in ("--only", rule)], *args,
+                        env=env)
+        assert proc.stdout, proc.stderr
+        doc = json.loads(proc.stdout)
+        results = {(r["rule"], r["gpu"]["index"] if r["gpu"] else None): r
+                   for r in doc["results"]}
+        return proc.returncode, results
+
+    return run
+
+
+def test_check_active_passes_on_healthy_gpus_and_releases_everything(probe, tmp_path):
+    log = tmp_path / "cuda.log"
+    code, results = probe("--active", *SMALL, fake_cuda_log=str(log))
+    assert code == 0, results
+    assert {(r["rule"], r["status"]) for r in results.values()} == \
+        {(rule, "ok") for rule in PROBE_RULES}
+    phases = results[("gpu.compute", 1)]["observed"]["phases_ms"]
+    assert {"init", "context", "alloc", "compute", "pattern", "pcie", "memory",
+            "release"} <= set(phases)
+    assert "peer" in results[("gpu.compute", 0)]["observed"]["phases_ms"]  # 0 copies to 1
+    peers = results[("nvlink.bandwidth", 1)]["observed"]["peers"]
+    assert [p["peer"] for p in peers] == [0] and peers[0]["gbps"] > 0
+    # every allocation, context, module and event taken was given back
+    lines = log.read_text().split("\n")
+    for kind in ("device", "host", "context", "module", "event"):
+        assert lines.count(f"take {kind}") == lines.count(f"give {kind}") > 0, kind
+
+
+def test_without_active_the_probe_rules_are_skipped_and_export_nothing(fake_nvml, fake_cuda):
+    env = {"LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}", "FAKE_NVML_MEM_TOTAL_MIB": "1000"}
+    proc = gpuguard("check", "--format", "json", env=env)
+    results = [r for r in json.loads(proc.stdout)["results"] if r["rule"] in PROBE_RULES]
+    assert len(results) == len(PROBE_RULES)
+    assert all(r["status"] == "skipped" and "--active" in r["message"] for r in results)
+    prom = gpuguard("check", "--format", "prometheus", env=env).stdout
+    assert not any(f'rule="{rule}"' in prom for rule in PROBE_RULES)
+
+
+def test_a_cuinit_error_is_named_critical_and_the_rest_unknown(probe):
+    code, results = probe("--active", *SMALL, fake_cuda_init_error=802)
+    assert code == 2
+    compute = results[("gpu.compute", 0)]
+    assert compute["status"] == "critical"
+    assert "cuInit" in compute["message"] and "CUDA_ERROR_SYSTEM_NOT_READY" in compute["message"]
+    assert "fabric" in compute["message"]
+    for rule in ("memory.pattern", "pcie.bandwidth", "memory.bandwidth"):
+        assert results[(rule, 1)]["status"] == "unknown", rule
+        assert "cuInit" in results[(rule, 1)]["message"]
+
+
+def test_a_hang_in_one_gpu_keeps_the_others_results_and_names_the_call(probe):
+    began = time.monotonic()
+    code, results = probe("--active", *SMALL, "--active-deadline", "2",
+                          fake_cuda_hang="cuMemcpyHtoD_v2", fake_cuda_fault_gpu=1)
+    assert time.monotonic() - began < 30  # does not hang
+    assert code == 3
+    assert results[("pcie.bandwidth", 0)]["status"] == "ok"
+    assert results[("memory.bandwidth", 0)]["status"] == "ok"
+    hung = results[("pcie.bandwidth", 1)]
+    assert hung["status"] == "unknown"
+    assert "cuMemcpyHtoD_v2" in hung["message"] and "phase pcie" in hung["message"]
+    assert results[("gpu.compute", 1)]["status"] == "ok"  # measured before the hang
+
+
+def test_a_crash_in_libcuda_costs_only_its_gpu(probe):
+    code, results = probe("--active", *SMALL, fake_cuda_crash="cuLaunchKernel",
+                          fake_cuda_fault_gpu=0)
+    assert code == 3
+    crashed = results[("gpu.compute", 0)]
+    assert crashed["status"] == "unknown"
+    assert "SIGSEGV" in crashed["message"] and "phase compute" in crashed["message"]
+    assert results[("gpu.compute", 1)]["status"] == "ok"
+
+
+@pytest.mark.parametrize(("switches", "rule"), [
+    ({"fake_cuda_corrupt": "compute"}, "gpu.compute"),
+    ({"fake_cuda_corrupt": "pattern"}, "memory.pattern"),
+    ({"fake_cuda_launch_error": 719}, "gpu.compute"),
+])
+def test_a_wrong_read_back_or_a_launch_failure_is_critical(probe, switches, rule):
+    code, results = probe("--active", *SMALL, fake_cuda_fault_gpu=1, **switches)
+    assert code == 2
+    assert results[(rule, 1)]["status"] == "critical"
+    assert results[(rule, 0)]["status"] == "ok"
+
+
+def test_slow_copies_read_below_their_floor(probe):
+    # 4 MiB at 40 ms per MiB: 0.1 GB/s read+written against the profile's 0.5
+    code, results = probe("--active", *SMALL, fake_cuda_slow="d2d:40000",
+                          fake_cuda_fault_gpu=1)
+    assert results[("memory.bandwidth", 1)]["status"] == "warning"
+    assert results[("memory.bandwidth", 0)]["status"] == "ok"
+    code, results = probe("--active", *SMALL, fake_cuda_slow="peer:40000")
+    assert {results[("nvlink.bandwidth", i)]["status"] for i in (0, 1)} == {"warning"}
+    assert code == 1
+
+
+def test_busy_gpus_are_left_alone_unless_forced(probe, tmp_path):
+    log = tmp_path / "cuda.log"
+    code, results = probe("--active", *SMALL, fake_nvml_util=50, fake_cuda_log=str(log))
+    assert {r["status"] for r in results.values()} == {"skipped"}
+    assert "busy: 50 %" in results[("gpu.compute", 0)]["message"]
+    assert not log.exists()  # libcuda was never touched
+    code, results = probe("--active", *SMALL, fake_nvml_mem_used_mib=500)
+    assert "hold 50 % of its memory" in results[("memory.pattern", 1)]["message"]
+    code, results = probe("--active=force", *SMALL, fake_nvml_util=50)
+    assert code == 0 and results[("gpu.compute", 0)]["status"] == "ok"
+
+
+def test_no_libcuda_is_unknown_never_ok(probe):
+    code, results = probe("--active", *SMALL, cuda=False)
+    assert code == 3
+    assert results[("gpu.compute", 0)]["status"] == "unknown"
+    assert "libcuda.so.1 cannot be loaded" in results[("gpu.compute", 0)]["message"]
+
+
+def test_active_with_a_saved_input_is_refused(tmp_path):
+    proc = gpuguard("check", "--active", "--input",
+                    str(REPO / "tests/fixtures/h200/nvidia-smi-q.xml"))
+    assert proc.returncode == 3 and "--active" in proc.stderr
+
+
+def test_a_saved_snapshot_replays_the_probe_and_a_bad_value_is_unknown(h200, tmp_path):
+    from tests.checks.probed import probed
+
+    saved = tmp_path / "snapshot.json"
+    doc = probed(h200, probe_pattern={"error": None, "mismatches": 3, "bytes": 1024}).to_json()
+    saved.write_text(json.dumps(doc))
+    proc = gpuguard("check", "--input", str(saved), "--format", "json",
+                    *[a for rule in PROBE_RULES for a in ("--only", rule)])
+    results = {r["rule"]: r for r in json.loads(proc.stdout)["results"]}
+    assert results["memory.pattern"]["status"] == "critical"
+    assert results["gpu.compute"]["status"] == "ok"
+    doc["gpus"][0]["probe_memory"] = "fast"
+    doc["gpus"][0]["probe_compute"] = {"mismatches": "none"}
+    saved.write_text(json.dumps(doc))
+    proc = gpuguard("check", "--input", str(saved), "--format", "json",
+                    "--only", "memory.bandwidth", "--only", "gpu.compute")
+    statuses = {r["rule"]: r["status"] for r in json.loads(proc.stdout)["results"]}
+    assert statuses == {"memory.bandwidth": "unknown", "gpu.compute": "unknown"}
