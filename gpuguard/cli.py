@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from gpuguard.profile import Profile
     from gpuguard.rule import RuleSet
     from gpuguard.snapshot import Snapshot
+    from gpuguard.sources.active_probe import EarlyStart
     from gpuguard.sources.host import HostOptions
 
 EXIT_UNKNOWN = 3
@@ -134,6 +135,7 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
                               docker, "auto", profile_path, host_resources is True)
     # check never judges the NVLink error counters (the daemon does, by growth): left out
     collection = _collection(host_opts, input_path, timeout, link_counters=False)
+    early = _early_probe(paths.procfs) if active is not None and input_path is None else None
     try:
         profile, ruleset = _load_config(profile_path, rules_dirs)
         _check_filters(only, skip, list(ruleset.rules))
@@ -144,6 +146,8 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
                                 "--input (a snapshot saved after a probe keeps its results)")
     except click.ClickException:
         collection.abandon()  # do not leave the worker behind
+        if early is not None:
+            early.abandon()
         raise
 
     # Everything imported from here to the result overlaps with the NVML worker.
@@ -155,7 +159,7 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     snapshot = collection.result()
     if active is not None:
         _active_probe(snapshot, profile, active == "force", active_deadline,
-                      active_buffer_mib, active_pattern_mib)
+                      active_buffer_mib, active_pattern_mib, early)
     gathered = time.monotonic()
     verdict = Verdict(evaluate(snapshot, ruleset, profile, only, skip), fail_on)
     if fmt == "table" and quiet and verdict.nagios_code == 0:
@@ -403,14 +407,23 @@ def _print_timing(waiting: float, gathered: float, snapshot: Snapshot) -> None:
                "from its fork", err=True)
 
 
+def _early_probe(procfs: Path) -> EarlyStart:
+    """The probe's workers started beside the NVML sweep, each running cuInit while the
+    sweep runs (docs/active-probe.md)."""
+    from gpuguard.sources.active_probe import EarlyStart
+
+    return EarlyStart(procfs)
+
+
 def _active_probe(snapshot: Snapshot, profile: Profile, force: bool, deadline_s: float | None,
-                  buffer_mib: int | None, pattern_mib: int | None) -> None:
+                  buffer_mib: int | None, pattern_mib: int | None,
+                  early: EarlyStart | None) -> None:
     """The active probe on the GPUs the NVML sweep found (it needs their bus ids and how
     busy they are): its results become the snapshot's probe_* readings."""
     from gpuguard.sources.active_probe import ActiveProbe, options
 
     opts = options(profile.probe_settings, force, deadline_s, buffer_mib, pattern_mib)
-    ActiveProbe(snapshot, opts).finish(snapshot)
+    ActiveProbe(snapshot, opts, early).finish(snapshot)
 
 
 def _check_filters(only: tuple[str, ...], skip: tuple[str, ...], rule_ids: list[str]) -> None:

@@ -27,14 +27,16 @@ import os
 import signal
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+from gpuguard.pci import normalise_pci
 from gpuguard.sources.nvml_progress import Progress
 from gpuguard.sources.pipe import read_until
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+    from pathlib import Path
     from typing import Any
 
     from gpuguard.snapshot import GpuSnapshot, Snapshot
@@ -54,6 +56,8 @@ PCIE_MAX_BYTES = 64 * MIB
 CHECK_CHUNK = 1 * MIB
 # Copies timed per measurement (the best of them, or their sum for event-timed copies).
 REPEATS = 3
+# Workers started before the NVML sweep is in (EarlyStart): at most this many GPUs.
+MAX_EARLY = 64
 # CUresult codes that say the GPU could not be had, not that it is broken: unknown.
 CANNOT_TELL = (2, 46, 805)
 
@@ -136,48 +140,53 @@ class ActiveProbe:
     """Workers started now, one per GPU that may be probed; `finish()` waits for them
     within the deadline and puts their results into the snapshot."""
 
-    def __init__(self, snapshot: Snapshot, opts: ProbeOptions) -> None:
+    def __init__(self, snapshot: Snapshot, opts: ProbeOptions,
+                 early: EarlyStart | None = None) -> None:
         self.opts = opts
         self.started = time.monotonic()
         self.skipped: dict[int, str] = {}
         self.workers: list[_Worker] = []
+        first_slot = len(early.waiting) if early else 0
         for gpu in snapshot.gpus:
             reason = skip_reason(gpu, opts)
             if reason is None:
-                self.workers.append(_Worker(len(self.workers), gpu.index, gpu.pci_bus_id.get()))
+                self.workers.append(_Worker(first_slot + len(self.workers), gpu.index,
+                                            gpu.pci_bus_id.get()))
             else:
                 self.skipped[gpu.index] = reason
-        self._progress = Progress()
-        self._read_fd = -1
+        self._stopped: list[int] = []
+        if early is None:
+            early = EarlyStart(None)
+        self._progress = early.progress
+        self._read_fd = early.read_fd
+        _import_worker_modules()
+        for worker in self.workers:
+            peers = [(w.index, w.bus_id) for w in self.workers if w.index > worker.index]
+            waiting = early.take(worker.bus_id)
+            if waiting is not None:
+                # Started before the NVML sweep was in; cuInit done or under way.
+                worker.slot, worker.pid = waiting.slot, waiting.pid
+                waiting.go({"index": worker.index, "peers": peers, "opts": asdict(opts)})
+                continue
+            pid = os.fork()
+            if pid == 0:  # child
+                code = 0
+                try:
+                    os.close(early.read_fd)
+                    early.close_go_ends()
+                    out = os.fdopen(early.write_fd, "w", buffering=1)
+                    _child_main(out, self._progress, worker, peers, opts, early.lock.fileno())
+                except BaseException:
+                    code = 1
+                finally:
+                    os._exit(code)
+            worker.pid = pid
+        self._stopped = early.stop_rest()
+        os.close(early.write_fd)
+        early.lock.close()
         if not self.workers:
-            return
-        # What the workers import, imported before the fork: in the daemon another thread
-        # may hold the import lock at the fork, and a child would wait on it forever.
-        import array  # noqa: F401
-        import ctypes  # noqa: F401
-        import fcntl  # noqa: F401
-        import struct  # noqa: F401
-
-        from gpuguard.sources import cuda_api  # noqa: F401
-        read_fd, write_fd = os.pipe()
-        # lockf locks are per process: the workers' turnstile for the shared links
-        with tempfile.TemporaryFile() as lock:
-            for worker in self.workers:
-                peers = [(w.index, w.bus_id) for w in self.workers if w.index > worker.index]
-                pid = os.fork()
-                if pid == 0:  # child
-                    os.close(read_fd)
-                    code = 0
-                    try:
-                        out = os.fdopen(write_fd, "w", buffering=1)
-                        _child_main(out, self._progress, worker, peers, opts, lock.fileno())
-                    except BaseException:
-                        code = 1
-                    finally:
-                        os._exit(code)
-                worker.pid = pid
-        os.close(write_fd)
-        self._read_fd = read_fd
+            self._read_fd = -1
+            os.close(early.read_fd)
 
     def finish(self, snapshot: Snapshot) -> None:
         messages: list[dict[str, Any]] = []
@@ -193,6 +202,8 @@ class ActiveProbe:
         hung = {} if finished else {w.index: self._where(w) for w in self.workers
                                     if w.index not in ended}
         endings = {w.index: _ending(w.pid, finished) for w in self.workers}
+        for pid in self._stopped:  # told to stop: gone by now, unless cuInit hangs
+            _ending(pid, finished=False)
         elapsed = time.monotonic() - self.started
         ran = [w.index for w in self.workers]
         assemble(snapshot, self.opts, self.skipped, ran, messages, hung, endings, elapsed)
@@ -205,6 +216,127 @@ class ActiveProbe:
     def _where(self, worker: _Worker) -> str:
         slot = self._progress.buf[worker.slot * 128:(worker.slot + 1) * 128]
         return bytes(slot).split(b"\0", 1)[0].decode(errors="replace")
+
+
+def _import_worker_modules() -> None:
+    """What the workers import, imported before the fork: in the daemon another thread
+    may hold the import lock at the fork, and a child would wait on it forever."""
+    import array  # noqa: F401
+    import ctypes  # noqa: F401
+    import fcntl  # noqa: F401
+    import struct  # noqa: F401
+
+    from gpuguard.sources import cuda_api  # noqa: F401
+
+
+@dataclass
+class _Waiting:
+    """A worker forked early, waiting to be told which GPU it probes."""
+
+    slot: int
+    pid: int
+    go_fd: int
+
+    def go(self, message: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):  # a worker that died: its ending says so
+            os.write(self.go_fd, (json.dumps(message) + "\n").encode())
+        os.close(self.go_fd)
+
+
+class EarlyStart:
+    """Workers forked while `check`'s NVML sweep runs, one per GPU the driver lists under
+    <procfs>/driver/nvidia/gpus/ (named by bus id): each loads libcuda and runs cuInit,
+    240-500 ms on an H200 host that touches no GPU memory and creates no context, then
+    waits to be told which GPU to probe, or to stop (a GPU the sweep finds busy is never
+    touched beyond cuInit). A GPU the folder does not list gets a worker forked later, as
+    without an early start; `EarlyStart(None)` starts none."""
+
+    def __init__(self, procfs: Path | None) -> None:
+        self.progress = Progress()
+        # lockf: the workers' turnstile; closed once every worker is forked
+        self.lock = tempfile.TemporaryFile()  # noqa: SIM115
+        self.read_fd, self.write_fd = os.pipe()
+        self.waiting: dict[str, _Waiting] = {}
+        names: list[str] = []
+        if procfs is not None:
+            with contextlib.suppress(OSError):
+                names = sorted(os.listdir(procfs / "driver" / "nvidia" / "gpus"))[:MAX_EARLY]
+        if names:
+            _import_worker_modules()
+        for name in names:
+            try:
+                bus_id = normalise_pci(name)
+            except (IndexError, ValueError):
+                continue
+            slot = len(self.waiting)
+            go_read, go_write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # child
+                code = 0
+                try:
+                    os.close(self.read_fd)
+                    os.close(go_write)
+                    self.close_go_ends()
+                    _early_child(self.write_fd, go_read, self.progress, slot, name,
+                                 self.lock.fileno())
+                except BaseException:
+                    code = 1
+                finally:
+                    os._exit(code)
+            os.close(go_read)
+            self.waiting[bus_id] = _Waiting(slot, pid, go_write)
+
+    def take(self, bus_id: str) -> _Waiting | None:
+        try:
+            return self.waiting.pop(normalise_pci(bus_id), None)
+        except (IndexError, ValueError):
+            return None
+
+    def close_go_ends(self) -> None:
+        """In a child: the other workers' go pipes are not its to hold open."""
+        for waiting in self.waiting.values():
+            with contextlib.suppress(OSError):
+                os.close(waiting.go_fd)
+
+    def stop_rest(self) -> list[int]:
+        """Tell the workers no GPU needs to stop (their go pipe closes); their pids."""
+        pids = []
+        for waiting in self.waiting.values():
+            os.close(waiting.go_fd)
+            pids.append(waiting.pid)
+        self.waiting.clear()
+        return pids
+
+    def abandon(self) -> None:
+        """`check` gave up before the sweep was in: stop every worker, reap what has gone."""
+        for pid in self.stop_rest():
+            _ending(pid, finished=False)
+        for fd in (self.read_fd, self.write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.lock.close()
+
+
+def _early_child(write_fd: int, go_fd: int, progress: Progress, slot: int, name: str,
+                 lock_fd: int) -> None:
+    from gpuguard.sources import cuda_api
+
+    progress.set(slot, f"GPU at {name} phase init: cuInit (started before the NVML sweep)")
+    began = time.perf_counter()
+    # An error is not reported here: the run calls cuInit again, which returns it again.
+    with contextlib.suppress(Exception):
+        cuda_api.Driver(lambda call: None).call("cuInit", 0)
+    init_ms = (time.perf_counter() - began) * 1e3
+    with os.fdopen(go_fd, "rb") as go:
+        line = go.readline(1 << 16)
+    if not line:
+        return  # told to stop: no context was created, nothing to release
+    message = json.loads(line)
+    worker = _Worker(slot, int(message["index"]), name)
+    peers = [(int(index), str(bus)) for index, bus in message["peers"]]
+    out = os.fdopen(write_fd, "w", buffering=1)
+    _child_main(out, progress, worker, peers, ProbeOptions(**message["opts"]), lock_fd,
+                carried_ms={"init": init_ms})
 
 
 def _ending(pid: int, finished: bool) -> str | None:
@@ -351,7 +483,8 @@ def _peer_readings(snapshot: Snapshot, ran: list[int], pairs: dict[tuple[int, in
 
 
 def _child_main(out: Any, progress: Progress, worker: _Worker, peers: list[tuple[int, str]],
-                opts: ProbeOptions, lock_fd: int) -> None:
+                opts: ProbeOptions, lock_fd: int,
+                carried_ms: dict[str, float] | None = None) -> None:
     state = {"phase": "start"}
 
     def emit(msg: dict[str, Any]) -> None:
@@ -367,7 +500,9 @@ def _child_main(out: Any, progress: Progress, worker: _Worker, peers: list[tuple
         emit({"t": "start", "phase": name})
         began = time.perf_counter()
         yield
-        emit({"t": "phase", "phase": name, "ms": round((time.perf_counter() - began) * 1e3, 2)})
+        # an early worker's cuInit ran before it knew its GPU: counted in its init phase
+        ms = (time.perf_counter() - began) * 1e3 + (carried_ms or {}).get(name, 0.0)
+        emit({"t": "phase", "phase": name, "ms": round(ms, 2)})
 
     from gpuguard.sources import cuda_api
 
@@ -534,7 +669,8 @@ class _Run:
                 block = struct.pack("<I", value) * (min(slice_bytes, CHECK_CHUNK) // 4)
                 for offset in range(0, slice_bytes, len(block)):
                     length = min(len(block), slice_bytes - offset)
-                    got = c.string_at(self.host.value + k * slice_bytes + offset, length)
+                    got = c.string_at(int(self.host.value or 0) + k * slice_bytes + offset,
+                                      length)
                     if got != block[:length]:
                         mismatches += _word_mismatches(got, block[:length])
         return {"error": None, "mismatches": mismatches, "bytes": size * 2}

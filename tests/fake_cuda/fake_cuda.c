@@ -21,6 +21,8 @@
  *                                  stuck bit
  *   FAKE_CUDA_SLOW=h2d|d2h|d2d|peer:US  this kind of copy sleeps US microseconds per MiB
  *   FAKE_CUDA_NO_PEER=1            cuDeviceCanAccessPeer answers 0
+ *   FAKE_CUDA_INIT_REMOVES=path    cuInit deletes this file (a test tells by it when cuInit
+ *                                  ran: the fake NVML can wait on it, FAKE_NVML_HANG_FILE)
  *   FAKE_CUDA_LOG=path             append "take KIND" / "give KIND" for every allocation,
  *                                  context and event, so a test can see all were released
  */
@@ -74,6 +76,8 @@ static void slow(const char *kind, size_t bytes) {
 CUresult cuInit(unsigned int flags) {
     (void)flags;
     faults("cuInit");
+    const char *removes = getenv("FAKE_CUDA_INIT_REMOVES");
+    if (removes && *removes) unlink(removes);
     return env_int("FAKE_CUDA_INIT_ERROR", 0);
 }
 

@@ -178,3 +178,90 @@ def test_a_saved_snapshot_replays_the_probe_and_a_bad_value_is_unknown(h200, tmp
                     "--only", "memory.bandwidth", "--only", "gpu.compute")
     statuses = {r["rule"]: r["status"] for r in json.loads(proc.stdout)["results"]}
     assert statuses == {"memory.bandwidth": "unknown", "gpu.compute": "unknown"}
+
+
+# --- workers started beside the NVML sweep (EarlyStart) -----------------------------
+
+
+def _procfs_listing(tmp_path: Path, *bus_ids: str) -> Path:
+    """A /proc holding only driver/nvidia/gpus/<bus id>/, as the driver lists its GPUs."""
+    procfs = tmp_path / "proc"
+    for bus_id in bus_ids:
+        (procfs / "driver" / "nvidia" / "gpus" / bus_id).mkdir(parents=True)
+    return procfs
+
+
+def _left_behind(marker: str) -> list[int]:
+    """Processes still running whose environment carries this test's marker."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "environ").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_workers_run_cuinit_while_the_nvml_sweep_runs(probe, tmp_path):
+    """The fake NVML's sweep waits until the gate file is gone; only the fake cuInit
+    removes it. Started after the sweep (as before the early start), the probe would
+    leave the sweep waiting until its timeout and the check would read no GPU."""
+    gate = tmp_path / "gate"
+    gate.touch()
+    marker = f"GPUGUARD_TEST_MARK={tmp_path.name}"
+    # 0000:99:00.0: a GPU the folder lists that the sweep does not: its worker is stopped
+    procfs = _procfs_listing(tmp_path, "0000:10:00.0", "0000:11:00.0", "0000:99:00.0")
+    log = tmp_path / "cuda.log"
+    code, results = probe("--active", *SMALL, "--path.procfs", str(procfs),
+                          "--timeout", "20", fake_nvml_hang="nvmlDeviceGetUUID",
+                          fake_nvml_hang_file=str(gate), fake_cuda_init_removes=str(gate),
+                          fake_cuda_log=str(log), gpuguard_test_mark=marker)
+    assert code == 0, results
+    assert {(r["rule"], r["status"]) for r in results.values()} == \
+        {(rule, "ok") for rule in PROBE_RULES}
+    assert results[("gpu.compute", 0)]["observed"]["phases_ms"]["init"] > 0
+    lines = log.read_text().split("\n")
+    # each GPU's own context, and GPU 0's hold on GPU 1's for the peer copies
+    assert lines.count("take context") == lines.count("give context") == 3
+    assert _left_behind(marker) == []
+
+
+def test_an_early_worker_of_a_busy_gpu_stops_before_any_context(probe, tmp_path):
+    marker = f"GPUGUARD_TEST_MARK={tmp_path.name}"
+    procfs = _procfs_listing(tmp_path, "0000:10:00.0", "0000:11:00.0")
+    log = tmp_path / "cuda.log"
+    _, results = probe("--active", *SMALL, "--path.procfs", str(procfs),
+                          fake_nvml_util=50, fake_cuda_log=str(log), gpuguard_test_mark=marker)
+    assert {r["status"] for r in results.values()} == {"skipped"}
+    assert not log.exists() or "take" not in log.read_text()  # cuInit only
+    assert _left_behind(marker) == []
+
+
+def test_an_early_cuinit_that_hangs_is_unknown_and_killed(probe, tmp_path):
+    marker = f"GPUGUARD_TEST_MARK={tmp_path.name}"
+    procfs = _procfs_listing(tmp_path, "0000:10:00.0", "0000:11:00.0")
+    began = time.monotonic()
+    code, results = probe("--active", *SMALL, "--path.procfs", str(procfs),
+                          "--active-deadline", "2", fake_cuda_hang="cuInit",
+                          gpuguard_test_mark=marker)
+    assert time.monotonic() - began < 30  # does not hang
+    assert code == 3
+    hung = results[("gpu.compute", 1)]
+    assert hung["status"] == "unknown" and "cuInit" in hung["message"], hung
+    assert _left_behind(marker) == []
+
+
+def test_a_check_that_gives_up_early_leaves_no_worker(fake_nvml, fake_cuda, tmp_path):
+    marker = f"GPUGUARD_TEST_MARK={tmp_path.name}"
+    procfs = _procfs_listing(tmp_path, "0000:10:00.0")
+    env = {"LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}", "GPUGUARD_TEST_MARK": marker,
+           "FAKE_CUDA_HANG": "cuInit"}
+    proc = gpuguard("check", "--active", "--path.procfs", str(procfs), "--only", "no.such",
+                    env=env)
+    assert proc.returncode == 3 and "no.such" in proc.stderr
+    deadline = time.monotonic() + 5
+    while _left_behind(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _left_behind(marker) == []
