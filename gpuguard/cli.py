@@ -100,12 +100,15 @@ def main() -> None:
 @click.option("--xid-window", metavar="SPAN",
               help="Count Xids of the last SPAN (90s, 15m, 2h, 1d) or `boot` "
                    "[default: the profile's xid_window, else boot].")
+@click.option("--record", is_flag=True,
+              help="Write this run's rule transitions and Xids to the event store in "
+                   "--state-dir (docs/events.md); history escalates the suggested actions.")
 @_rule_options
 @_host_source_options
 @_path_options
 def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str, ...],
           input_path: Path | None, timeout: float, quiet: bool, fail_on: str,
-          xid_window: str | None,
+          xid_window: str | None, record: bool,
           profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
           state_dir: Path, docker: bool | None, probe_image: str | None, path_sysfs: Path,
           path_procfs: Path, path_rootfs: Path) -> None:
@@ -133,7 +136,12 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     waiting = time.monotonic()
     snapshot = collection.result()
     gathered = time.monotonic()
-    verdict = Verdict(evaluate(snapshot, ruleset, profile, only, skip), fail_on)
+    results = evaluate(snapshot, ruleset, profile, only, skip)
+    if record or (input_path is None and (state_dir / "events.db").is_file()):
+        from gpuguard.history_cli import with_history
+
+        results = with_history(results, snapshot, ruleset, state_dir, paths.procfs, record)
+    verdict = Verdict(results, fail_on)
     if fmt == "table" and quiet and verdict.nagios_code == 0:
         text = ""
     else:
@@ -197,6 +205,63 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
     except OSError as exc:
         raise ConfigProblem(f"cannot write {state_dir}: {exc.strerror or exc}") from exc
     click.echo(f"acknowledged {len(seqs)} Xid line(s) up to kmsg sequence {max(seqs)}")
+    from gpuguard.history_cli import record_xid_ack
+
+    record_xid_ack(state_dir, path_procfs, max(seqs), len(seqs))
+
+
+@main.command("events")
+@click.option("--since", default="24h", show_default=True, metavar="SPAN",
+              help="Events of the last SPAN (90s, 15m, 24h, 30d).")
+@click.option("--gpu", metavar="N|UUID|SERIAL", help="Only this GPU (by index, UUID or serial).")
+@click.option("--rule", "rule_id", metavar="ID", help="Only this rule (xid.recent for Xids).")
+@click.option("--kind", "kinds", multiple=True,
+              type=click.Choice(["rule", "xid", "supervisor", "ack", "probe"]),
+              help="Only these kinds (repeatable).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)
+@click.option("--limit", type=click.IntRange(min=1, max=100_000), default=200,
+              show_default=True, help="At most this many, newest first.")
+@click.option("--state-dir", type=click.Path(path_type=Path), default="/var/lib/gpuguard",
+              show_default=True)
+def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[str, ...],
+               fmt: str, limit: int, state_dir: Path) -> None:
+    """What happened: rule transitions, Xids, failovers, acks (any user may read)."""
+    from gpuguard.history_cli import CannotRead, list_events
+
+    try:
+        click.echo(list_events(state_dir, _span_option(since, "--since"), gpu, rule_id,
+                               kinds, fmt, limit), nl=False)
+    except CannotRead as exc:
+        raise ConfigProblem(str(exc)) from exc
+
+
+@main.command("ack")
+@click.argument("rule_id", metavar="RULE")
+@click.option("--gpu", metavar="N|UUID|SERIAL", help="The GPU (default: the host rule, or "
+              "every GPU of a GPU rule).")
+@click.option("--reason", required=True, help="Why, for `gpuguard events`.")
+@click.option("--for", "duration", default="24h", show_default=True, metavar="SPAN",
+              help="How long the ack holds at most (it ends earlier when the finding "
+                   "changes).")
+@click.option("--state-dir", type=click.Path(path_type=Path), default="/var/lib/gpuguard",
+              show_default=True)
+@click.option("--path.procfs", "path_procfs", default="/proc", type=click.Path(path_type=Path))
+@_rule_options
+def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Path,
+        path_procfs: Path, profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
+    """Acknowledge RULE's finding: its suggested action becomes none (its status stays)
+    until the finding changes or the time is up; recorded in the event store."""
+    from gpuguard.history_cli import CannotRead, record_ack
+
+    _, ruleset = _load_config(profile_path, rules_dirs)
+    if rule_id not in ruleset.rules:
+        raise ConfigProblem(f"no rule {rule_id!r}; see `gpuguard rules list`")
+    seconds = _span_option(duration, "--for")
+    try:
+        click.echo(record_ack(state_dir, path_procfs, rule_id, gpu, reason, seconds))
+    except CannotRead as exc:
+        raise ConfigProblem(str(exc)) from exc
 
 
 @main.command()
@@ -414,6 +479,19 @@ def _given_options() -> set[str]:
     ctx = click.get_current_context()
     return {name for name in ctx.params
             if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
+
+
+def _span_option(text: str, option: str) -> float:
+    from gpuguard.profile import parse_window
+
+    try:
+        seconds = parse_window(text)
+    except ValueError:
+        seconds = None
+    if seconds is None:
+        raise click.BadParameter(f"a span such as 90s, 15m, 24h, 30d, not {text!r}",
+                                 param_hint=option)
+    return seconds
 
 
 def _window(text: str) -> float | None:
