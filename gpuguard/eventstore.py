@@ -24,7 +24,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,8 +124,10 @@ class EventWriter:
 
     def __init__(self, path: Path, boot_id: str | None = None,
                  max_age_s: float = DEFAULT_MAX_AGE_S, max_bytes: int = DEFAULT_MAX_BYTES,
-                 queue_max: int = QUEUE_MAX) -> None:
+                 queue_max: int = QUEUE_MAX,
+                 clock: Callable[[], float] = time.time) -> None:
         self.path = path
+        self.clock = clock  # what the age bound counts from (a simulation's own clock)
         self.boot_id = boot_id
         self.max_age_s = max_age_s
         self.max_bytes = max_bytes
@@ -250,7 +252,7 @@ class EventWriter:
         if self._conn is None:
             return
         try:
-            now = time.time()
+            now = self.clock()
             if now - self._last_age_prune >= AGE_PRUNE_EVERY_S:
                 with self._conn:
                     self._conn.execute("DELETE FROM events WHERE time < ?",
