@@ -285,6 +285,9 @@ def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Pa
                    "[default: /etc/gpuguard/gpuguard.yaml if present].")
 @click.option("--dry-run", is_flag=True,
               help="Supervisor: log the transitions it would make, change nothing.")
+@click.option("--event-store/--no-event-store", default=True, show_default=True,
+              help="Record rule transitions, Xids and failovers in STATE_DIR/events.db "
+                   "(docs/events.md); history escalates the suggested actions.")
 @click.option("--events-file", type=click.Path(path_type=Path),
               help="Also read udev-style events as JSON lines appended to this file "
                    "({\"action\": \"remove\", \"properties\": {...}}): a replay of a udev log.")
@@ -293,7 +296,7 @@ def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Pa
 @_path_options
 def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: float,
            input_path: Path | None, log_format: str, udev: bool, config_path: Path | None,
-           dry_run: bool, events_file: Path | None,
+           dry_run: bool, event_store: bool, events_file: Path | None,
            profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
            state_dir: Path, docker: bool | None, probe_image: str | None, path_sysfs: Path,
            path_procfs: Path, path_rootfs: Path) -> None:
@@ -315,7 +318,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
         host=_host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
                            docker, "on", profile_path),
         profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
-        log_format=log_format, dry_run=dry_run,
+        log_format=log_format, dry_run=dry_run, event_store=event_store,
         config_path=or_default(config_path, DEFAULT_CONFIG))
     sys.exit(Daemon(cfg).run())
 

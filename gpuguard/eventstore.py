@@ -303,9 +303,12 @@ class EventWriter:
             return {}
 
 
+_REASONS = {13: "disk_full", 8: "read_only", 10: "io_error", 14: "cannot_open"}
+DROP_REASONS = (*_REASONS.values(), "write_error", "os_error", "queue_full")
+
+
 def _reason(code: int) -> str:
-    return {13: "disk_full", 8: "read_only", 10: "io_error", 14: "cannot_open"}.get(
-        code, "write_error")
+    return _REASONS.get(code, "write_error")
 
 
 def _prepare(conn: sqlite3.Connection) -> None:
