@@ -341,6 +341,10 @@ def failover_status(state_dir: Path) -> None:
         raise ConfigProblem(str(exc)) from exc
     for line in lines:
         click.echo(line)
+    from gpuguard.history_cli import last_transitions
+
+    for line in last_transitions(state_dir):
+        click.echo(line)
     if unreadable:
         raise ConfigProblem(f"{unreadable} state file(s) in {state_dir} could not be read")
 

@@ -416,9 +416,9 @@ def query(conn: sqlite3.Connection, since: float | None = None, kinds: Iterable[
         where.append("rule = ?")
         args.append(rule)
     if gpu is not None:
-        if gpu.isdigit():
-            where.append("gpu_index = ?")
-            args.append(int(gpu))
+        if gpu.isdigit():  # an index, or a serial (all digits on NVIDIA boards)
+            where.append("(gpu_index = ? OR gpu_serial = ?)")
+            args.extend([int(gpu), gpu])
         else:
             where.append("(gpu_uuid = ? OR gpu_serial = ?)")
             args.extend([gpu, gpu])

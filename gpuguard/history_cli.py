@@ -225,3 +225,31 @@ def _user() -> str:
         return pwd.getpwuid(os.getuid()).pw_name
     except KeyError:
         return str(os.getuid())
+
+
+def last_transitions(state_dir: Path, limit: int = 10) -> list[str]:
+    """`failover status`'s tail: the last failovers and rule transitions from the store
+    (nothing when there is no store; one line saying so when it cannot be read)."""
+    path = eventstore.path_in(state_dir)
+    if not path.is_file():
+        return []
+    try:
+        conn = eventstore.open_reader(path)
+        try:
+            found = list(eventstore.query(conn, kinds=("supervisor", "rule"), limit=limit))
+        finally:
+            conn.close()
+    except (StoreUnreadable, sqlite3.Error) as exc:
+        return [f"(event store not readable: {exc})"]
+    if not found:
+        return []
+    lines = ["", f"last {len(found)} transition(s) (gpuguard events for more):"]
+    for e in found:
+        if e.kind == "supervisor":
+            what = f"{e.rule}: {e.status} (action {e.action or 'none'}): {e.message[:120]}"
+        else:
+            gpu = "" if e.gpu_index is None else f" GPU {e.gpu_index}"
+            what = (f"{e.rule}{gpu}: {e.old_status or 'new'} -> {e.status} "
+                    f"(action {e.action or 'none'})")
+        lines.append(f"  {_when(e.time)}  {what}")
+    return lines
