@@ -246,3 +246,35 @@ def test_a_read_only_store_drops_events_counted(small_mount):
     writer.close()
     # a reader still reads it (any user, a read-only folder)
     assert rows(path) == 1
+
+
+def test_a_cycle_never_waits_for_a_slow_disk(tmp_path, default_rules):
+    """The recorder's thread does the disk work; a cycle hands its results over in memory.
+    Here every flush takes 3 s (a slow disk): a cycle still returns at once."""
+    import threading
+
+    from gpuguard.daemon.recorder import EventRecorder
+    from gpuguard.results import GpuRef, Result, Status
+
+    recorder = EventRecorder(tmp_path / "events.db", "b1", flush_every_s=0.05)
+    slow = threading.Event()
+
+    def slow_disk() -> None:
+        slow.set()
+        time.sleep(3)
+
+    recorder.before_flush = slow_disk
+    recorder.start()
+    try:
+        gpu = GpuRef(0, "GPU-0", "00000000:18:00.0")
+        bad = [Result("recovery.action", Status.CRITICAL, Status.CRITICAL, "m", gpu,
+                      action="reset_gpu")]
+        recorder.on_cycle(bad, {}, default_rules)
+        assert slow.wait(5)  # the thread is inside its slow flush now
+        started = time.monotonic()
+        for _ in range(20):
+            recorder.on_cycle(bad, {}, default_rules)
+        assert time.monotonic() - started < 1.0  # 20 cycles, none waiting 3 s
+    finally:
+        recorder.stop(wait_s=10)
+    assert rows(tmp_path / "events.db") == 1  # one transition, written in the end
