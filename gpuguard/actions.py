@@ -116,7 +116,8 @@ def suggest(rule: Rule, status: Status, observed: dict[str, Any],
     if status not in FAILING:
         return Action.NONE, None
     if rule.action is not None:
-        return Action(rule.action), f"the rule's action ({rule.action_origin or rule.origin})"
+        where = (rule.action_origin or rule.origin).rsplit("/", 1)[-1]
+        return Action(rule.action), f"the rule's action: key, {where}"
     if rule.id in ("xid.recent", "sxid.recent"):
         found = _from_events(rule.id, observed, ruleset)
         if found is not None:
