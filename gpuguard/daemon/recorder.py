@@ -132,26 +132,29 @@ class EventRecorder:
 
     def _history(self, results: list[Result], known: dict[int, Board], ruleset: RuleSet,
                  when: float) -> list[Result]:
-        if not any(r.status in FAILING for r in results):
-            with self._lock:
-                self._overlay = {}
-            return results
-        try:
-            conn = eventstore.open_reader(self.writer.path)
-        except StoreUnreadable:
-            return results
-        try:
-            applied = apply_history(results, conn, self.boot_id, ruleset, known, when)
-        finally:
-            conn.close()
-        overlay = {}
-        for before, after in zip(results, applied, strict=True):
-            if (after.action, after.action_reason) != (before.action, before.action_reason):
+        applied = results
+        if any(r.status in FAILING for r in results):
+            try:
+                conn = eventstore.open_reader(self.writer.path)
+            except StoreUnreadable:
+                conn = None
+            if conn is not None:
+                try:
+                    applied = apply_history(results, conn, self.boot_id, ruleset, known, when)
+                finally:
+                    conn.close()
+        # this cycle's results only: the other cadence's verdicts stay as they were
+        with self._lock:
+            overlay = dict(self._overlay)
+            for before, after in zip(results, applied, strict=True):
+                key = _key(after)
+                if (after.action, after.action_reason) == (before.action, before.action_reason):
+                    overlay.pop(key, None)
+                    continue
                 extra = {k: v for k, v in after.observed.items()
                          if before.observed.get(k) != v}
-                overlay[_key(after)] = Verdict(after.status.value, after.action,
-                                               after.action_reason, extra)
-        with self._lock:
+                overlay[key] = Verdict(after.status.value, after.action, after.action_reason,
+                                       extra)
             self._overlay = overlay
         return applied
 

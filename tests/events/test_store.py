@@ -278,3 +278,29 @@ def test_a_cycle_never_waits_for_a_slow_disk(tmp_path, default_rules):
     finally:
         recorder.stop(wait_s=10)
     assert rows(tmp_path / "events.db") == 1  # one transition, written in the end
+
+
+def test_history_verdicts_of_one_cadence_survive_the_other_cadence(tmp_path, default_rules):
+    """The daemon's fast and slow cycles judge different rules: an ack worked out for a
+    fast rule holds while a slow cycle (nothing failing) is recorded in between."""
+    from gpuguard.daemon.recorder import EventRecorder
+    from gpuguard.results import GpuRef, Result, Status
+
+    gpu = GpuRef(0, "GPU-0", "00000000:18:00.0")
+    bad = [Result("recovery.action", Status.CRITICAL, Status.CRITICAL, "m", gpu,
+                  action="reset_gpu")]
+    slow = [Result("vbios.consistent", Status.OK, Status.CRITICAL, "fine")]
+    writer = EventWriter(tmp_path / "events.db", boot_id="b1")
+    writer.record(Event(kind="ack", source="cli", rule="recovery.action", gpu_index=0,
+                        gpu_uuid="GPU-0", status="critical",
+                        data={"reason": "RMA", "until": time.time() + 3600}))
+    writer.flush()
+    writer.close()
+    recorder = EventRecorder(tmp_path / "events.db", "b1")
+    recorder.on_cycle(bad, {}, default_rules)
+    recorder.work()
+    recorder.on_cycle(slow, {}, default_rules)
+    recorder.work()
+    [applied] = recorder.on_cycle(bad, {}, default_rules)
+    assert applied.action == "none" and "RMA" in (applied.action_reason or "")
+    recorder.writer.close()
