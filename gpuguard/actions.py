@@ -88,6 +88,10 @@ FAMILY_DEFAULT: dict[str, tuple[Action, Action]] = {
     "fabric": (Action.REBOOT, Action.NONE),
     "p2p": (Action.RESET_GPU, Action.NONE),
     "mig": (Action.RESET_GPU, Action.NONE),
+    # where no event or field names one (an Xid the catalog does not know, a new field)
+    "recovery": (Action.RESET_GPU, Action.NONE),
+    "xid": (Action.RESET_GPU, Action.NONE),
+    "sxid": (Action.REBOOT, Action.NONE),
 }
 
 

@@ -124,3 +124,11 @@ def test_json_and_table_carry_the_action(tmp_path):
     readme = (FIXTURES.parent.parent / "README.md").read_text()
     plain = gpuguard("check", "--input", snap).stdout
     assert plain.strip() in readme
+
+
+def test_rules_explain_says_what_to_do():
+    out = gpuguard("rules", "explain", "memory.orphaned")
+    assert "action:      critical restart_app (the rule's action: key, memory.yaml:" in out.stdout
+    out = gpuguard("rules", "explain", "recovery.action")
+    assert "action:      the driver's recovery action field, else critical reset_gpu" \
+        in out.stdout
