@@ -102,3 +102,13 @@ def _gpu_columns(board: Board | None) -> dict[str, Any]:
         return {}
     return {"gpu_index": board.index, "gpu_uuid": board.uuid, "gpu_serial": board.serial,
             "gpu_bus_id": board.bus_id}
+
+
+def probe_event(rule: str, status: str, board: Board | None, message: str = "",
+                action: str | None = None, data: dict[str, Any] | None = None,
+                source: str = "probe", when: float | None = None) -> Event:
+    """One active-probe result (issue 12) as an event, kind `probe`: hand it to
+    `EventWriter.record` (a command) or `EventRecorder.record` (the daemon)."""
+    return Event(kind="probe", source=source, time=time.time() if when is None else when,
+                 rule=rule, status=status, action=action, message=message,
+                 data=data or {}, **_gpu_columns(board))

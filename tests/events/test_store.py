@@ -304,3 +304,18 @@ def test_history_verdicts_of_one_cadence_survive_the_other_cadence(tmp_path, def
     [applied] = recorder.on_cycle(bad, {}, default_rules)
     assert applied.action == "none" and "RMA" in (applied.action_reason or "")
     recorder.writer.close()
+
+
+def test_a_probe_result_is_recorded_with_its_board(tmp_path):
+    from gpuguard.recording import Board, probe_event
+
+    writer = EventWriter(tmp_path / "events.db", boot_id="b1")
+    writer.record(probe_event("gpu.compute", "critical", Board(2, "GPU-2", "S2", "0:2"),
+                              "matmul mismatch", "reset_gpu", {"gflops": 1.5}))
+    assert writer.flush() == 1
+    writer.close()
+    conn = eventstore.open_reader(tmp_path / "events.db")
+    [event] = list(eventstore.query(conn, kinds=["probe"], gpu="S2"))
+    conn.close()
+    assert (event.rule, event.status, event.gpu_index, event.data) == \
+        ("gpu.compute", "critical", 2, {"gflops": 1.5})
