@@ -241,13 +241,18 @@ class EventWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
                                isolation_level="DEFERRED", check_same_thread=False)
+        # Any user may read (`gpuguard events`), whatever the umask (the unit's is 0077):
+        # SQLite gives the -wal and -shm files the main file's mode, so it goes first.
+        with contextlib.suppress(OSError):
+            os.chmod(self.path, 0o644)
         try:
             _prepare(conn, self.integrity_check)
         except sqlite3.Error:
             conn.close()
             raise
-        with contextlib.suppress(OSError):
-            os.chmod(self.path, 0o644)  # any user may read (`gpuguard events`)
+        for suffix in ("-wal", "-shm"):
+            with contextlib.suppress(OSError):
+                os.chmod(f"{self.path}{suffix}", 0o644)
         self._conn = conn
         return conn
 

@@ -319,3 +319,17 @@ def test_a_probe_result_is_recorded_with_its_board(tmp_path):
     conn.close()
     assert (event.rule, event.status, event.gpu_index, event.data) == \
         ("gpu.compute", "critical", 2, {"gflops": 1.5})
+
+
+def test_any_user_may_read_the_store_whatever_the_umask(tmp_path):
+    """The unit runs with UMask=0077: the store and its -wal/-shm are still 0644."""
+    old = os.umask(0o077)
+    try:
+        writer = EventWriter(tmp_path / "events.db")
+        writer.record(flap(0, time.time()))
+        writer.flush()
+        modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+        writer.close()
+    finally:
+        os.umask(old)
+    assert modes == {"events.db": 0o644, "events.db-wal": 0o644, "events.db-shm": 0o644}
