@@ -238,8 +238,8 @@ def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[st
 
 @main.command("ack")
 @click.argument("rule_id", metavar="RULE")
-@click.option("--gpu", metavar="N|UUID|SERIAL", help="The GPU (default: the host rule, or "
-              "every GPU of a GPU rule).")
+@click.option("--gpu", metavar="N|UUID|SERIAL",
+              help="The GPU (required for a GPU rule: an ack names one board).")
 @click.option("--reason", required=True, help="Why, for `gpuguard events`.")
 @click.option("--for", "duration", default="24h", show_default=True, metavar="SPAN",
               help="How long the ack holds at most (it ends earlier when the finding "
@@ -257,6 +257,12 @@ def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Pa
     _, ruleset = _load_config(profile_path, rules_dirs)
     if rule_id not in ruleset.rules:
         raise ConfigProblem(f"no rule {rule_id!r}; see `gpuguard rules list`")
+    scope = ruleset.rules[rule_id].scope
+    if scope == "gpu" and gpu is None:
+        raise ConfigProblem(f"{rule_id} is a GPU rule: name the GPU with --gpu (an ack "
+                            "covers one board's finding)")
+    if scope == "host" and gpu is not None:
+        raise ConfigProblem(f"{rule_id} is a host rule: it takes no --gpu")
     seconds = _span_option(duration, "--for")
     try:
         click.echo(record_ack(state_dir, path_procfs, rule_id, gpu, reason, seconds))

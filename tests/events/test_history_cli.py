@@ -165,6 +165,12 @@ def test_events_filters_and_refuses_bad_input(tmp_path):
         assert out.returncode == 3, out.stdout + out.stderr
     out = gpuguard("ack", "no.such", "--reason", "r", "--state-dir", str(state))
     assert out.returncode == 3 and "no rule 'no.such'" in out.stderr
+    # an ack names one board's finding: a GPU rule needs --gpu, a host rule takes none
+    out = gpuguard("ack", "recovery.action", "--reason", "r", "--state-dir", str(state))
+    assert out.returncode == 3 and "name the GPU with --gpu" in out.stderr
+    out = gpuguard("ack", "xid.recent", "--gpu", "0", "--reason", "r", "--state-dir", str(state))
+    assert out.returncode == 3 and "takes no --gpu" in out.stderr
+    assert events(state, "--kind", "ack") == []  # bad input changes nothing
 
 
 def test_a_kernel_log_ack_clears_on_a_new_boot(tmp_path):
