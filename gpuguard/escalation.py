@@ -148,10 +148,15 @@ def _active_acks(conn: sqlite3.Connection, now: float) -> dict[tuple[str, str], 
         until = float(info.get("until") or 0)
         if until <= now or rule is None:
             continue
-        changed = conn.execute(
-            "SELECT 1 FROM events WHERE rule = ? AND kind = 'rule' AND id > ? AND "
-            "coalesce(gpu_uuid, '') = coalesce(?, '') LIMIT 1",
-            (rule, ack_id, uuid)).fetchone()
+        if uuid is None and index is not None:  # an ack by index: that slot's changes
+            changed = conn.execute(
+                "SELECT 1 FROM events WHERE rule = ? AND kind = 'rule' AND id > ? AND "
+                "gpu_index = ? LIMIT 1", (rule, ack_id, index)).fetchone()
+        else:
+            changed = conn.execute(
+                "SELECT 1 FROM events WHERE rule = ? AND kind = 'rule' AND id > ? AND "
+                "coalesce(gpu_uuid, '') = coalesce(?, '') LIMIT 1",
+                (rule, ack_id, uuid)).fetchone()
         if changed is not None:
             continue
         out[transition_key(rule, uuid, index)] = Ack(ack_id, when, until, status,

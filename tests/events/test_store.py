@@ -333,3 +333,31 @@ def test_any_user_may_read_the_store_whatever_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert modes == {"events.db": 0o644, "events.db-wal": 0o644, "events.db-shm": 0o644}
+
+
+def test_an_ack_by_index_ends_when_that_slot_changes(tmp_path, default_rules):
+    from gpuguard.escalation import apply_history
+    from gpuguard.results import GpuRef, Result, Status
+
+    path = tmp_path / "events.db"
+    writer = EventWriter(path, boot_id="b1")
+    # an ack given before the store knew the board's UUID
+    writer.record(Event(kind="ack", source="cli", rule="recovery.action", gpu_index=0,
+                        status="critical", data={"reason": "r", "until": time.time() + 3600}))
+    writer.flush()
+    bad = [Result("recovery.action", Status.CRITICAL, Status.CRITICAL, "m",
+                  GpuRef(0, "GPU-0", "00000000:18:00.0"), action="reset_gpu")]
+
+    def action() -> str:
+        conn = eventstore.open_reader(path)
+        try:
+            return apply_history(bad, conn, "b1", default_rules, {})[0].action
+        finally:
+            conn.close()
+
+    assert action() == "none"
+    writer.record(Event(kind="rule", source="daemon", rule="recovery.action", gpu_index=0,
+                        gpu_uuid="GPU-0", old_status="critical", status="ok"))
+    writer.flush()
+    writer.close()
+    assert action() == "reset_gpu"  # the finding changed after the ack: it holds no more
