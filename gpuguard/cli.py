@@ -117,13 +117,16 @@ def main() -> None:
 @click.option("--active-pattern-mib", type=click.IntRange(min=1, max=16384), metavar="MIB",
               help="Device memory memory.pattern writes and reads back [default: profile, "
                    "else 64].")
+@click.option("--record", is_flag=True,
+              help="Write this run's rule transitions and Xids to the event store in "
+                   "--state-dir (docs/events.md); history escalates the suggested actions.")
 @_rule_options
 @_host_source_options
 @_path_options
 def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str, ...],
           input_path: Path | None, timeout: float, quiet: bool, fail_on: str,
           xid_window: str | None, active: str | None, active_deadline: float | None,
-          active_buffer_mib: int | None, active_pattern_mib: int | None,
+          active_buffer_mib: int | None, active_pattern_mib: int | None, record: bool,
           profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
           state_dir: Path, docker: bool | None, host_resources: bool | None,
           probe_image: str | None, path_sysfs: Path,
@@ -161,7 +164,12 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
         _active_probe(snapshot, profile, active == "force", active_deadline,
                       active_buffer_mib, active_pattern_mib, early)
     gathered = time.monotonic()
-    verdict = Verdict(evaluate(snapshot, ruleset, profile, only, skip), fail_on)
+    results = evaluate(snapshot, ruleset, profile, only, skip)
+    if record or (input_path is None and (state_dir / "events.db").is_file()):
+        from gpuguard.history_cli import with_history
+
+        results = with_history(results, snapshot, ruleset, state_dir, paths.procfs, record)
+    verdict = Verdict(results, fail_on)
     if fmt == "table" and quiet and verdict.nagios_code == 0:
         text = ""
     else:
@@ -225,6 +233,69 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
     except OSError as exc:
         raise ConfigProblem(f"cannot write {state_dir}: {exc.strerror or exc}") from exc
     click.echo(f"acknowledged {len(seqs)} Xid line(s) up to kmsg sequence {max(seqs)}")
+    from gpuguard.history_cli import record_xid_ack
+
+    record_xid_ack(state_dir, path_procfs, max(seqs), len(seqs))
+
+
+@main.command("events")
+@click.option("--since", default="24h", show_default=True, metavar="SPAN",
+              help="Events of the last SPAN (90s, 15m, 24h, 30d).")
+@click.option("--gpu", metavar="N|UUID|SERIAL", help="Only this GPU (by index, UUID or serial).")
+@click.option("--rule", "rule_id", metavar="ID", help="Only this rule (xid.recent for Xids).")
+@click.option("--kind", "kinds", multiple=True,
+              type=click.Choice(["rule", "xid", "supervisor", "ack", "probe"]),
+              help="Only these kinds (repeatable).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)
+@click.option("--limit", type=click.IntRange(min=1, max=100_000), default=200,
+              show_default=True, help="At most this many, newest first.")
+@click.option("--state-dir", type=click.Path(path_type=Path), default="/var/lib/gpuguard",
+              show_default=True)
+def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[str, ...],
+               fmt: str, limit: int, state_dir: Path) -> None:
+    """What happened: rule transitions, Xids, failovers, acks (any user may read)."""
+    from gpuguard.history_cli import CannotRead, list_events
+
+    try:
+        click.echo(list_events(state_dir, _span_option(since, "--since"), gpu, rule_id,
+                               kinds, fmt, limit), nl=False)
+    except CannotRead as exc:
+        raise ConfigProblem(str(exc)) from exc
+
+
+@main.command("ack")
+@click.argument("rule_id", metavar="RULE")
+@click.option("--gpu", metavar="N|UUID|SERIAL",
+              help="The GPU (required for a GPU rule: an ack names one board).")
+@click.option("--reason", required=True, help="Why, for `gpuguard events`.")
+@click.option("--for", "duration", default="24h", show_default=True, metavar="SPAN",
+              help="How long the ack holds at most (it ends earlier when the finding "
+                   "changes).")
+@click.option("--state-dir", type=click.Path(path_type=Path), default="/var/lib/gpuguard",
+              show_default=True)
+@click.option("--path.procfs", "path_procfs", default="/proc", type=click.Path(path_type=Path))
+@_rule_options
+def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Path,
+        path_procfs: Path, profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
+    """Acknowledge RULE's finding: its suggested action becomes none (its status stays)
+    until the finding changes or the time is up; recorded in the event store."""
+    from gpuguard.history_cli import CannotRead, record_ack
+
+    _, ruleset = _load_config(profile_path, rules_dirs)
+    if rule_id not in ruleset.rules:
+        raise ConfigProblem(f"no rule {rule_id!r}; see `gpuguard rules list`")
+    scope = ruleset.rules[rule_id].scope
+    if scope == "gpu" and gpu is None:
+        raise ConfigProblem(f"{rule_id} is a GPU rule: name the GPU with --gpu (an ack "
+                            "covers one board's finding)")
+    if scope == "host" and gpu is not None:
+        raise ConfigProblem(f"{rule_id} is a host rule: it takes no --gpu")
+    seconds = _span_option(duration, "--for")
+    try:
+        click.echo(record_ack(state_dir, path_procfs, rule_id, gpu, reason, seconds))
+    except CannotRead as exc:
+        raise ConfigProblem(str(exc)) from exc
 
 
 @main.command()
@@ -252,6 +323,9 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
               show_default=True, metavar="S",
               help="Run the active probe (docs/active-probe.md) on idle GPUs every S seconds "
                    "(0: never); its results are stale after 2 intervals.")
+@click.option("--event-store/--no-event-store", default=True, show_default=True,
+              help="Record rule transitions, Xids and failovers in STATE_DIR/events.db "
+                   "(docs/events.md); history escalates the suggested actions.")
 @click.option("--events-file", type=click.Path(path_type=Path),
               help="Also read udev-style events as JSON lines appended to this file "
                    "({\"action\": \"remove\", \"properties\": {...}}): a replay of a udev log.")
@@ -260,7 +334,8 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
 @_path_options
 def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: float,
            input_path: Path | None, log_format: str, udev: bool, config_path: Path | None,
-           dry_run: bool, active_probe_interval: float, events_file: Path | None,
+           dry_run: bool, active_probe_interval: float, event_store: bool,
+           events_file: Path | None,
            profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
            state_dir: Path, docker: bool | None, host_resources: bool | None,
            probe_image: str | None, path_sysfs: Path,
@@ -284,6 +359,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
                            docker, "on", profile_path, host_resources is not False),
         profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
         log_format=log_format, dry_run=dry_run, active_probe_interval=active_probe_interval,
+        event_store=event_store,
         config_path=or_default(config_path, DEFAULT_CONFIG))
     sys.exit(Daemon(cfg).run())
 
@@ -305,6 +381,10 @@ def failover_status(state_dir: Path) -> None:
     except state.CannotAccess as exc:
         raise ConfigProblem(str(exc)) from exc
     for line in lines:
+        click.echo(line)
+    from gpuguard.history_cli import last_transitions
+
+    for line in last_transitions(state_dir):
         click.echo(line)
     if unreadable:
         raise ConfigProblem(f"{unreadable} state file(s) in {state_dir} could not be read")
@@ -380,6 +460,17 @@ def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Pat
     for where in rule.overrides:
         click.echo(f"  changed at:  {where}")
     click.echo(f"  remediation: {rule.remediation or '-'}")
+    from gpuguard.actions import suggest
+    from gpuguard.results import Status
+
+    source = {"xid.recent": "the Xid catalog per event, else ",
+              "sxid.recent": "the SXid catalog per event, else ",
+              "recovery.action": "the driver's recovery action field, else "}
+    whats = [f"{status.value} {action.value} ({why})" for status in
+             (Status.CRITICAL, Status.WARNING)
+             for action, why in [suggest(rule, status, {}, ruleset)]]
+    click.echo(f"  action:      {source.get(rule.id, '') if rule.action is None else ''}"
+               + "; ".join(whats))
 
 
 @rules.command("fields")
@@ -466,6 +557,19 @@ def _given_options() -> set[str]:
     ctx = click.get_current_context()
     return {name for name in ctx.params
             if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
+
+
+def _span_option(text: str, option: str) -> float:
+    from gpuguard.profile import parse_window
+
+    try:
+        seconds = parse_window(text)
+    except ValueError:
+        seconds = None
+    if seconds is None:
+        raise click.BadParameter(f"a span such as 90s, 15m, 24h, 30d, not {text!r}",
+                                 param_hint=option)
+    return seconds
 
 
 def _window(text: str) -> float | None:

@@ -24,6 +24,11 @@ XidSeverity = Literal["critical", "warning", "ignore"]
 XidAction = Literal["restart_app", "reset_gpu", "reboot", "contact_vendor", "ignore",
                     "follow_text"]
 
+# gpuguard.actions.Action, by severity (a test holds the two together)
+RuleAction = Literal["none", "restart_app", "reset_gpu", "reboot", "inspect_hardware"]
+Span = Annotated[str, msgspec.Meta(pattern=r"^[0-9]+(\.[0-9]+)?[smhd]$",
+                                   description="a span such as 90s, 15m, 24h, 7d")]
+
 # A key left out is UNSET; a key written without a value (null) is a wrong type, as it
 # was before these shapes: `ecc:` alone is a mistake, not "no expectation".
 Unset = msgspec.UnsetType
@@ -61,6 +66,14 @@ class OverrideSpec(_Strict):
     enabled: Flag | Unset = UNSET
     thresholds: dict[str, Threshold] | Unset = UNSET
     remediation: Text | Unset = UNSET
+    action: RuleAction | Unset = UNSET
+
+
+class EscalationSpec(_Strict):
+    """The same fatal finding `count` times within `window` escalates to inspect_hardware."""
+
+    count: Annotated[int, msgspec.Meta(ge=2, description="a whole number >= 2")]
+    window: Span
 
 
 class RuleSpec(_Strict):
@@ -79,6 +92,9 @@ class RuleSpec(_Strict):
         msgspec.field(default_factory=list)
     when: Annotated[str, msgspec.Meta(description="an expression in quotes")] | Unset = UNSET
     cadence: Literal["fast", "slow"] = "fast"
+    action: RuleAction | Unset = UNSET
+    auto_clear: Span | Unset = UNSET
+    escalate: EscalationSpec | Unset = UNSET
 
 
 class XidSpec(_Strict):

@@ -8,6 +8,7 @@ from string import Template
 from typing import Any
 
 from gpuguard import checks
+from gpuguard.actions import suggest
 from gpuguard.checks import CheckContext, Finding
 from gpuguard.history import History
 from gpuguard.profile import Profile
@@ -70,8 +71,9 @@ def _run(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Result:
         status = rule.severity
     remediation = rule.remediation if status in (Status.WARNING, Status.CRITICAL,
                                                  Status.UNKNOWN) else None
+    action, why = suggest(rule, status, finding.observed, ctx.ruleset)
     return Result(rule.id, status, rule.severity, finding.message, ref, remediation or None,
-                  finding.observed)
+                  finding.observed, action.value, why)
 
 
 def _finding(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Finding:

@@ -57,6 +57,10 @@ class Result:
     gpu: GpuRef | None = None
     remediation: str | None = None
     observed: dict[str, Any] = field(default_factory=dict)
+    # What to do (gpuguard.actions owns the words: none .. inspect_hardware) and why;
+    # `none` for a result that is not failing.
+    action: str = "none"
+    action_reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,6 +71,8 @@ class Result:
             "message": self.message,
             "remediation": self.remediation,
             "observed": self.observed,
+            "action": self.action,
+            "action_reason": self.action_reason,
         }
 
 

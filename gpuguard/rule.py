@@ -32,6 +32,16 @@ class Rule:
     cadence: str = "fast"
     # What is wrong when the rule fails (alert texts); `summary` states what it checks.
     problem: str | None = None
+    # The suggested action when it fails, where gpuguard.actions' default is wrong, and
+    # the file:line that set it.
+    action: str | None = None
+    action_origin: str | None = None
+    # An unchanged failing finding older than this is acknowledged on its own (events.md)
+    auto_clear_s: float | None = None
+    # Escalate to inspect_hardware when the same fatal finding (one Xid kind on one board)
+    # was recorded this many times within this window (gpuguard.escalation)
+    escalate_count: int | None = None
+    escalate_window_s: float | None = None
 
 
 @dataclass

@@ -175,7 +175,7 @@ def _rule(path: Path, spec: RuleSpec, entry: Mapping, default_pack: bool) -> Rul
     if condition is not None and given(spec.message) is None:
         raise ConfigError(path, entry.line, f"{rule_id}: a `when:` rule needs a `message`")
 
-    return Rule(
+    rule = Rule(
         id=rule_id,
         scope=spec.scope,
         severity=Status(spec.severity),
@@ -190,6 +190,28 @@ def _rule(path: Path, spec: RuleSpec, entry: Mapping, default_pack: bool) -> Rul
         cadence=spec.cadence,
         problem=problem.strip() if (problem := given(spec.problem)) is not None else None,
     )
+    if (action := given(spec.action)) is not None:
+        rule.action, rule.action_origin = action, f"{path}:{entry.line_of('action')}"
+    if (auto_clear := given(spec.auto_clear)) is not None:
+        rule.auto_clear_s = _span(auto_clear, fail("auto_clear", f"{rule_id}: auto_clear "
+                                                   "must be longer than 0"))
+    if (escalate := given(spec.escalate)) is not None:
+        rule.escalate_count = escalate.count
+        rule.escalate_window_s = _span(escalate.window, fail(
+            "escalate", f"{rule_id}: escalate.window must be longer than 0"))
+    return rule
+
+
+def _span(text: str, error: ConfigError) -> float:
+    from gpuguard.profile import parse_window
+
+    try:
+        seconds = parse_window(text)
+    except ValueError:
+        seconds = None
+    if seconds is None:
+        raise error
+    return seconds
 
 
 def _apply_overrides(ruleset: RuleSet, path: Path, overrides: dict[str, OverrideSpec],
@@ -206,6 +228,8 @@ def _apply_overrides(ruleset: RuleSet, path: Path, overrides: dict[str, Override
             rule.enabled = enabled
         if (remediation := given(change.remediation)) is not None:
             rule.remediation = remediation.strip()
+        if (action := given(change.action)) is not None:
+            rule.action, rule.action_origin = action, f"{path}:{raw[rule_id].line_of('action')}"
         if (thresholds := given(change.thresholds)) is not None:
             _override_thresholds(rule, path, thresholds, raw[rule_id]["thresholds"])
         rule.overrides.append(f"{path}:{line}")

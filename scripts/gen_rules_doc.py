@@ -59,6 +59,17 @@ list` and `explain`); `problem:` says what is wrong when it fails. The Prometheu
 (`scripts/gen_alerts.py`) are built from `problem:`, so an alert never describes the
 healthy state.
 
+## What to do: `action`, `auto_clear`, `escalate`
+
+Every failing result suggests an action (`none`, `restart_app`, `reset_gpu`, `reboot`,
+`inspect_hardware`; `gpuguard/actions.py` decides, docs/events.md says how). A rule sets
+its own with `action:` only where its family's default is wrong; an override (rules.d,
+the profile's `rules:`) may change it. `auto_clear: 24h` acknowledges a failing status
+left unchanged that long (the status stays, the action becomes none); `escalate: {count:
+5, window: 24h}` (xid.recent) makes the same fatal Xid on one board that often within the
+window `inspect_hardware`. All three are validated (`file:line`, exit 3).
+`gpuguard rules explain RULE` prints the action a critical and a warning result take.
+
 ## Power capping (`clocks.power_cap`, `power.limit`)
 
 A GPU under full load runs at its power limit: that is what the board is built to do,

@@ -28,8 +28,8 @@ def profile_at(tmp_path: Path, text: str) -> Path:
      "driver.min_versoin: unknown key (allowed: min_cuda_version, min_version)"),
     ("vbios:\n  allow: {}\n", 2, "vbios.allow: unknown key (allowed: allowed)"),
     ("rules:\n  pcie.replays:\n    treshold: {max_replays: 5}\n", 3,
-     "rules['pcie.replays'].treshold: unknown key (allowed: enabled, remediation, severity, "
-     "thresholds)"),
+     "rules['pcie.replays'].treshold: unknown key (allowed: action, enabled, remediation, "
+     "severity, thresholds)"),
     # a wrong type at each depth, on the line of its own key
     ("gpu_count: -1\n", 1, "gpu_count must be a whole number >= 0, not -1"),
     ("driver:\n  min_version: '570.86.15'\n  min_cuda_version: 12.10\n", 3,

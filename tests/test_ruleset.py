@@ -326,9 +326,10 @@ SITE_RULE = ("rules:\n  - id: site.x\n    scope: gpu\n    severity: warning\n   
 
 @pytest.mark.parametrize(("text", "line", "problem"), [
     # an unknown key at each depth, with the keys its place allows
-    (SITE_RULE + "    sumary: s\n", 8, "rules[0].sumary: unknown key (allowed: cadence, enabled,"),
+    (SITE_RULE + "    sumary: s\n", 8,
+     "rules[0].sumary: unknown key (allowed: action, auto_clear, cadence,"),
     ("overrides:\n  pcie.replays:\n    treshold: {max_replays: 5}\n", 3,
-     "overrides['pcie.replays'].treshold: unknown key (allowed: enabled, remediation,"),
+     "overrides['pcie.replays'].treshold: unknown key (allowed: action, enabled, remediation,"),
     ("xid_catalog:\n  48:\n    severity: warning\n    sevrity: critical\n", 4,
      "xid_catalog[48].sevrity: unknown key (allowed: action, meaning, severity)"),
     # thresholds hold numbers, text, booleans or flat lists of them, at any depth

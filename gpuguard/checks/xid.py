@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from gpuguard.actions import of_xid
 from gpuguard.checks import CheckContext, Finding, host_check, ok, warning
 from gpuguard.pci import normalise_pci
 from gpuguard.xids import grade, select, span
@@ -25,7 +26,8 @@ def recent(ctx: CheckContext) -> Finding:
     catalog = ctx.ruleset.xid_catalog
     chosen = select(log["xids"], log, window_s,
                     lambda event: grade(event["xid"], event.get("text"), catalog))
-    counted = [{**e, "gpu": gpu_by_pci.get(e["pci"]) if e.get("pci") else None}
+    counted = [{**e, "gpu": gpu_by_pci.get(e["pci"]) if e.get("pci") else None,
+                "suggested": of_xid(e["xid"], e.get("text"), catalog).value}
                for e in chosen.counted]
     aged, ignored, acknowledged = chosen.aged, chosen.ignored, chosen.acknowledged
 
@@ -35,7 +37,8 @@ def recent(ctx: CheckContext) -> Finding:
                 "older_not_kept": dropped,
                 "not_counted": ignored, "acked_seq": acked, "acknowledged": acknowledged,
                 "events": [{k: e[k] for k in ("xid", "pci", "gpu", "severity", "seq", "age_s",
-                                                "pid", "process")} for e in counted]}
+                                                "pid", "process", "suggested")}
+                           for e in counted]}
     if not counted:
         notes = [f"{n} {what}" for n, what in ((acknowledged, "acknowledged"),
                                                (ignored, "informational"),

@@ -24,17 +24,21 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
-from gpuguard import collect
+from gpuguard import collect, eventstore
+from gpuguard.actions import of_xid
 from gpuguard.daemon import active, events, http, logs, notify
 from gpuguard.daemon.active import ProbeKeeper
 from gpuguard.daemon.metrics import DaemonCollector, DaemonStats
+from gpuguard.daemon.recorder import EventRecorder
 from gpuguard.daemon.sampler import NvmlSampler
 from gpuguard.daemon.store import ResultStore
 from gpuguard.engine import evaluate
+from gpuguard.eventstore import Event
 from gpuguard.history import History
 from gpuguard.outputs import json_out
 from gpuguard.pci import normalise_pci
 from gpuguard.profile import Profile
+from gpuguard.recording import Board, boards, xid_event
 from gpuguard.results import Status, Verdict
 from gpuguard.rule import RuleSet
 from gpuguard.ruleset import load_config
@@ -73,6 +77,7 @@ class DaemonConfig:
     dry_run: bool = False
     # Seconds between runs of the active probe on idle GPUs; 0: never (daemon/active.py).
     active_probe_interval: float = 0.0
+    event_store: bool = True  # record transitions and Xids in state_dir/events.db
 
 
 class Daemon:
@@ -96,6 +101,7 @@ class Daemon:
         self.supervisors: list[Supervisor] = []
         self.probes = ProbeKeeper(cfg.active_probe_interval) \
             if cfg.active_probe_interval > 0 and cfg.input_path is None else None
+        self.recorder: EventRecorder | None = None
 
     # --- configuration -------------------------------------------------------------
 
@@ -216,6 +222,8 @@ class Daemon:
                 self.stats.deadline_exceeded_total += 1
         self.history.add(snap, time.time())
         results = evaluate(snap, ruleset, profile, cadence="fast", history=self.history)
+        if self.recorder is not None:
+            results = self.recorder.on_cycle(results, boards(snap), ruleset)
         self._count_xids(snap, ruleset)
         self._last = snap
         self.store.update(results, "fast", source_failed=_source_failure(snap))
@@ -232,7 +240,10 @@ class Daemon:
         base = self._last if self._last is not None else self._collect_nvml()
         snap = Snapshot(host=copy.copy(base.host), nvml=base.nvml, gpus=base.gpus)
         host_sources.merge(snap, facts)
-        self.store.update(evaluate(snap, ruleset, profile, cadence="slow"), "slow")
+        results = evaluate(snap, ruleset, profile, cadence="slow")
+        if self.recorder is not None:
+            results = self.recorder.on_cycle(results, boards(snap), ruleset)
+        self.store.update(results, "slow")
 
     def probe_cycle(self) -> None:
         """The active probe on the GPUs of the last sweep that are idle now."""
@@ -261,12 +272,20 @@ class Daemon:
             usec = event.get("usec")
             when = now - (now_usec - usec) / 1e6 if usec is not None and now_usec else now
             self._add_xid(event["xid"], event.get("pci"), event.get("text"), ruleset, by_pci,
-                          when)
+                          when, event.get("seq"), "kmsg")
 
     def _add_xid(self, xid: int, pci: str | None, text: str | None, ruleset: RuleSet,
-                 by_pci: dict[str, Any], when: float) -> None:
+                 by_pci: dict[str, Any], when: float, seq: int | None = None,
+                 source: str = "nvml") -> None:
         severity = grade(xid, text, ruleset.xid_catalog).severity
         gpu = by_pci.get(pci or "")
+        if self.recorder is not None and severity != "ignore":
+            board = None if gpu is None else Board(
+                gpu.index, gpu.uuid.value if gpu.uuid.is_ok else None,
+                gpu.serial.value if gpu.serial.is_ok else None, gpu.pci_bus_id.get())
+            self.recorder.record(xid_event(xid, severity,
+                                           of_xid(xid, text, ruleset.xid_catalog).value,
+                                           board, source, when, seq, text, pci))
         label = (str(xid), severity, "" if gpu is None else str(gpu.index),
                  "" if gpu is None else gpu.pci_bus_id.get())
         with self.stats.lock:
@@ -282,8 +301,17 @@ class Daemon:
                       if g.pci_bus_id.is_ok}
             pci = normalise_pci(event["pci"]) if event.get("pci") else None
             self._add_xid(int(event["xid"]), pci, None, self._config[1], by_pci,
-                          float(event.get("time") or time.time()))
+                          float(event.get("time") or time.time()), None, "nvml")
         self.run_now("nvml xid event")
+
+    def _supervisor_event(self, what: dict[str, Any]) -> None:
+        """A failover transition ended: into the event store (`gpuguard failover status`)."""
+        if self.recorder is not None:
+            self.recorder.record(Event(
+                kind="supervisor", source="supervisor", rule=str(what.get("service")),
+                status=f"{what.get('outcome')}:{what.get('to')}",
+                action=str(what.get("action") or "none"), message=str(what.get("reason") or ""),
+                data={k: v for k, v in what.items() if k not in ("reason", "action")}))
 
     # --- what the HTTP endpoints and systemd see ----------------------------------
 
@@ -346,6 +374,12 @@ class Daemon:
         self.supervisors = [Supervisor(s, state_dir, tagged, self.cfg.dry_run,
                                        active_check=self.active_probe_passes)
                             for s in services]
+        if self.cfg.event_store:
+            self.recorder = EventRecorder(eventstore.path_in(state_dir),
+                                          host_sources.boot_id(self.cfg.host.paths.procfs))
+            self.recorder.start()
+            for supervisor in self.supervisors:
+                supervisor.on_transition = self._supervisor_event
         for supervisor in self.supervisors:
             supervisor.start()
         with self.stats.lock:
@@ -354,7 +388,8 @@ class Daemon:
             self.sampler = NvmlSampler(str(self.cfg.host.paths.procfs), self.on_nvml_xid)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(DaemonCollector(self.store, self.stats, lambda: self._last,
-                                          lambda: [s.snapshot() for s in self.supervisors]))
+                                          lambda: [s.snapshot() for s in self.supervisors],
+                                          self.recorder.metrics if self.recorder else None))
         try:
             server = http.serve(host, port, registry, self.health, self.status_document)
         except OSError as exc:
@@ -428,6 +463,8 @@ class Daemon:
         server.shutdown()
         if self.sampler is not None:
             self.sampler.close()
+        if self.recorder is not None:
+            self.recorder.stop()
         if not self._idle.wait(STOP_GRACE_S):
             # Every read has a deadline, so this is a bug or a wedged kernel call: stop
             # anyway, within the unit's TimeoutStopSec, rather than wait for the cycle

@@ -46,11 +46,13 @@ class DaemonStats:
 class DaemonCollector(Collector):
     def __init__(self, store: ResultStore, stats: DaemonStats,
                  last_snapshot: Callable[[], Snapshot | None],
-                 services: Callable[[], list[Any]] | None = None) -> None:
+                 services: Callable[[], list[Any]] | None = None,
+                 event_store: Callable[[], dict[str, Any]] | None = None) -> None:
         self.store = store
         self.stats = stats
         self.last_snapshot = last_snapshot
         self.services = services or (lambda: [])
+        self.event_store = event_store  # the recorder's counters; None when it is off
 
     def collect(self) -> Iterator[Metric]:
         yield from self._rules()
@@ -62,6 +64,25 @@ class DaemonCollector(Collector):
             yield from families.sources(snapshot)
         yield from self._daemon()
         yield from self._failover()
+        yield from self._event_store()
+
+    def _event_store(self) -> Iterator[Metric]:
+        if self.event_store is None:
+            return
+        got = self.event_store()
+        yield CounterMetricFamily("gpuguard_event_store_written",
+                                  "Events written to the event store.", value=got["written"])
+        # one series, not one per reason: the 8-GPU series budget (the log names the reason)
+        yield CounterMetricFamily(
+            "gpuguard_event_store_dropped", "Events the store could not take (full disk, "
+            "read-only, I/O error, queue full; the log says which); the cycles go on.",
+            value=sum(got["dropped"].values()))
+        yield CounterMetricFamily("gpuguard_event_store_corrupt",
+                                  "Corrupt store files moved aside (a new one was started).",
+                                  value=got["corrupt"])
+        yield GaugeMetricFamily("gpuguard_event_store_size_bytes",
+                                "Size of the store's main file at its last write.",
+                                value=got["size_bytes"])
 
     def _failover(self) -> Iterator[Metric]:
         snaps = self.services()
@@ -108,6 +129,7 @@ class DaemonCollector(Collector):
                                   entry.failed_cycles)
         yield families.rule_status(e.result for e in entries)
         yield failed
+        yield families.suggested_action(e.result for e in entries)
 
     def _daemon(self) -> Iterator[Metric]:
         stats = self.stats

@@ -58,6 +58,21 @@ def rule_status(results: Iterable[Result]) -> GaugeMetricFamily:
     return family
 
 
+def suggested_action(results: Iterable[Result]) -> GaugeMetricFamily:
+    """One series per GPU (and one `host`): the most severe suggested action of its failing
+    results, `none` when all is well (gpuguard.actions decides it)."""
+    from gpuguard.actions import per_gpu
+
+    family = GaugeMetricFamily(
+        "gpuguard_suggested_action",
+        "1 for the most severe suggested action of each GPU's failing results (gpu `host` "
+        "for host rules; action none when all is well): one series per GPU.",
+        labels=["gpu", "action"])
+    for gpu, action in sorted(per_gpu(results).items()):
+        family.add_metric([gpu, action.value], 1)
+    return family
+
+
 def sources(snapshot: Snapshot) -> Iterator[Metric]:
     success = GaugeMetricFamily("gpuguard_source_success", "1 when the source answered in "
                                 "time and none of its readings is an error.",

@@ -24,6 +24,7 @@ class CheckCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         yield families.rule_status(self.results)
+        yield families.suggested_action(self.results)
         # The same per-GPU gauges as the daemon's: a textfile user sees temperature, power,
         # ECC and PCIe beside the verdicts.
         yield from families.telemetry(self.snapshot)

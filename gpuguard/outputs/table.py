@@ -38,18 +38,20 @@ def render(snapshot: Snapshot, verdict: Verdict, colour: bool, quiet: bool = Fal
         text = f"{s.value.upper():<8}"
         return f"{_COLOURS[s]}{text}{_RESET}" if colour else text
 
-    shown: list[tuple[Status, str, str, str, str | None]] = []
+    shown: list[tuple[Status, str, str, str, str | None, str | None]] = []
     by_rule: dict[str, list[Result]] = defaultdict(list)
     for r in results:
         by_rule[r.rule].append(r)
     for rule_id, rs in by_rule.items():
         folded = [r for r in rs if r.status in (Status.OK, Status.SKIPPED)]
         if len(rs) > 1 and len(folded) == len(rs) and len({r.status for r in rs}) == 1:
-            shown.append((rs[0].status, rule_id, f"all {len(rs)}", _fold_message(rs), None))
+            shown.append((rs[0].status, rule_id, f"all {len(rs)}", _fold_message(rs), None,
+                          None))
             continue
         for r in rs:
             gpu = "host" if r.gpu is None else str(r.gpu.index)
-            shown.append((r.status, rule_id, gpu, r.message, r.remediation))
+            todo = f"{r.action} ({r.action_reason})" if r.action_reason else r.action
+            shown.append((r.status, rule_id, gpu, r.message, r.remediation, todo))
 
     shown.sort(key=lambda row: (-row[0].rank, row[1], row[2]))
     if quiet:
@@ -58,13 +60,17 @@ def render(snapshot: Snapshot, verdict: Verdict, colour: bool, quiet: bool = Fal
     lines.append(f"{'STATUS':<8}  {'RULE':<{rule_w}}  {'GPU':<5}  MESSAGE")
     indent = 8 + 2 + rule_w + 2 + 5 + 2
     msg_w = max(40, width - indent)
-    for s, rule_id, gpu, message, remediation in shown:
+    for s, rule_id, gpu, message, remediation, action in shown:
         wrapped = textwrap.wrap(message, msg_w) or [""]
         lines.append(f"{status(s)}  {rule_id:<{rule_w}}  {gpu:<5}  {wrapped[0]}")
         lines.extend(" " * indent + more for more in wrapped[1:])
         if remediation and s in (Status.CRITICAL, Status.WARNING):
             for i, fix in enumerate(textwrap.wrap(remediation, msg_w - 5)):
                 lines.append(" " * indent + ("fix: " if i == 0 else "     ") + fix)
+        if action and s in (Status.CRITICAL, Status.WARNING):
+            # the suggested action (gpuguard.actions), and why it is that one
+            for i, part in enumerate(textwrap.wrap(action, msg_w - 5)):
+                lines.append(" " * indent + ("do:  " if i == 0 else "     ") + part)
     counts = verdict.summary()
     parts = [f"{counts[s.value]} {s.value}" for s in
              (Status.CRITICAL, Status.WARNING, Status.UNKNOWN, Status.OK, Status.SKIPPED)]

@@ -30,6 +30,7 @@ from typing import Any
 
 import structlog
 
+from gpuguard.actions import ACTIONS as ACTION_ORDER
 from gpuguard.results import Result
 from gpuguard.supervisor import policy, probe, router, state
 from gpuguard.supervisor.backends import Backend, BackendError, make
@@ -84,6 +85,8 @@ class Supervisor:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.log = log.bind(service=service.name)
+        # Told of each transition's end (the daemon records it in the event store)
+        self.on_transition: Callable[[dict[str, Any]], None] | None = None
 
     # --- inputs --------------------------------------------------------------------
 
@@ -219,7 +222,10 @@ class Supervisor:
                             + (f" (GPU {r.gpu.index})" if r.gpu else "") + f": {r.message}"
                             for r in why[:3])
                   if to == "cpu" else f"{counts.healthy} healthy cycles")
-        self.transition(to, reason)
+        # the most severe suggested action of the results that failed it (gpuguard.actions)
+        suggested = max((r.action for r in why if r.action in ACTION_ORDER),
+                         key=ACTION_ORDER.index, default="none") if to == "cpu" else "none"
+        self.transition(to, reason, action=suggested)
 
     def _probe_passes(self) -> bool:
         """Fail back only to GPUs that compute: a failed or unknown probe keeps the service
@@ -262,7 +268,8 @@ class Supervisor:
 
     # --- a transition ----------------------------------------------------------------
 
-    def transition(self, to: str, reason: str, manual: bool = False) -> bool:
+    def transition(self, to: str, reason: str, manual: bool = False,
+                   action: str = "none") -> bool:
         source = other(to)
         steps = (["start", "ready", "route", "stop_source"] if self.service.nginx
                  else ["stop_source", "start", "ready"])
@@ -278,7 +285,7 @@ class Supervisor:
             # inside the try: creating the backend reaches Docker, which may be down
             note = getattr(self.backend, "note", None)
             if note is not None:
-                note(to, reason)
+                note(to, reason, action)
             for step in steps:
                 with self._lock:
                     assert self.state.transition is not None
@@ -314,7 +321,16 @@ class Supervisor:
         self._save()
         self.log.warning("failover_done", active=to, reason=reason, manual=manual,
                          took_s=round(done - now, 3))
+        self._tell({"to": to, "reason": reason, "action": action, "outcome": "done",
+                    "manual": manual, "took_s": round(done - now, 3)})
         return True
+
+    def _tell(self, what: dict[str, Any]) -> None:
+        if self.on_transition is not None:
+            try:
+                self.on_transition({"service": self.service.name, **what})
+            except Exception:  # the event store never stops a transition
+                self.log.exception("failover_event_not_recorded")
 
     def _failed(self, to: str, error: str, unexpected: Exception | None = None) -> None:
         source = other(to)
@@ -340,6 +356,8 @@ class Supervisor:
             self.log.error("failover_rollback_failed", error=rollback_error)
         self.log.error("failover_failed", to=to, step=step, error=error, retry_in_s=backoff,
                        keeping=source)
+        self._tell({"to": to, "reason": error, "action": "none", "outcome": "failed",
+                    "step": step})
         self._save()
 
     def _roll_back(self, to: str) -> None:

@@ -31,10 +31,13 @@ def test_failover_drains_the_node_with_the_rule_as_reason(tmp_path, monkeypatch)
     supervisor.recover()
     assert supervisor.state.active == "gpu"
     failed = [Result("memory.row_remap", Status.CRITICAL, Status.CRITICAL,
-                     "row remapping failed", GpuRef(3, "U3", "0000:3b:00.0"))]
+                     "row remapping failed", GpuRef(3, "U3", "0000:3b:00.0"),
+                     action="reset_gpu")]
     for _ in range(3):
         supervisor.handle_cycle(failed, time.time())
     assert supervisor.state.active == "cpu"
     assert state.read_text().strip() == "drain"
     drain = next(line for line in calls.read_text().splitlines() if "state=drain" in line)
-    assert "reason=gpuguard: memory.row_remap (GPU 3): row remapping failed" in drain
+    # the suggested action beside the reason: a drain script tells a reset from an RMA
+    assert "reason=gpuguard: reset_gpu: memory.row_remap (GPU 3): row remapping failed" \
+        in drain

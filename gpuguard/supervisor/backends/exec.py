@@ -15,9 +15,12 @@ class ExecBackend:
         self.commands = service.backend_config
         self.env = {"GPUGUARD_SERVICE": service.name}
 
-    def note(self, to: str, reason: str) -> None:
-        """The commands of a transition see where it goes and why (a Slurm drain reason)."""
-        self.env.update({"GPUGUARD_VARIANT": to, "GPUGUARD_REASON": reason})
+    def note(self, to: str, reason: str, action: str = "none") -> None:
+        """The commands of a transition see where it goes, why (a Slurm drain reason) and
+        the suggested action (gpuguard.actions: a drain script tells a reboot from an
+        inspection)."""
+        self.env.update({"GPUGUARD_VARIANT": to, "GPUGUARD_REASON": reason,
+                         "GPUGUARD_ACTION": action})
 
     def _run(self, key: str) -> int:
         import os

@@ -1,0 +1,166 @@
+"""The daemon's side of the event store: a thread of its own does every disk access.
+
+A cycle only hands its results over (memory, bounded) and takes the history's verdicts
+(escalations, acks) that the thread worked out for the previous cycle: no cycle waits on
+the disk, however slow or locked it is. An overlay entry applies only while the result's
+status is the one it was worked out for, so a changed finding never carries an old ack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from gpuguard import eventstore
+from gpuguard.actions import FAILING
+from gpuguard.escalation import apply_history
+from gpuguard.eventstore import Event, EventWriter, StoreUnreadable, transition_key
+from gpuguard.recording import Board, rule_transitions
+from gpuguard.results import Result
+from gpuguard.rule import RuleSet
+
+log = structlog.get_logger("gpuguard.events")
+
+# Cycles waiting for the thread; more are dropped (counted): the disk is that slow.
+CYCLES_QUEUED_MAX = 64
+FLUSH_EVERY_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    status: str
+    action: str
+    reason: str | None
+    observed: dict[str, Any]
+
+
+def _key(r: Result) -> tuple[str, str]:
+    return transition_key(r.rule, r.gpu.uuid if r.gpu else None, r.gpu.index if r.gpu else None)
+
+
+class EventRecorder:
+    def __init__(self, path: Path, boot_id: str | None,
+                 flush_every_s: float = FLUSH_EVERY_S) -> None:
+        self.writer = EventWriter(path, boot_id)
+        self.boot_id = boot_id
+        self.flush_every_s = flush_every_s
+        self.cycles_dropped = 0
+        self._cycles: deque[tuple[list[Result], dict[int, Board], RuleSet, float]] = deque()
+        self._overlay: dict[tuple[str, str], Verdict] = {}
+        self._last: dict[tuple[str, str], str] | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # a test's stand-in for a slow disk: called before each flush
+        self.before_flush: Callable[[], None] | None = None
+
+    # --- in the cycle: memory only ----------------------------------------------------
+
+    def on_cycle(self, results: list[Result], known: dict[int, Board],
+                 ruleset: RuleSet) -> list[Result]:
+        """The results with the history's last verdicts applied; queued for recording."""
+        with self._lock:
+            overlay = dict(self._overlay)
+        out = []
+        for r in results:
+            verdict = overlay.get(_key(r)) if r.status in FAILING else None
+            if verdict is not None and verdict.status == r.status.value:
+                r = dataclasses.replace(r, action=verdict.action, action_reason=verdict.reason,
+                                        observed={**r.observed, **verdict.observed})
+            out.append(r)
+        with self._lock:
+            if len(self._cycles) >= CYCLES_QUEUED_MAX:
+                self._cycles.popleft()
+                self.cycles_dropped += 1
+            self._cycles.append((results, known, ruleset, time.time()))
+        self._wake.set()
+        return out
+
+    def record(self, event: Event) -> None:
+        self.writer.record(event)
+        self._wake.set()
+
+    # --- the thread -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="event-store", daemon=True)
+        self._thread.start()
+
+    def stop(self, wait_s: float = 2.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(wait_s)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.flush_every_s)
+            self._wake.clear()
+            try:
+                self.work()
+            except Exception:  # never the end of the recording, nor of the daemon
+                log.exception("event_store_error")
+        try:
+            self.work()  # what the last cycle left
+        except Exception:
+            log.exception("event_store_error")
+        self.writer.close()
+
+    def work(self) -> None:
+        """Take the queued cycles: work out their history verdicts, record their
+        transitions, write. Runs on the thread (and in tests, directly)."""
+        if self.before_flush is not None:
+            self.before_flush()
+        if self._last is None:
+            self._last = self.writer.last_statuses()
+        with self._lock:
+            cycles = list(self._cycles)
+            self._cycles.clear()
+        for results, known, ruleset, when in cycles:
+            applied = self._history(results, known, ruleset, when)
+            self.writer.record_all(rule_transitions(applied, self._last, known, "daemon",
+                                                    when))
+        self.writer.flush()
+
+    def _history(self, results: list[Result], known: dict[int, Board], ruleset: RuleSet,
+                 when: float) -> list[Result]:
+        applied = results
+        if any(r.status in FAILING for r in results):
+            try:
+                conn = eventstore.open_reader(self.writer.path)
+            except StoreUnreadable:
+                conn = None
+            if conn is not None:
+                try:
+                    applied = apply_history(results, conn, self.boot_id, ruleset, known, when)
+                finally:
+                    conn.close()
+        # this cycle's results only: the other cadence's verdicts stay as they were
+        with self._lock:
+            overlay = dict(self._overlay)
+            for before, after in zip(results, applied, strict=True):
+                key = _key(after)
+                if (after.action, after.action_reason) == (before.action, before.action_reason):
+                    overlay.pop(key, None)
+                    continue
+                extra = {k: v for k, v in after.observed.items()
+                         if before.observed.get(k) != v}
+                overlay[key] = Verdict(after.status.value, after.action, after.action_reason,
+                                       extra)
+            self._overlay = overlay
+        return applied
+
+    def metrics(self) -> dict[str, Any]:
+        stats = self.writer.stats
+        return {"written": stats.written, "dropped": dict(stats.dropped),
+                "corrupt": stats.corrupt_moved, "queued": stats.queued,
+                "busy": stats.busy, "size_bytes": stats.size_bytes,
+                "cycles_dropped": self.cycles_dropped}

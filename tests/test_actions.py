@@ -1,0 +1,134 @@
+"""The suggested action (gpuguard/actions.py): one per failing result, from the rule's
+`action:`, the Xid catalog, the driver's recovery field, else the family default."""
+
+import json
+
+import pytest
+
+from gpuguard import actions
+from gpuguard.actions import Action
+from gpuguard.results import Result, Status
+from gpuguard.ruleset import load_ruleset
+from gpuguard.yamlfile import ConfigError
+from tests.checks.test_xid import host
+from tests.conftest import FIXTURES, gpuguard, set_gpu
+
+
+def test_actions_are_ordered_by_severity_and_match_the_rule_file_words():
+    from typing import get_args
+
+    from gpuguard.config_shapes import RuleAction
+
+    assert list(get_args(RuleAction)) == [a.value for a in Action]
+    assert actions.worst([Action.REBOOT, Action.RESTART_APP]) is Action.REBOOT
+    assert actions.worst([]) is Action.NONE
+
+
+def test_an_ok_result_suggests_none(h200, run_rule):
+    [result] = run_rule("recovery.action", h200)
+    assert result.status is Status.OK
+    assert (result.action, result.action_reason) == ("none", None)
+
+
+@pytest.mark.parametrize(("field", "action"), [("gpu_reset", "reset_gpu"),
+                                               ("node_reboot", "reboot"),
+                                               ("drain_p2p", "restart_app")])
+def test_the_driver_recovery_field_names_the_action(h200, run_rule, field, action):
+    set_gpu(h200, recovery_action=field)
+    [result] = run_rule("recovery.action", h200)
+    assert result.action == action
+    assert field in (result.action_reason or "")
+
+
+def test_xids_take_the_catalog_action_per_gpu(h200, run_rule):
+    [result] = run_rule("xid.recent", host(h200))
+    by_gpu = {e["gpu"]: e["suggested"] for e in result.observed["events"]
+              if e["gpu"] is not None and e["xid"] in (119, 154, 13)}
+    # 119 GSP timeout: reset; 154 "to 0x1 (GPU Reset Required)": reset; 13: restart the app
+    assert by_gpu == {0: "reset_gpu", 1: "reset_gpu", 2: "restart_app"}
+    assert result.action == "reset_gpu" and "catalog" in (result.action_reason or "")
+    assert actions.per_gpu([result]) == {"host": Action.RESET_GPU, "0": Action.RESET_GPU,
+                                         "1": Action.RESET_GPU, "2": Action.RESTART_APP}
+
+
+def test_xid_154_follows_its_text(default_rules):
+    catalog = default_rules.xid_catalog
+    text = "GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
+    assert actions.of_xid(154, text, catalog) is Action.REBOOT
+    assert actions.of_xid(79, None, catalog) is Action.REBOOT
+    assert actions.of_xid(48, None, catalog) is Action.RESET_GPU
+
+
+def test_the_rule_file_action_wins_over_the_family_default(h200, run_rule):
+    # memory.orphaned says restart_app in rules/memory.yaml; the family default (memory:
+    # reset) would be wrong for memory held by a dead process
+    rules = load_ruleset()
+    assert rules.rules["memory.orphaned"].action == "restart_app"
+    assert rules.rules["memory.orphaned"].action_origin.endswith("memory.yaml:" + str(
+        rules.rules["memory.orphaned"].action_origin.rsplit(":", 1)[1]))
+    rule = rules.rules["memory.orphaned"]
+    action, why = actions.suggest(rule, Status.WARNING, {}, rules)
+    assert action is Action.RESTART_APP and "memory.yaml" in (why or "")
+    rule.action = None
+    assert actions.suggest(rule, Status.WARNING, {}, rules)[0] is Action.NONE
+    assert actions.suggest(rules.rules["ecc.uncorrected"], Status.CRITICAL, {}, rules)[0] \
+        is Action.RESET_GPU
+
+
+def test_per_gpu_gives_one_value_per_gpu(h200, run_rule):
+    results = run_rule("recovery.action", h200)
+    assert actions.per_gpu(results) == {"0": Action.NONE}
+    failing = Result("x.y", Status.CRITICAL, Status.CRITICAL, "m", results[0].gpu,
+                     action="inspect_hardware")
+    assert actions.per_gpu([*results, failing]) == {"0": Action.INSPECT_HARDWARE}
+
+
+@pytest.mark.parametrize(("text", "line", "problem"), [
+    ("overrides:\n  pcie.replays:\n    action: rebot\n", 3,
+     "overrides['pcie.replays']: action must be one of"),
+    ("rules:\n  - id: site.x\n    scope: gpu\n    severity: warning\n    summary: s\n"
+     "    message: m\n    when: 'index == 9'\n    auto_clear: 0h\n", 8, "site.x: auto_clear"),
+    ("rules:\n  - id: site.x\n    scope: gpu\n    severity: warning\n    summary: s\n"
+     "    message: m\n    when: 'index == 9'\n    auto_clear: soon\n", 8,
+     "rules[0]: auto_clear must be a span"),
+    ("rules:\n  - id: site.x\n    scope: gpu\n    severity: warning\n    summary: s\n"
+     "    message: m\n    when: 'index == 9'\n    escalate: {count: 1, window: 24h}\n", 8,
+     "rules[0].escalate: count must be"),
+])
+def test_a_bad_action_or_window_is_file_line(tmp_path, text, line, problem):
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_ruleset([tmp_path])
+    assert caught.value.line == line, str(caught.value)
+    assert caught.value.problem.startswith(problem), str(caught.value)
+
+
+def test_json_and_table_carry_the_action(tmp_path):
+    rules = tmp_path / "rules.d"
+    rules.mkdir()
+    # a site rule that fires on the recorded H200: its action comes from its own key
+    (rules / "site.yaml").write_text(
+        "rules:\n  - id: site.always\n    scope: gpu\n    severity: critical\n"
+        "    summary: s\n    message: fired on $index\n    when: 'index == 0'\n"
+        "    action: reboot\n")
+    snap = str(FIXTURES / "h200-live" / "idle-snapshot.json")
+    out = gpuguard("check", "--input", snap, "--rules", str(rules), "--format", "json")
+    doc = json.loads(out.stdout)
+    by_rule = {r["rule"]: r for r in doc["results"]}
+    assert by_rule["site.always"]["action"] == "reboot"
+    assert "site.yaml:8" in by_rule["site.always"]["action_reason"]
+    assert by_rule["thermal.margin"]["action"] == "none"
+    table = gpuguard("check", "--input", snap, "--rules", str(rules)).stdout
+    assert "do:  reboot (the rule's action: key, site.yaml:8)" in table
+    # the README's sample is what the recorded snapshot prints (no failing row: no action)
+    readme = (FIXTURES.parent.parent / "README.md").read_text()
+    plain = gpuguard("check", "--input", snap).stdout
+    assert plain.strip() in readme
+
+
+def test_rules_explain_says_what_to_do():
+    out = gpuguard("rules", "explain", "memory.orphaned")
+    assert "action:      critical restart_app (the rule's action: key, memory.yaml:" in out.stdout
+    out = gpuguard("rules", "explain", "recovery.action")
+    assert "action:      the driver's recovery action field, else critical reset_gpu" \
+        in out.stdout
