@@ -70,8 +70,10 @@ def test_check_exports_what_the_doc_lists(tmp_path):
     assert exported(text) == documented("## `gpuguard check --format prometheus`")
 
 
-def test_an_8_gpu_nvlink_host_stays_under_450_series(start_daemon, tmp_path):
-    """Issue 11's budget: per GPU, not per link; skipped rules have no series."""
+def test_an_8_gpu_nvlink_host_stays_under_500_series(start_daemon, tmp_path):
+    """The series budget (docs/metrics.md): per GPU, not per link; skipped rules have no
+    series. Issue 11 set 450; issues 12-14 raised it to 500 (the accounting is in
+    docs/metrics.md: 450 here, up to 490 with the daemon's active probe on)."""
     import copy
 
     from gpuguard.snapshot import Reading
@@ -100,4 +102,4 @@ def test_an_8_gpu_nvlink_host_stays_under_450_series(start_daemon, tmp_path):
     daemon.wait_for(lambda: "gpuguard_gpu_nvlink_links{" in daemon.metrics(), what="NVLink")
     samples = [line for line in daemon.metrics().splitlines()
                if line and not line.startswith("#") and "_created" not in line]
-    assert 350 < len(samples) < 450, len(samples)
+    assert 350 < len(samples) < 500, len(samples)
