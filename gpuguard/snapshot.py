@@ -254,6 +254,10 @@ class HostInfo:
     probe_image: Reading[dict[str, Any]] = reading_field()
     # procfs: an nvidia-fabricmanager process runs on this host (issue 11).
     fabricmanager_running: Reading[bool] = reading_field()
+    # The supervised services (daemon only, gpuguard/daemon/services.py): name -> {pids,
+    # processes, rss_bytes, samples, headroom, inference, ...} or {error}; absent when none
+    # is configured (the service.* rules are skipped).
+    services: Reading[dict[str, Any]] = reading_field()
 
     def __post_init__(self) -> None:
         if not isinstance(self.hostname, str) or not isinstance(self.source, str):

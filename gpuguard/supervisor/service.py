@@ -189,7 +189,7 @@ class Supervisor:
 
     def handle_cycle(self, results: list[Result], now: float) -> None:
         svc = self.service
-        result, why = policy.outcome(results, svc.rules, self.tagged, svc.gpus)
+        result, why = policy.outcome(results, svc.rules, self.tagged, svc.gpus, svc.name)
         with self._lock:
             st = self.state
             counts, action = policy.decide(
@@ -332,8 +332,12 @@ class Supervisor:
                 return probe.command_ready(command)
         else:
             url = cfg.http if isinstance(cfg.http, str) else (cfg.http or {}).get(variant)
+            request = cfg.request
 
             def check() -> bool:
+                # a real request: ready only when inference answers, not just /health
+                if request is not None:
+                    return probe.send(str(url), cfg.status, request).ok
                 return probe.http_ready(str(url), cfg.status)
         if not probe.wait(check, cfg.timeout):
             raise NotReady(f"the {variant} variant was not ready within {cfg.timeout:g} s")
