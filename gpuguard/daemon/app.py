@@ -28,6 +28,7 @@ from gpuguard import collect
 from gpuguard.daemon import events, http, logs, notify
 from gpuguard.daemon.metrics import DaemonCollector, DaemonStats
 from gpuguard.daemon.sampler import NvmlSampler
+from gpuguard.daemon.services import ServiceWatch
 from gpuguard.daemon.store import ResultStore
 from gpuguard.engine import evaluate
 from gpuguard.history import History
@@ -90,6 +91,7 @@ class Daemon:
         self._idle.set()
         self._scheduler: BackgroundScheduler | None = None
         self.supervisors: list[Supervisor] = []
+        self.service_watch = ServiceWatch([])
 
     # --- configuration -------------------------------------------------------------
 
@@ -102,6 +104,7 @@ class Daemon:
         windows = [float(r.thresholds["window_s"]) for r in ruleset.rules.values()
                    if isinstance(r.thresholds.get("window_s"), int | float)]
         self.history.keep_s = max([660.0, *(w + 60.0 for w in windows)])
+        self.service_watch.keep_s = self.history.keep_s
 
     def _do_reload(self) -> None:
         notify.reloading()
@@ -202,6 +205,7 @@ class Daemon:
             with self.stats.lock:
                 self.stats.deadline_exceeded_total += 1
         self.history.add(snap, time.time())
+        self.service_watch.sample(snap, time.time())
         results = evaluate(snap, ruleset, profile, cadence="fast", history=self.history)
         self._count_xids(snap, ruleset)
         self._last = snap
@@ -316,6 +320,7 @@ class Daemon:
         state_dir = self.cfg.host.state_dir or Path("/var/lib/gpuguard")
         self.supervisors = [Supervisor(s, state_dir, tagged, self.cfg.dry_run)
                             for s in services]
+        self.service_watch.supervisors = self.supervisors
         for supervisor in self.supervisors:
             supervisor.start()
         with self.stats.lock:

@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from gpuguard.daemon import service_metrics
 from gpuguard.daemon.store import ResultStore
 from gpuguard.outputs import families
 from gpuguard.snapshot import Snapshot
@@ -59,6 +60,7 @@ class DaemonCollector(Collector):
         if snapshot is not None and not self.store.cycle_failed("fast"):
             yield from families.telemetry(snapshot)
             yield from families.sources(snapshot)
+            yield from service_metrics.families(snapshot)
         yield from self._daemon()
         yield from self._failover()
 
