@@ -61,7 +61,7 @@ def test_too_few_samples_is_not_judged() -> None:
     points = [(float(t), t * MIB) for t in range(100, 109)]
     growth = judge(points, 1.0, started_at=0.0, limits=LIMITS)
     assert not growth.leak and growth.samples == 9 and "10 needed" in growth.reason
-    assert judge(points + [(109.0, 109.0 * MIB)], 1.0, 0.0, LIMITS).leak
+    assert judge([*points, (109.0, 109.0 * MIB)], 1.0, 0.0, LIMITS).leak
 
 
 def test_noise_is_not_a_trend() -> None:

@@ -4,7 +4,10 @@ per-process accounting, an inference probe against an HTTP server on loopback.""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sys
 import textwrap
 import time
@@ -100,6 +103,14 @@ def _pid(path: str, timeout: float = 10.0) -> int:
     raise AssertionError(f"{path} was not written")
 
 
+def _kill(tmp: Path, names: list[str]) -> None:
+    """The services the daemon's stop left running (it never stops them: they outlive it)."""
+    for name in names:
+        pid = tmp / f"{name}.pid"
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid.read_text()), signal.SIGKILL)
+
+
 def _rules_dir(tmp: Path) -> Path:
     rules = tmp / "rules.d"
     rules.mkdir()
@@ -182,16 +193,7 @@ def test_a_leak_is_flagged_and_a_warmup_is_not_and_gpu_memory_names_the_process(
                    metric_lines(metrics, "gpuguard_service_memory_exhaustion_seconds"))
     finally:
         daemon.stop()
-        for name in ("leak", "warmup", "idle"):
-            pid = tmp_path / f"{name}.pid"
-            if pid.exists():
-                import os
-                import signal
-
-                try:
-                    os.kill(int(pid.read_text()), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
+        _kill(tmp_path, ["leak", "warmup", "idle"])
 
 
 def test_health_answers_but_inference_fails_so_the_service_fails_over(
@@ -236,13 +238,4 @@ def test_health_answers_but_inference_fails_so_the_service_fails_over(
                         == "ok", 10, "the CPU variant's inference to pass")
     finally:
         daemon.stop()
-        for v in ports:
-            pid = tmp_path / f"llm-{v}.pid"
-            if pid.exists():
-                import os
-                import signal
-
-                try:
-                    os.kill(int(pid.read_text()), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
+        _kill(tmp_path, [f"llm-{v}" for v in ports])
