@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.daemon.conftest import free_port, get, metric_lines
+from tests.daemon.test_metrics_doc import documented, exported
 
 MIB = 1024 * 1024
 
@@ -101,6 +102,10 @@ def _pid(path: str, timeout: float = 10.0) -> int:
             return int(text)
         time.sleep(0.05)
     raise AssertionError(f"{path} was not written")
+
+
+def service_metrics_documented() -> set[str]:
+    return {n for n in documented("## The daemon") if n.startswith("gpuguard_service_")}
 
 
 def _kill(tmp: Path, names: list[str]) -> None:
@@ -191,6 +196,9 @@ def test_a_leak_is_flagged_and_a_warmup_is_not_and_gpu_memory_names_the_process(
             metric_lines(metrics, "gpuguard_service_gpu_memory_bytes")
         assert any('memory="host",service="leak"' in line for line in
                    metric_lines(metrics, "gpuguard_service_memory_exhaustion_seconds"))
+        # every service metric docs/metrics.md lists is exported (inference: the next test)
+        assert {n for n in service_metrics_documented() if "inference" not in n} <= \
+            exported(metrics)
     finally:
         daemon.stop()
         _kill(tmp_path, ["leak", "warmup", "idle"])
@@ -231,6 +239,8 @@ def test_health_answers_but_inference_fails_so_the_service_fails_over(
         metrics = daemon.metrics()
         assert 'gpuguard_service_inference_success{service="llm"} 0.0' in metrics
         assert metric_lines(metrics, "gpuguard_service_inference_latency_seconds")
+        assert {n for n in service_metrics_documented() if "inference" in n} <= \
+            exported(metrics)
         # ... but the supervisor counts the failed inference and moves to the CPU variant
         daemon.wait_for(lambda: 'gpuguard_failover_active{service="llm"} 1.0'
                         in daemon.metrics(), 30, "the failover to CPU")
