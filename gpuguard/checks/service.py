@@ -39,7 +39,8 @@ def _combine(findings: dict[str, Finding]) -> Finding:
     if all(f.status is Status.SKIPPED for f in findings.values()):
         return skipped("; ".join(f"{name}: {f.message}" for name, f in findings.items()))
     worst = max(findings.values(), key=lambda f: f.status.rank).status
-    ordered = sorted(findings.items(), key=lambda item: (-item[1].status.rank, item[0]))
+    # the worst first; services of one status stay in name order (a stable sort)
+    ordered = sorted(findings.items(), key=lambda item: -item[1].status.rank)
     message = "; ".join(f"{name}: {f.message}" for name, f in ordered)
     return Finding(worst, message, {
         "service_status": {name: f.status.value for name, f in findings.items()},
@@ -83,12 +84,18 @@ def _gpu_memory_of(ctx: CheckContext, pids: set[int], headroom: float) -> Findin
         if not held:
             continue
         total = gpu.memory_total_bytes.get()
-        used = sum(p.used_memory_bytes or 0 for p in held)
-        percent = 100.0 * used / total if total else 100.0
-        names = ", ".join(f"{p.pid} {p.name or '?'} {(p.used_memory_bytes or 0) / MIB:.0f} MiB"
-                          for p in held)
+        if not total:
+            return unknown(f"GPU {gpu.index} reports no memory")
+        sized = [(p, p.used_memory_bytes) for p in held if p.used_memory_bytes is not None]
+        if len(sized) < len(held):
+            # NVML may not account a process (no permission): its share cannot be told
+            return unknown(f"NVML does not account the GPU {gpu.index} memory of "
+                           f"{', '.join(str(p.pid) for p in held if p.used_memory_bytes is None)}")
+        used = sum(size for _, size in sized)
+        percent = 100.0 * used / total
+        names = ", ".join(f"{p.pid} {p.name or '?'} {size / MIB:.0f} MiB" for p, size in sized)
         observed[str(gpu.index)] = {"used_bytes": used, "total_bytes": total,
-                                    "percent": round(percent, 2),
+                                    "percent": percent,
                                     "processes": [{"pid": p.pid, "name": p.name,
                                                    "used_bytes": p.used_memory_bytes}
                                                   for p in held]}
@@ -150,7 +157,8 @@ def _growth_of(ctx: CheckContext, entry: dict[str, Any], window: float,
                            "r2": growth.r2, "recent_slope_bytes_per_s": growth.recent_slope,
                            "projected_s": growth.projected_s, "headroom_bytes": headroom}
         if growth.leak:
-            assert growth.slope is not None and growth.projected_s is not None
+            assert growth.slope is not None
+            assert growth.projected_s is not None
             leaks.append(f"{label} grows {growth.slope * 60 / MIB:.1f} MiB/min over "
                          f"{growth.samples} samples (r² {growth.r2:.2f}): its limit in "
                          f"{growth.projected_s / 60:.0f} min")

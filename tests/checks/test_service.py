@@ -27,10 +27,23 @@ def entry(pids: list[int], samples: list[list[Any]] | None = None, **extra: Any
             "gpu_headroom_bytes": None, "samples": samples or [], "inference": None, **extra}
 
 
+GIB = 1024 * MIB
+
+
 def hold(snap: Snapshot, percent: float, pid: int = 4242) -> Snapshot:
-    total = snap.gpus[0].memory_total_bytes.get()
-    used = int(total * percent / 100)
-    return set_gpu(snap, compute_processes=[Process(pid, used, "vllm"), Process(7, MIB, "other")])
+    """The service's process holds `percent` of a 100 GiB GPU (exact: 1% is 1 GiB)."""
+    used = int(GIB * percent)
+    return set_gpu(snap, memory_total_bytes=100 * GIB,
+                   compute_processes=[Process(pid, used, "vllm"), Process(7, MIB, "other")])
+
+
+def severity(tmp_path, rule_id: str, level: str) -> Any:
+    from gpuguard.ruleset import load_ruleset
+
+    rules = tmp_path / "sev.d"
+    rules.mkdir(exist_ok=True)
+    (rules / "sev.yaml").write_text(f"overrides:\n  {rule_id}: {{severity: {level}}}\n")
+    return load_ruleset([rules])
 
 
 # --- no service -----------------------------------------------------------------------
@@ -52,10 +65,24 @@ def test_an_error_reading_is_unknown(h200, run_rule):
 def test_processes_not_known_is_unknown_for_that_service(h200, run_rule):
     with_services(h200, llm={"variant": "gpu", "error": "no pid file", "inference": None},
                   ok=entry([1]))
+    for rule in ("service.gpu_memory", "service.memory_growth"):
+        [result] = run_rule(rule, h200)
+        assert result.status is Status.UNKNOWN
+        assert result.observed["service_status"] == {"llm": "unknown", "ok": "ok"}
+        assert "llm: its processes are not known: no pid file" in result.message
+
+
+def test_an_empty_services_reading_is_skipped(h200, run_rule):
+    with_services(h200)
     [result] = run_rule("service.gpu_memory", h200)
-    assert result.status is Status.UNKNOWN
-    assert result.observed["service_status"] == {"llm": "unknown", "ok": "ok"}
-    assert "llm: its processes are not known: no pid file" in result.message
+    assert result.status is Status.SKIPPED and result.message == "no service is supervised"
+
+
+def test_services_of_one_status_are_listed_by_name(h200, run_rule):
+    with_services(h200, b=entry([1]), a=entry([2]))
+    [result] = run_rule("service.gpu_memory", h200)
+    assert result.status is Status.OK
+    assert result.message == "a: holds no GPU memory; b: holds no GPU memory"
 
 
 # --- service.gpu_memory ---------------------------------------------------------------
@@ -70,9 +97,34 @@ def test_gpu_memory_boundaries_and_named_processes(h200, run_rule):
     hold(h200, 95.1)
     [result] = run_rule("service.gpu_memory", h200)
     assert result.status is Status.WARNING
-    assert "4242 vllm" in result.message and "more than 95%" in result.message
+    assert "4242 vllm 97382 MiB" in result.message and "more than 95%" in result.message
     assert "7 other" not in result.message  # not the service's
-    assert result.observed["services"]["llm"]["0"]["processes"][0]["pid"] == 4242
+    seen = result.observed["services"]["llm"]["0"]
+    assert seen["processes"][0]["pid"] == 4242
+    assert seen["used_bytes"] == int(GIB * 95.1) and seen["total_bytes"] == 100 * GIB
+
+
+def test_gpu_memory_severity_comes_from_the_rule(h200, run_rule, tmp_path):
+    with_services(h200, llm=entry([4242]))
+    hold(h200, 99)
+    rules = severity(tmp_path, "service.gpu_memory", "critical")
+    assert run_rule("service.gpu_memory", h200, rules=rules)[0].status is Status.CRITICAL
+
+
+def test_gpu_memory_not_accounted_by_nvml_is_unknown(h200, run_rule):
+    with_services(h200, llm=entry([4242, 5]))
+    set_gpu(h200, compute_processes=[Process(4242, GIB, "vllm"), Process(5, None, "w")])
+    [result] = run_rule("service.gpu_memory", h200)
+    assert result.status is Status.UNKNOWN
+    assert "NVML does not account the GPU 0 memory of 5" in result.message
+
+
+def test_gpu_memory_of_a_gpu_without_memory_is_unknown(h200, run_rule):
+    with_services(h200, llm=entry([4242]))
+    hold(h200, 1)
+    set_gpu(h200, memory_total_bytes=0)
+    [result] = run_rule("service.gpu_memory", h200)
+    assert result.status is Status.UNKNOWN and "reports no memory" in result.message
 
 
 def test_gpu_memory_threshold_comes_from_the_rule(h200, run_rule, tmp_path):
@@ -104,13 +156,32 @@ def leak_samples(n: int = 200, step: float = 5.0, rate: float = MIB) -> list[lis
 
 
 def test_memory_growth_flags_a_steady_leak_with_its_projection(h200, run_rule):
-    # 1 MiB/s with 1 GiB left: 17 min, inside the 2 h horizon
-    with_services(h200, llm=entry([1], leak_samples(), host_headroom_bytes=1024 * MIB))
+    # 1 MiB/s with 3,000 MiB left: 50 min, inside the 2 h horizon; the GPU has room but
+    # no samples (not judged, not named)
+    with_services(h200, llm=entry([1], leak_samples(), host_headroom_bytes=3000 * MIB,
+                                  gpu_headroom_bytes=MIB))
     [result] = run_rule("service.memory_growth", h200)
     assert result.status is Status.WARNING
-    assert "host RSS grows 60.0 MiB/min" in result.message and "in 17 min" in result.message
+    assert result.message == ("llm: host RSS grows 60.0 MiB/min over 200 samples (r² 1.00): "
+                              "its limit in 50 min")
     seen = result.observed["services"]["llm"]["host RSS"]
-    assert abs(seen["projected_s"] - 1024) < 1
+    assert abs(seen["projected_s"] - 3000) < 1
+
+
+def test_memory_growth_severity_comes_from_the_rule(h200, run_rule, tmp_path):
+    with_services(h200, llm=entry([1], leak_samples(), host_headroom_bytes=MIB))
+    rules = severity(tmp_path, "service.memory_growth", "critical")
+    assert run_rule("service.memory_growth", h200, rules=rules)[0].status is Status.CRITICAL
+
+
+def test_memory_growth_window_edge(h200, run_rule, tmp_path):
+    # 12 samples 5 s apart (t 1000..1055): a 55 s window holds all 12, a 50 s one 11
+    with_services(h200, llm=entry([1], leak_samples(12), host_headroom_bytes=MIB))
+    rules = overridden(tmp_path, "service.memory_growth", window_s=55)
+    assert run_rule("service.memory_growth", h200, rules=rules)[0].status is Status.WARNING
+    rules = overridden(tmp_path, "service.memory_growth", window_s=50)
+    [result] = run_rule("service.memory_growth", h200, rules=rules)
+    assert result.status is Status.OK and "11 samples after warm-up" in result.message
 
 
 def test_memory_growth_horizon_comes_from_the_rule(h200, run_rule, tmp_path):
@@ -162,6 +233,16 @@ def test_memory_growth_ratio_and_fit_come_from_the_rule(h200, run_rule, tmp_path
     assert run_rule("service.memory_growth", h200, rules=rules)[0].status is Status.WARNING
     rules = overridden(tmp_path, "service.memory_growth", recent_ratio=0.2, min_r2=0.999)
     assert run_rule("service.memory_growth", h200, rules=rules)[0].status is Status.OK
+
+
+def test_memory_growth_judges_only_series_with_samples_and_room(h200, run_rule):
+    flat = [[1000 + i * 5, 100 * MIB, None] for i in range(20)]
+    with_services(h200, llm=entry([1], flat, gpu_headroom_bytes=MIB))
+    [result] = run_rule("service.memory_growth", h200)
+    assert result.status is Status.OK and result.message == "llm: host RSS: not growing"
+    with_services(h200, llm=entry([1], leak_samples(), host_headroom_bytes=None))
+    [result] = run_rule("service.memory_growth", h200)
+    assert result.status is Status.OK and result.message == "llm: nothing to judge"
 
 
 def test_memory_growth_without_samples_is_ok(h200, run_rule):
