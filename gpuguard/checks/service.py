@@ -179,6 +179,8 @@ def inference(ctx: CheckContext) -> Finding:
         answer = entry.get("inference")
         if answer is None:
             findings[name] = skipped("its probe is not an inference request")
+        elif answer.get("ok") is None:
+            findings[name] = unknown(f"not probed: {answer.get('error')}")
         elif answer.get("ok"):
             findings[name] = ok(f"answered in {answer['latency_s']:.3f} s", **answer)
         else:

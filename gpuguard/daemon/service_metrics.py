@@ -40,7 +40,7 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
                                 labels=["service"])
     for name, entry in sorted(entries.items()):
         answer = entry.get("inference")
-        if answer is not None:
+        if answer is not None and answer.get("ok") is not None:
             latency.add_metric([name], float(answer["latency_s"]))
             success.add_metric([name], 1 if answer.get("ok") else 0)
         if entry.get("error"):

@@ -54,9 +54,16 @@ class ServiceWatch:
 
     def _entry(self, supervisor: Supervisor, snap: Snapshot, now: float) -> dict[str, Any]:
         service = supervisor.service
-        variant = supervisor.snapshot().state.active
-        entry: dict[str, Any] = {"variant": variant, "inference": _inference(supervisor,
-                                                                               variant)}
+        st = supervisor.snapshot().state
+        variant = st.active
+        entry: dict[str, Any] = {"variant": variant}
+        if not supervisor.settled.is_set() or st.transition is not None:
+            # starting up or moving: a failed request now says nothing about the service
+            # (its result is unknown: neither counts towards failover nor resets)
+            entry["inference"] = {"ok": None, "error": "the service is starting or moving"} \
+                if service.probe.request is not None else None
+        else:
+            entry["inference"] = _inference(supervisor, variant)
         try:
             tree = processes.tree(service, variant, TREE_DEADLINE_S)
         except processes.TreeError as exc:

@@ -74,6 +74,9 @@ class Supervisor:
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        # set once recover() has made the active variant run (or failed trying): until
+        # then a probe of the service says nothing about it (tests/daemon/test_services)
+        self.settled = threading.Event()
         self.log = log.bind(service=service.name)
 
     # --- inputs --------------------------------------------------------------------
@@ -109,6 +112,7 @@ class Supervisor:
             self.recover()
         except Exception:
             self.log.exception("failover_recover_failed")
+        self.settled.set()
         while not self._stop.is_set():
             try:
                 item = self._queue.get(timeout=0.5)

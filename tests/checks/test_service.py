@@ -266,6 +266,9 @@ def test_inference(h200, run_rule):
     assert result.observed["service_status"] == {"a": "critical", "b": "ok"}
     with_services(h200, b=entry([2]))
     assert run_rule("service.inference", h200)[0].status is Status.SKIPPED
+    with_services(h200, a=entry([1], inference={"ok": None, "error": "starting"}))
+    [result] = run_rule("service.inference", h200)
+    assert result.status is Status.UNKNOWN and result.message == "a: not probed: starting"
 
 
 # --- the supervisor counts its own service's status --------------------------------------

@@ -42,10 +42,11 @@ while True:
 # GET /health is always 200; POST /v1/completions is 500 while the file `broken` beside
 # the script exists, else a one-token completion.
 SERVER = """
-import json, os, sys
+import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 BROKEN = sys.argv[2]
+time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 0)  # loading its model
 
 class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
@@ -249,3 +250,37 @@ def test_health_answers_but_inference_fails_so_the_service_fails_over(
     finally:
         daemon.stop()
         _kill(tmp_path, [f"llm-{v}" for v in ports])
+
+
+def test_a_service_still_starting_is_not_failed_over(tmp_path: Path, start_daemon: Any,
+                                                     fake_env: Any) -> None:
+    """Its inference fails for 3 s while it loads: those cycles are unknown, not failed."""
+    server = tmp_path / "server.py"
+    server.write_text(SERVER)
+    ports = {"gpu": free_port(), "cpu": free_port()}
+    variants = {v: _exec_variant(tmp_path, f"slow-{v}", [
+        sys.executable, str(server), str(ports[v]), str(tmp_path / "never"), "3"])
+        for v in ports}
+    probe = {"http": {v: f"http://127.0.0.1:{p}/v1/completions" for v, p in ports.items()},
+             "body": {"prompt": "hi"}, "json_path": "choices.0.text",
+             "request_timeout": 2, "timeout": 20}
+    config = tmp_path / "gpuguard.yaml"
+    config.write_text(json.dumps({"services": [_service(
+        "slow", variants["gpu"], variants["cpu"], probe, failover_after=2,
+        failback="manual", rules=["service.inference"])]}))
+    daemon = start_daemon("--fast-interval", "0.3", "--slow-interval", "60", "--timeout", "2",
+                          "--config", str(config), env=fake_env())
+    try:
+        seen = daemon.wait_for(lambda: (daemon.result("service.inference") or {}).get("status")
+                               == "unknown", 10, "the starting service to be unknown")
+        assert seen
+        daemon.wait_for(lambda: (daemon.result("service.inference") or {}).get("status")
+                        == "ok", 20, "the service to answer")
+        time.sleep(1.5)  # the cycles queued while it started are handled by now
+        metrics = daemon.metrics()
+        assert 'gpuguard_failover_active{service="slow"} 0.0' in metrics
+        assert 'gpuguard_failover_transitions_total{direction="to_cpu",service="slow"} 0.0' \
+            in metrics
+    finally:
+        daemon.stop()
+        _kill(tmp_path, [f"slow-{v}" for v in ports])
