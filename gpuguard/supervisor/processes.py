@@ -16,6 +16,7 @@ timeout. psutil is imported here, on the daemon's path only.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,6 +25,8 @@ from typing import Any
 
 from gpuguard import boundedio
 from gpuguard.supervisor.config import Service
+
+_RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
 MAX_PID_FILE = 64
 MAX_PROCS_FILE = 1024 * 1024
@@ -118,16 +121,16 @@ def _docker_tree(name: str, deadline_s: float) -> Tree:
 
 
 def _docker_time(text: str) -> float | None:
-    """Docker's RFC 3339 time with nanoseconds, as Unix time (None when unreadable)."""
-    if not text:
+    """Docker's RFC 3339 time (nanoseconds, `Z`) as Unix time; None when unreadable."""
+    match = _RFC3339.match(text)
+    if match is None:
         return None
-    head, _, rest = text.partition(".")
-    zone = rest[rest.find("Z"):] if "Z" in rest else rest[len(rest.rstrip("+-:0123456789")):]
+    whole, fraction, zone = match.groups()
     try:
-        return datetime.fromisoformat(head + (zone.replace("Z", "+00:00") or "+00:00")) \
-            .timestamp()
+        stamp = datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone))
     except ValueError:
         return None
+    return stamp.timestamp() + float("0" + (fraction or ""))
 
 
 def _boot_time() -> float:
