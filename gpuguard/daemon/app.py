@@ -101,10 +101,14 @@ class Daemon:
     def _fit_history(self, ruleset: RuleSet) -> None:
         """Keep the history as long as the longest window a rule judges (a rule whose
         window_s an override lengthened must not be judged over less than it says)."""
-        windows = [float(r.thresholds["window_s"]) for r in ruleset.rules.values()
-                   if isinstance(r.thresholds.get("window_s"), int | float)]
-        self.history.keep_s = max([660.0, *(w + 60.0 for w in windows)])
-        self.service_watch.keep_s = self.history.keep_s
+        windows = {r.id: float(r.thresholds["window_s"]) for r in ruleset.rules.values()
+                   if isinstance(r.thresholds.get("window_s"), int | float)}
+        # the services' samples are kept apart (daemon/services.py): their 30 min window
+        # does not lengthen every GPU's history
+        self.history.keep_s = max([660.0, *(w + 60.0 for rule, w in windows.items()
+                                            if not rule.startswith("service."))])
+        self.service_watch.keep_s = max([60.0, *(w + 60.0 for rule, w in windows.items()
+                                                 if rule.startswith("service."))])
 
     def _do_reload(self) -> None:
         notify.reloading()
