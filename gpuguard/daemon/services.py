@@ -15,6 +15,7 @@ With no service configured the reading stays absent: the rules are skipped.
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,22 +49,21 @@ class ServiceWatch:
     def sample(self, snap: Snapshot, now: float) -> None:
         if not self.supervisors:
             return
-        entries = {s.service.name: self._entry(s, snap, now) for s in self.supervisors}
+        # The inference requests of all services at once, each under its own deadline: a
+        # cycle waits for the slowest one, not for their sum.
+        with ThreadPoolExecutor(max_workers=len(self.supervisors),
+                                thread_name_prefix="inference") as pool:
+            asked = {s.service.name: pool.submit(_inference, s) for s in self.supervisors}
+            entries = {s.service.name: self._entry(s, snap, now) for s in self.supervisors}
+            for name, future in asked.items():
+                entries[name]["inference"] = future.result()
         snap.host.services = Reading.ok(entries)
         snap.host.__post_init__()  # validated like every reading
 
     def _entry(self, supervisor: Supervisor, snap: Snapshot, now: float) -> dict[str, Any]:
         service = supervisor.service
-        st = supervisor.snapshot().state
-        variant = st.active
+        variant = supervisor.snapshot().state.active
         entry: dict[str, Any] = {"variant": variant}
-        if not supervisor.settled.is_set() or st.transition is not None:
-            # starting up or moving: a failed request now says nothing about the service
-            # (its result is unknown: neither counts towards failover nor resets)
-            entry["inference"] = {"ok": None, "error": "the service is starting or moving"} \
-                if service.probe.request is not None else None
-        else:
-            entry["inference"] = _inference(supervisor, variant)
         try:
             tree = processes.tree(service, variant, TREE_DEADLINE_S)
         except processes.TreeError as exc:
@@ -113,10 +113,17 @@ def _gpu_memory(snap: Snapshot, pids: set[int]) -> tuple[int | None, int | None]
     return held, free if uses_gpu else None
 
 
-def _inference(supervisor: Supervisor, variant: str) -> dict[str, Any] | None:
+def _inference(supervisor: Supervisor) -> dict[str, Any] | None:
+    """The probe's request to the active variant; None when the probe is no request."""
     cfg = supervisor.service.probe
     if cfg.request is None or cfg.http is None:
         return None
+    st = supervisor.snapshot().state
+    if not supervisor.settled.is_set() or st.transition is not None:
+        # starting up or moving: a failed request now says nothing about the service
+        # (its result is unknown: it neither counts towards failover nor resets)
+        return {"ok": None, "error": "the service is starting or moving"}
+    variant = st.active
     url = cfg.http if isinstance(cfg.http, str) else cfg.http.get(variant)
     if url is None:
         return None

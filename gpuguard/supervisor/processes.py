@@ -101,14 +101,18 @@ def _systemd_tree(unit: str, deadline_s: float, cgroupfs: str) -> Tree:
 def _docker_tree(name: str, deadline_s: float) -> Tree:
     import docker
 
+    client = None
     try:
         client = docker.from_env(timeout=max(1, int(deadline_s)))
         container = client.containers.get(name)
         if container.status != "running":
             raise TreeError(f"container {name} is {container.status}")
         top: dict[str, Any] = container.top()
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, OSError) as exc:
         raise TreeError(f"Docker: {exc}") from exc
+    finally:
+        if client is not None:
+            client.close()  # a client per cycle: its connections must not pile up
     titles = top.get("Titles") or []
     if "PID" not in titles:
         raise TreeError(f"Docker's top of {name} has no PID column")
