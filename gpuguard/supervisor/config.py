@@ -38,6 +38,7 @@ before anything is stopped or started. The Structs are the file's shape; the dat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -252,7 +253,7 @@ def _service(path: Path, spec: ServiceSpec, entry: Mapping) -> Service:
         problem = "probe needs" if not kinds else f"probe has {' and '.join(kinds)}: it takes"
         raise fail("probe", f"{problem} one of `http: URL`, `exec: [command]` or "
                    "`docker_health: true`")
-    request = _request(path, spec, fail)
+    request = _request(spec, fail)
     nginx = None
     if spec.router is not None:
         raw = spec.router.nginx
@@ -275,7 +276,8 @@ def _service(path: Path, spec: ServiceSpec, entry: Mapping) -> Service:
     )
 
 
-def _request(path: Path, spec: ServiceSpec, fail: Any) -> Request | None:
+def _request(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> Request | None:
+    """The probe's request, when any of its keys is set; checks across its keys."""
     probe = spec.probe
     if probe.method is None and probe.body is None and probe.body_file is None \
             and probe.json_path is None and probe.headers is None:

@@ -3,6 +3,7 @@ Docker health status."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -62,10 +63,10 @@ def send(url: str, status: int, request: Request) -> Answer:
     (read up to MAX_BODY) that has `json_path`. Never raises."""
     started = time.monotonic()
     end = started + request.timeout
-    req = urllib.request.Request(url, data=request.body, method=request.method,
-                                 headers=request.headers)
     code: int | None = None
     try:
+        req = urllib.request.Request(url, data=request.body, method=request.method,
+                                     headers=request.headers)
         try:
             resp = urllib.request.urlopen(req, timeout=request.timeout)
         except urllib.error.HTTPError as exc:
@@ -73,7 +74,7 @@ def send(url: str, status: int, request: Request) -> Answer:
         with resp:
             code = int(resp.status if hasattr(resp, "status") else resp.code)
             body = _read_bounded(resp, end)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:
         return Answer(False, time.monotonic() - started, code,
                       f"{type(exc).__name__}: {str(exc)[:200]}")
     latency = time.monotonic() - started

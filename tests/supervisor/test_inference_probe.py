@@ -189,3 +189,25 @@ def test_send_to_nothing_fails() -> None:
         port = sock.getsockname()[1]
     result = probe.send(f"http://127.0.0.1:{port}/", 200, REQUEST)
     assert not result.ok and result.status is None and "refused" in str(result.error)
+
+
+def test_send_to_a_bad_url_or_a_server_speaking_no_http_fails() -> None:
+    import socket
+
+    assert probe.send("not a url", 200, REQUEST).ok is False
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        port = sock.getsockname()[1]
+
+        def garbage() -> None:
+            conn, _ = sock.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+
+        thread = threading.Thread(target=garbage, daemon=True)
+        thread.start()
+        result = probe.send(f"http://127.0.0.1:{port}/", 200, REQUEST)
+        thread.join(5)
+    assert not result.ok and result.status is None and "BadStatusLine" in str(result.error)
