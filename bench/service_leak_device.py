@@ -147,6 +147,15 @@ def main() -> int:
                             "memory_growth": {k: growth.get(k) for k in
                                               ("status", "message", "observed")},
                             "gpu_memory": {k: gpu_mem.get(k) for k in ("status", "message")}})
+        # what nvidia-smi says of the same processes (NVML lists no process inside a
+        # container without the host's PID namespace: the GPU series would be empty)
+        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+                               "--format=csv"], capture_output=True, text=True, timeout=30,
+                              check=False)
+        (OUT / "nvidia-smi-apps.txt").write_text(apps.stdout + apps.stderr)
+        pids = {n: (WORK / f"{n}.pid").read_text().strip() for n in ("leak", "steady")
+                if (WORK / f"{n}.pid").exists()}
+        (OUT / "pids.json").write_text(json.dumps(pids))
     finally:
         daemon.send_signal(signal.SIGTERM)
         try:
@@ -168,11 +177,17 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
         observed = sample["memory_growth"].get("observed") or {}
         return (observed.get("service_status") or {}).get(name)
 
-    def gpu(sample: dict[str, Any], name: str) -> dict[str, Any]:
-        observed = sample["memory_growth"].get("observed") or {}
-        return ((observed.get("services") or {}).get(name) or {}).get("GPU memory") or {}
+    def series(sample: dict[str, Any] | None, name: str, label: str = "GPU memory"
+               ) -> dict[str, Any]:
+        observed = (sample or {}).get("memory_growth", {}).get("observed") or {}
+        return ((observed.get("services") or {}).get(name) or {}).get(label) or {}
+
+    def mib_s(found: dict[str, Any]) -> float | None:
+        slope = found.get("slope_bytes_per_s")
+        return None if slope is None else round(slope / 2**20, 2)
 
     flagged = next((s for s in samples if per(s, "leak") == "warning"), None)
+    after = samples[samples.index(flagged):] if flagged else []
     last = samples[-1] if samples else None
     return {
         "step": f"+{STEP_MIB} MiB every {STEP_S:g} s",
@@ -181,16 +196,18 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
         "cycles_seen": len(samples),
         "leak_flagged_after_s": flagged["t"] if flagged else None,
         "leak_message": flagged["memory_growth"]["message"] if flagged else None,
-        "leak_gpu_slope_mib_per_s_at_flag": (gpu(flagged, "leak").get("slope_bytes_per_s") or 0)
-        / 2**20 if flagged else None,
-        "leak_projected_s_at_flag": gpu(flagged, "leak").get("projected_s") if flagged else None,
-        "leak_gpu_slope_mib_per_s_last": (gpu(last, "leak").get("slope_bytes_per_s") or 0)
-        / 2**20 if last else None,
-        "leak_r2_last": gpu(last, "leak").get("r2") if last else None,
+        "leak_gpu_slope_mib_per_s_at_flag": mib_s(series(flagged, "leak")),
+        "leak_projected_s_at_flag": series(flagged, "leak").get("projected_s"),
+        "leak_r2_at_flag": series(flagged, "leak").get("r2"),
+        "leak_flagged_share_after_first": round(
+            sum(1 for s in after if per(s, "leak") == "warning") / len(after), 3)
+        if after else None,
+        "leak_gpu_slope_mib_per_s_last": mib_s(series(last, "leak")),
+        "leak_r2_last": series(last, "leak").get("r2"),
+        "leak_host_slope_mib_per_s_last": mib_s(series(last, "leak", "host RSS")),
         "steady_false_positives": sum(1 for s in samples if per(s, "steady") == "warning"),
         "steady_statuses": sorted({str(per(s, "steady")) for s in samples}),
-        "steady_gpu_slope_mib_per_s_last": (gpu(last, "steady").get("slope_bytes_per_s") or 0)
-        / 2**20 if last else None,
+        "steady_gpu_slope_mib_per_s_last": mib_s(series(last, "steady")),
         "gpu_memory_last": last["gpu_memory"] if last else None,
     }
 
