@@ -149,10 +149,13 @@ def main() -> int:
                             "gpu_memory": {k: gpu_mem.get(k) for k in ("status", "message")}})
         # what nvidia-smi says of the same processes (NVML lists no process inside a
         # container without the host's PID namespace: the GPU series would be empty)
-        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
-                               "--format=csv"], capture_output=True, text=True, timeout=30,
-                              check=False)
-        (OUT / "nvidia-smi-apps.txt").write_text(apps.stdout + apps.stderr)
+        try:
+            apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name,"
+                                   "used_memory", "--format=csv"], capture_output=True,
+                                  text=True, timeout=30, check=False)
+            (OUT / "nvidia-smi-apps.txt").write_text(apps.stdout + apps.stderr)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            (OUT / "nvidia-smi-apps.txt").write_text(f"nvidia-smi: {exc}\n")
         pids = {n: (WORK / f"{n}.pid").read_text().strip() for n in ("leak", "steady")
                 if (WORK / f"{n}.pid").exists()}
         (OUT / "pids.json").write_text(json.dumps(pids))
