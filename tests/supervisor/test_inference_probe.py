@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -211,3 +212,57 @@ def test_send_to_a_bad_url_or_a_server_speaking_no_http_fails() -> None:
         result = probe.send(f"http://127.0.0.1:{port}/", 200, REQUEST)
         thread.join(5)
     assert not result.ok and result.status is None and "BadStatusLine" in str(result.error)
+
+
+def test_a_variant_whose_inference_fails_is_never_ready(tmp_path: Path) -> None:
+    """Readiness (a failover's target, a failback) waits for the request, not for a port
+    that answers: the GPU variant here answers GET with 200 but POST with 500, so failing
+    back to it fails and the CPU variant keeps serving."""
+    from gpuguard.supervisor.service import Supervisor
+    from tests.daemon.conftest import free_port
+
+    script = tmp_path / "server.py"
+    script.write_text(
+        "import sys\n"
+        "from http.server import BaseHTTPRequestHandler, HTTPServer\n"
+        "class H(BaseHTTPRequestHandler):\n"
+        "    def log_message(self, *a): pass\n"
+        "    def _send(self, code, body):\n"
+        "        self.send_response(code); self.send_header('Content-Length', str(len(body)))\n"
+        "        self.end_headers(); self.wfile.write(body)\n"
+        "    def do_GET(self): self._send(200, b'{}')\n"
+        "    def do_POST(self):\n"
+        "        self.rfile.read(int(self.headers.get('Content-Length') or 0))\n"
+        "        self._send(int(sys.argv[2]), b'{\"choices\": [{\"text\": \"x\"}]}')\n"
+        "HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+    ports = {"gpu": free_port(), "cpu": free_port()}
+    codes = {"gpu": 500, "cpu": 200}
+
+    def commands(v: str) -> dict[str, list[str]]:
+        pid = tmp_path / f"{v}.pid"
+        return {
+            f"start_{v}": ["sh", "-c", f"{sys.executable} {script} {ports[v]} {codes[v]} "
+                                       f">/dev/null 2>&1 & echo $! > {pid}"],
+            f"stop_{v}": ["sh", "-c", f"[ -f {pid} ] && kill $(cat {pid}); rm -f {pid}; true"],
+            f"running_{v}": ["sh", "-c", f"[ -f {pid} ] && kill -0 $(cat {pid})"]}
+
+    config = tmp_path / "gpuguard.yaml"
+    config.write_text(json.dumps({"services": [{
+        "name": "llm", "backend": "exec", "min_cpu_time": 0, "failback_after": 1,
+        "probe": {"http": {v: f"http://127.0.0.1:{p}/v1/completions" for v, p in ports.items()},
+                  "body": {"prompt": "hi"}, "json_path": "choices.0.text",
+                  "request_timeout": 2, "timeout": 3},
+        "exec": {**commands("gpu"), **commands("cpu")}}]}))
+    [service] = load_services(config)
+    supervisor = Supervisor(service, tmp_path / "state", set())
+    try:
+        assert supervisor.transition("cpu", "test")  # the CPU variant answers: ready
+        assert supervisor.state.active == "cpu"
+        assert not supervisor.transition("gpu", "failback")  # its inference fails
+        assert supervisor.state.active == "cpu" and supervisor.state.errors == 1
+        # put back (started again: without a router both variants share nothing)
+        cpu = f"http://127.0.0.1:{ports['cpu']}/v1/completions"
+        assert probe.wait(lambda: probe.send(cpu, 200, service.probe.request).ok, 10)
+    finally:
+        for v in ports:
+            supervisor.backend.stop(v)
