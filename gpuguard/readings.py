@@ -314,7 +314,7 @@ HOST_FIELDS: dict[str, Validator] = {
     "gpu_count": _int(0, 1024), "kernel_log": _kernel_log, "kernel_module_version": _text,
     "kernel_modules": _text_list, "device_nodes": _text_list, "secure_boot": _bool,
     "persistenced_running": _bool, "cdi_specs": _mapping_list, "container_cli": _mapping,
-    "ctk_version": _text, "docker": _mapping, "probe_image": _mapping,
+    "ctk_version": _text, "docker": _mapping, "probe_image": _mapping, "services": _mapping,
     "fabricmanager_running": _bool, "host_memory": _host_memory, "disk_space": _disk_space,
 }
 

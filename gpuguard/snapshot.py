@@ -277,6 +277,10 @@ class HostInfo:
     # {"path", "role": docker|profile, "total_bytes", "free_bytes", "inodes_total",
     # "inodes_free"}, or {"path", "role", "error"} for a path that could not be read.
     disk_space: Reading[list[dict[str, Any]]] = reading_field()
+    # The supervised services (daemon only, gpuguard/daemon/services.py): name -> {pids,
+    # processes, rss_bytes, samples, headroom, inference, ...} or {error}; absent when none
+    # is configured (the service.* rules are skipped).
+    services: Reading[dict[str, Any]] = reading_field()
 
     def __post_init__(self) -> None:
         if not isinstance(self.hostname, str) or not isinstance(self.source, str):

@@ -123,6 +123,19 @@ def dashboard() -> dict[str, Any]:
               [('gpuguard_cycle_duration_seconds{instance=~"$host"}', "{{instance}} {{cadence}}"),
                ('up{job=~"gpuguard.*", instance=~"$host"}', "{{instance}} up")],
               0, 66, 24, 6, unit="s"),
+        # the supervised services (service.* rules, docs/supervisor.md)
+        panel("Service memory: host RSS and GPU", "timeseries",
+              [('gpuguard_service_rss_bytes{instance=~"$host"}', "{{instance}} {{service}} RSS"),
+               ('gpuguard_service_gpu_memory_bytes{instance=~"$host"}',
+                "{{instance}} {{service}} GPU {{gpu}}")], 0, 72, 8, 8, unit="bytes"),
+        panel("Service memory: time to its limit at the fitted slope", "timeseries",
+              [('gpuguard_service_memory_exhaustion_seconds{instance=~"$host"}',
+                "{{instance}} {{service}} {{memory}}")], 8, 72, 8, 8, unit="s"),
+        panel("Service inference probe", "timeseries",
+              [('gpuguard_service_inference_latency_seconds{instance=~"$host"}',
+                "{{instance}} {{service}} latency"),
+               ('gpuguard_service_inference_success{instance=~"$host"}',
+                "{{instance}} {{service}} success")], 16, 72, 8, 8),
     ]
     variables = [
         {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Data source",

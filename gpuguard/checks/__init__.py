@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 FAMILIES = (
     "driver", "gpu", "vbios", "ecc", "memory", "pcie", "clocks", "power", "thermal",
     "persistence", "recovery", "xid", "toolkit", "nvlink", "fabric", "p2p", "mig", "sxid",
-    "host",
+    "host", "service",
 )
 
 

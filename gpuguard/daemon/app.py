@@ -31,6 +31,7 @@ from gpuguard.daemon.active import ProbeKeeper
 from gpuguard.daemon.metrics import DaemonCollector, DaemonStats
 from gpuguard.daemon.recorder import EventRecorder
 from gpuguard.daemon.sampler import NvmlSampler
+from gpuguard.daemon.services import ServiceWatch
 from gpuguard.daemon.store import ResultStore
 from gpuguard.engine import evaluate
 from gpuguard.eventstore import Event
@@ -102,6 +103,7 @@ class Daemon:
         self.probes = ProbeKeeper(cfg.active_probe_interval) \
             if cfg.active_probe_interval > 0 and cfg.input_path is None else None
         self.recorder: EventRecorder | None = None
+        self.service_watch = ServiceWatch([])
 
     # --- configuration -------------------------------------------------------------
 
@@ -117,9 +119,14 @@ class Daemon:
     def _fit_history(self, ruleset: RuleSet) -> None:
         """Keep the history as long as the longest window a rule judges (a rule whose
         window_s an override lengthened must not be judged over less than it says)."""
-        windows = [float(r.thresholds["window_s"]) for r in ruleset.rules.values()
-                   if isinstance(r.thresholds.get("window_s"), int | float)]
-        self.history.keep_s = max([660.0, *(w + 60.0 for w in windows)])
+        windows = {r.id: float(r.thresholds["window_s"]) for r in ruleset.rules.values()
+                   if isinstance(r.thresholds.get("window_s"), int | float)}
+        # the services' samples are kept apart (daemon/services.py): their 30 min window
+        # does not lengthen every GPU's history
+        self.history.keep_s = max([660.0, *(w + 60.0 for rule, w in windows.items()
+                                            if not rule.startswith("service."))])
+        self.service_watch.keep_s = max([60.0, *(w + 60.0 for rule, w in windows.items()
+                                                 if rule.startswith("service."))])
 
     def _do_reload(self) -> None:
         notify.reloading()
@@ -221,6 +228,7 @@ class Daemon:
             with self.stats.lock:
                 self.stats.deadline_exceeded_total += 1
         self.history.add(snap, time.time())
+        self.service_watch.sample(snap, time.time())
         results = evaluate(snap, ruleset, profile, cadence="fast", history=self.history)
         if self.recorder is not None:
             results = self.recorder.on_cycle(results, boards(snap), ruleset)
@@ -380,6 +388,7 @@ class Daemon:
             self.recorder.start()
             for supervisor in self.supervisors:
                 supervisor.on_transition = self._supervisor_event
+        self.service_watch.supervisors = self.supervisors
         for supervisor in self.supervisors:
             supervisor.start()
         with self.stats.lock:

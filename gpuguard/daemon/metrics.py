@@ -19,6 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from gpuguard.daemon import service_metrics
 from gpuguard.daemon.store import ResultStore
 from gpuguard.outputs import families
 from gpuguard.snapshot import Snapshot
@@ -62,6 +63,7 @@ class DaemonCollector(Collector):
             yield from families.telemetry(snapshot)
             yield from families.host_resources(snapshot)
             yield from families.sources(snapshot)
+            yield from service_metrics.families(snapshot)
         yield from self._daemon()
         yield from self._failover()
         yield from self._event_store()

@@ -11,6 +11,11 @@
         rules: ["driver.*", "gpu.count"]   # default: the rules tagged `failover`
         gpus: [0, 1]                # default: every GPU counts
         probe: {http: "http://127.0.0.1:8000/health", status: 200, timeout: 60}
+        # or a real request (service.inference judges it every fast cycle, too):
+        # probe: {http: "http://127.0.0.1:8000/v1/completions", method: POST,
+        #         body: {model: m, prompt: hi, max_tokens: 1},   # or body_file: /path
+        #         headers: {Authorization: "Bearer x"}, status: 200,
+        #         json_path: choices.0.text, request_timeout: 10, timeout: 60}
         # or probe: {docker_health: true, timeout: 60}
         backend: docker             # docker | systemd | exec
         docker:
@@ -20,7 +25,8 @@
           cpu: {name: llm-cpu, image: vllm-cpu:latest, ...}
         systemd: {gpu: llm-gpu.service, cpu: llm-cpu.service}
         exec: {start_gpu: [...], stop_gpu: [...], start_cpu: [...], stop_cpu: [...],
-               running_gpu: [...], running_cpu: [...]}
+               running_gpu: [...], running_cpu: [...],
+               pid_file_gpu: /run/llm-gpu.pid, pid_file_cpu: /run/llm-cpu.pid}
         router:                     # optional: switch without lost requests
           nginx: {upstream_file: /etc/nginx/gpuguard/llm.conf,
                   gpu: "127.0.0.1:8001", cpu: "127.0.0.1:8002",
@@ -34,6 +40,7 @@ before anything is stopped or started. The Structs are the file's shape; the dat
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -72,6 +79,15 @@ class ProbeSpec(_Strict):
     docker_health: bool = False
     exec: Command | PerVariantCommand | None = None
     timeout: Seconds = 60.0
+    # A real request instead of a health URL (service.inference): any of these makes it one.
+    method: Literal["GET", "POST", "PUT"] | None = None
+    body: dict[str, Any] | list[Any] | None = None
+    body_file: Text | None = None
+    headers: dict[str, str] | None = None
+    json_path: Text | None = None
+    # the deadline of one request, its response read included (`timeout` is how long
+    # a starting variant may take to become ready)
+    request_timeout: Seconds = 10.0
 
 
 class DockerVariant(_Strict):
@@ -106,6 +122,10 @@ class ExecSection(_Strict):
     stop_cpu: Command
     running_gpu: Command | None = None
     running_cpu: Command | None = None
+    # the main PID of each variant, written by its start command: service.* rules follow
+    # it and its descendants
+    pid_file_gpu: Text | None = None
+    pid_file_cpu: Text | None = None
 
 
 class NginxSpec(_Strict):
@@ -154,6 +174,20 @@ class Probe:
     # a command whose exit 0 means ready (one for both variants, or {gpu: [...], cpu: [...]})
     exec: list[str] | dict[str, list[str]] | None = None
     timeout: float = 60.0
+    # a real request (probe.Request); None: `http` is a plain health URL
+    request: Request | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    """An inference request the probe sends: ready only when it answers `status` with a
+    JSON document that has `json_path` (dots; numbers index lists)."""
+
+    method: str = "GET"
+    body: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    json_path: str | None = None
+    timeout: float = 10.0
 
 
 @dataclass
@@ -223,6 +257,7 @@ def _service(path: Path, spec: ServiceSpec, entry: Mapping) -> Service:
         problem = "probe needs" if not kinds else f"probe has {' and '.join(kinds)}: it takes"
         raise fail("probe", f"{problem} one of `http: URL`, `exec: [command]` or "
                    "`docker_health: true`")
+    request = _request(spec, fail)
     nginx = None
     if spec.router is not None:
         raw = spec.router.nginx
@@ -238,12 +273,39 @@ def _service(path: Path, spec: ServiceSpec, entry: Mapping) -> Service:
         name=name, backend=spec.backend, backend_config=backend_config,
         probe=Probe(http=_plain(probe.http), status=probe.status,
                     docker_health=probe.docker_health, exec=_plain(probe.exec),
-                    timeout=probe.timeout),
+                    timeout=probe.timeout, request=request),
         failover_after=spec.failover_after, failback_after=spec.failback_after,
         min_cpu_time=spec.min_cpu_time, manual_failback=spec.failback == "manual",
         failback_probe=spec.failback_probe, rules=spec.rules, gpus=spec.gpus, nginx=nginx,
         origin=f"{path}:{entry.line}",
     )
+
+
+def _request(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> Request | None:
+    """The probe's request, when any of its keys is set; checks across its keys."""
+    probe = spec.probe
+    if probe.method is None and probe.body is None and probe.body_file is None \
+            and probe.json_path is None and probe.headers is None:
+        return None
+    if probe.http is None:
+        raise fail("probe", "method, body, body_file, headers and json_path need `http: URL`")
+    if probe.body is not None and probe.body_file is not None:
+        raise fail("probe", "probe takes `body` or `body_file`, not both")
+    body: bytes | None = None
+    headers = dict(probe.headers or {})
+    if probe.body is not None:
+        body = msgspec.json.encode(probe.body)
+    elif probe.body_file is not None:
+        from gpuguard import boundedio
+
+        try:
+            body = boundedio.read_bytes(probe.body_file, 1024 * 1024, 5.0)
+        except OSError as exc:
+            raise fail("probe", f"body_file: {exc}") from exc
+    if body is not None and not any(k.lower() == "content-type" for k in headers):
+        headers["Content-Type"] = "application/json"
+    method = probe.method or ("POST" if body is not None else "GET")
+    return Request(method, body, headers, probe.json_path, probe.request_timeout)
 
 
 def _plain(value: Any) -> Any:

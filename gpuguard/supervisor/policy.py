@@ -7,6 +7,7 @@ critical) neither counts nor resets, since we learned nothing about the GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from dataclasses import dataclass
 from typing import Literal
@@ -31,10 +32,17 @@ class Counts:
 
 
 def outcome(results: list[Result], rules: list[str] | None, tagged: set[str],
-            gpus: list[int] | None) -> tuple[Outcome, list[Result]]:
-    """The cycle's outcome for one service, and the results that made it fail."""
+            gpus: list[int] | None, service: str | None = None
+            ) -> tuple[Outcome, list[Result]]:
+    """The cycle's outcome for one service, and the results that made it fail. A result
+    about several services (service.*: `observed.service_status`) counts with the status
+    it gives this one service, and not at all when it does not name it: one service whose
+    inference fails is no reason to move another."""
     counted = []
-    for r in results:
+    for each in results:
+        r = own_status(each, service)
+        if r is None:
+            continue
         if rules is not None:
             if not any(fnmatch.fnmatchcase(r.rule, p) for p in rules):
                 continue
@@ -49,6 +57,16 @@ def outcome(results: list[Result], rules: list[str] | None, tagged: set[str],
     if any(r.status is Status.UNKNOWN for r in counted):
         return "unknown", []
     return "passed", []
+
+
+def own_status(result: Result, service: str | None) -> Result | None:
+    per_service = result.observed.get("service_status")
+    if not isinstance(per_service, dict):
+        return result
+    status = per_service.get(service) if service is not None else None
+    if status is None:
+        return None
+    return dataclasses.replace(result, status=Status(status))
 
 
 def decide(active: str, counts: Counts, result: Outcome, now: float, on_cpu_since: float | None,

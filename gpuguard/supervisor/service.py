@@ -84,6 +84,9 @@ class Supervisor:
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        # set once recover() has made the active variant run (or failed trying): until
+        # then a probe of the service says nothing about it (tests/daemon/test_services)
+        self.settled = threading.Event()
         self.log = log.bind(service=service.name)
         # Told of each transition's end (the daemon records it in the event store)
         self.on_transition: Callable[[dict[str, Any]], None] | None = None
@@ -121,6 +124,7 @@ class Supervisor:
             self.recover()
         except Exception:
             self.log.exception("failover_recover_failed")
+        self.settled.set()
         while not self._stop.is_set():
             try:
                 item = self._queue.get(timeout=0.5)
@@ -201,7 +205,7 @@ class Supervisor:
 
     def handle_cycle(self, results: list[Result], now: float) -> None:
         svc = self.service
-        result, why = policy.outcome(results, svc.rules, self.tagged, svc.gpus)
+        result, why = policy.outcome(results, svc.rules, self.tagged, svc.gpus, svc.name)
         with self._lock:
             st = self.state
             counts, action = policy.decide(
@@ -381,8 +385,12 @@ class Supervisor:
                 return probe.command_ready(command)
         else:
             url = cfg.http if isinstance(cfg.http, str) else (cfg.http or {}).get(variant)
+            request = cfg.request
 
             def check() -> bool:
+                # a real request: ready only when inference answers, not just /health
+                if request is not None:
+                    return probe.send(str(url), cfg.status, request).ok
                 return probe.http_ready(str(url), cfg.status)
         if not probe.wait(check, cfg.timeout):
             raise NotReady(f"the {variant} variant was not ready within {cfg.timeout:g} s")

@@ -46,9 +46,10 @@ def test_daemon_exports_what_the_doc_lists(start_daemon, tmp_path):
     daemon.wait_for(lambda: "gpuguard_xid_events_total{" in daemon.metrics() and
                     "gpuguard_disk_free_bytes{" in daemon.metrics(), what="xids and disks")
     text = daemon.metrics()
-    # the failover metrics appear only with services (tests/supervisor checks them)
+    # the failover and service metrics appear only with services (tests/supervisor and
+    # tests/daemon/test_services.py check them)
     daemon_metrics = {n for n in documented("## The daemon")
-                      if not n.startswith("gpuguard_failover_")}
+                      if not n.startswith(("gpuguard_failover_", "gpuguard_service_"))}
     assert exported(text) == daemon_metrics
     lint = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"],
                           input=text, capture_output=True, text=True, check=False)

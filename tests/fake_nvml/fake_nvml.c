@@ -34,8 +34,14 @@
  *   FAKE_NVML_MIG_PENDING=1    MIG mode disabled now, enabled after a reset
  *   FAKE_NVML_MEM_TEMP=C       HBM temperature (default 35; its maximum is 95)
  *   FAKE_NVML_APP_CLOCK_SM=MHz application SM clock (default: the default, 1980)
- *   FAKE_NVML_MEM_TOTAL_MIB=n  memory total (v1 memory info; default: not supported)
- *   FAKE_NVML_MEM_USED_MIB=n   ... and memory used (default 0)
+ *   FAKE_NVML_MEM_TOTAL_MIB=n  memory total (v1 memory info; default: not supported unless
+ *                              FAKE_NVML_PROCS_FILE is set)
+ *   FAKE_NVML_MEM_USED_MIB=n   ... and memory used (default 0; ignored with PROCS_FILE)
+ *   FAKE_NVML_PROCS_FILE=path  per-process accounting: lines "gpu pid used_mib", read at
+ *                              every call (a test grows them); with it set the GPUs also
+ *                              report their memory (FAKE_NVML_MEM_TOTAL_MIB, default 143771,
+ *                              used = the sum of the file's lines); unset, the process
+ *                              call is not supported
  *
  * Structs are laid out as nvidia-ml-py's ctypes declarations (pynvml.py) pass them.
  */
@@ -195,16 +201,6 @@ nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t d, unsigned int *w) {
 
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
-nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
-    (void)d;
-    unsigned long long mib = 1ULL << 20;
-    int total = env_int("FAKE_NVML_MEM_TOTAL_MIB", 0);
-    if (total <= 0) return NVML_ERROR_NOT_SUPPORTED;
-    m->total = (unsigned long long)total * mib;
-    m->used = (unsigned long long)env_int("FAKE_NVML_MEM_USED_MIB", 0) * mib;
-    m->free = m->total - m->used;
-    return NVML_SUCCESS;
-}
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     (void)d;
@@ -415,5 +411,84 @@ nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t d, int type, uns
 nvmlReturn_t nvmlDeviceGetGspFirmwareVersion(nvmlDevice_t d, char *version) {
     maybe_hang("nvmlDeviceGetGspFirmwareVersion", d->index);
     strcpy(version, "580.159.04"); /* pynvml passes NVML_GSP_FIRMWARE_VERSION_BUF_SIZE (64) */
+    return NVML_SUCCESS;
+}
+
+/* Per-process accounting (FAKE_NVML_PROCS_FILE): nvidia-ml-py calls the _v3 symbol with
+ * c_nvmlProcessInfo_v3_t {uint pid; ulonglong usedGpuMemory; uint gpuInstanceId;
+ * uint computeInstanceId}; first with a NULL array to learn the count. */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_t;
+
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define MIB (1024ULL * 1024ULL)
+
+/* The file's lines for GPU `gpu`, at most `max` of them into pids/used; returns how many
+ * lines the GPU has (-1 when the switch is off). */
+static int read_procs(int gpu, unsigned int *pids, unsigned long long *used, int max) {
+    const char *file = getenv("FAKE_NVML_PROCS_FILE");
+    if (!file) return -1;
+    FILE *f = fopen(file, "r");
+    if (!f) return 0;
+    int n = 0, g;
+    unsigned int pid;
+    unsigned long long mib;
+    while (fscanf(f, "%d %u %llu", &g, &pid, &mib) == 3) {
+        if (g != gpu) continue;
+        if (n < max) {
+            pids[n] = pid;
+            used[n] = mib * MIB;
+        }
+        n++;
+    }
+    fclose(f);
+    return n;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
+                                                      nvmlProcessInfo_t *infos) {
+    maybe_hang("nvmlDeviceGetComputeRunningProcesses", d->index);
+    unsigned int pids[256];
+    unsigned long long used[256];
+    int n = read_procs(d->index, pids, used, 256);
+    if (n < 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (n > 256) n = 256;
+    if (infos == NULL || *count < (unsigned int)n) {
+        unsigned int had = *count;
+        *count = (unsigned int)n;
+        return n == 0 && had == 0 ? NVML_SUCCESS : NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < n; i++) {
+        infos[i].pid = pids[i];
+        infos[i].usedGpuMemory = used[i];
+        infos[i].gpuInstanceId = infos[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *count = (unsigned int)n;
+    return NVML_SUCCESS;
+}
+
+/* Memory info: with FAKE_NVML_PROCS_FILE, used is the sum of the GPU's processes; else
+ * FAKE_NVML_MEM_TOTAL_MIB and FAKE_NVML_MEM_USED_MIB; with neither, not supported. */
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+    unsigned int pids[256];
+    unsigned long long used[256];
+    int n = read_procs(d->index, pids, used, 256);
+    if (n < 0) {
+        int total = env_int("FAKE_NVML_MEM_TOTAL_MIB", 0);
+        if (total <= 0) return NVML_ERROR_NOT_SUPPORTED;
+        m->total = (unsigned long long)total * MIB;
+        m->used = (unsigned long long)env_int("FAKE_NVML_MEM_USED_MIB", 0) * MIB;
+        m->free = m->total - m->used;
+        return NVML_SUCCESS;
+    }
+    if (n > 256) n = 256;
+    m->total = (unsigned long long)env_int("FAKE_NVML_MEM_TOTAL_MIB", 143771) * MIB;
+    m->used = 0;
+    for (int i = 0; i < n; i++) m->used += used[i];
+    if (m->used > m->total) m->used = m->total;
+    m->free = m->total - m->used;
     return NVML_SUCCESS;
 }

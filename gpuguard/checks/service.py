@@ -1,0 +1,188 @@
+"""service.*: the supervised services themselves (daemon only).
+
+The daemon (gpuguard/daemon/services.py) puts one entry per supervised service into the
+`services` reading: its processes, their host RSS, the samples of the current run and
+the last inference request. `gpuguard check` has no services: these rules are skipped.
+
+One result per rule for the host, as for other host rules: its status is the worst
+service's, every service is named in the message, and `observed.service_status` gives
+each service's own status (the supervisor counts only its own service's: policy.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuguard.checks import (
+    CheckContext,
+    Finding,
+    host_check,
+    ok,
+    skipped,
+    unknown,
+)
+from gpuguard.results import Status
+from gpuguard.snapshot import GpuSnapshot, Process
+from gpuguard.trend import Limits, judge
+
+MIB = 1024 * 1024
+
+
+def held_by(gpu: GpuSnapshot, pids: set[int]) -> list[Process]:
+    """The GPU's compute processes that belong to the service (NVML reports host PIDs)."""
+    return [p for p in gpu.compute_processes.get() if p.pid in pids]
+
+
+def _combine(findings: dict[str, Finding]) -> Finding:
+    if not findings:
+        return skipped("no service is supervised")
+    if all(f.status is Status.SKIPPED for f in findings.values()):
+        return skipped("; ".join(f"{name}: {f.message}" for name, f in findings.items()))
+    worst = max(findings.values(), key=lambda f: f.status.rank).status
+    # the worst first; services of one status stay in name order (a stable sort)
+    ordered = sorted(findings.items(), key=lambda item: -item[1].status.rank)
+    message = "; ".join(f"{name}: {f.message}" for name, f in ordered)
+    return Finding(worst, message, {
+        "service_status": {name: f.status.value for name, f in findings.items()},
+        "services": {name: f.observed for name, f in findings.items()},
+    })
+
+
+def _services(ctx: CheckContext) -> dict[str, Any] | None:
+    """The services' entries; None when no service is configured (or in `gpuguard
+    check`): nothing to judge, whatever NVML did. An error reading is unknown (.get())."""
+    reading = ctx.snapshot.host.services
+    if reading.state == "absent":
+        return None
+    return reading.get()
+
+
+NO_SERVICE = "no supervised service (services are the daemon's: docs/supervisor.md)"
+
+
+@host_check("service.gpu_memory", thresholds=("headroom_percent",))
+def gpu_memory(ctx: CheckContext) -> Finding:
+    headroom = float(ctx.threshold("headroom_percent"))
+    findings: dict[str, Finding] = {}
+    services = _services(ctx)
+    if services is None:
+        return skipped(NO_SERVICE)
+    for name, entry in sorted(services.items()):
+        if entry.get("error"):
+            findings[name] = unknown(f"its processes are not known: {entry['error']}")
+            continue
+        findings[name] = _gpu_memory_of(ctx, set(entry.get("pids") or []), headroom)
+    return _combine(findings)
+
+
+def _gpu_memory_of(ctx: CheckContext, pids: set[int], headroom: float) -> Finding:
+    over: list[str] = []
+    held_text: list[str] = []
+    observed: dict[str, Any] = {}
+    for gpu in ctx.snapshot.gpus:
+        held = held_by(gpu, pids)
+        if not held:
+            continue
+        total = gpu.memory_total_bytes.get()
+        if not total:
+            return unknown(f"GPU {gpu.index} reports no memory")
+        sized = [(p, p.used_memory_bytes) for p in held if p.used_memory_bytes is not None]
+        if len(sized) < len(held):
+            # NVML may not account a process (no permission): its share cannot be told
+            return unknown(f"NVML does not account the GPU {gpu.index} memory of "
+                           f"{', '.join(str(p.pid) for p in held if p.used_memory_bytes is None)}")
+        used = sum(size for _, size in sized)
+        percent = 100.0 * used / total
+        names = ", ".join(f"{p.pid} {p.name or '?'} {size / MIB:.0f} MiB" for p, size in sized)
+        observed[str(gpu.index)] = {"used_bytes": used, "total_bytes": total,
+                                    "percent": percent,
+                                    "processes": [{"pid": p.pid, "name": p.name,
+                                                   "used_bytes": p.used_memory_bytes}
+                                                  for p in held]}
+        text = f"GPU {gpu.index} {percent:.1f}% ({names})"
+        held_text.append(text)
+        if percent > 100.0 - headroom:
+            over.append(text)
+    if over:
+        return ctx.fail(f"holds more than {100 - headroom:g}% of the GPU's memory: "
+                        + "; ".join(over), **observed)
+    if not held_text:
+        return ok("holds no GPU memory")
+    return ok("holds " + "; ".join(held_text), **observed)
+
+
+@host_check("service.memory_growth", thresholds=(
+    "window_s", "warmup_s", "min_samples", "min_r2", "recent_ratio", "horizon_s"))
+def memory_growth(ctx: CheckContext) -> Finding:
+    window = float(ctx.threshold("window_s"))
+    limits = Limits(warmup_s=float(ctx.threshold("warmup_s")),
+                    min_samples=int(ctx.threshold("min_samples")),
+                    min_r2=float(ctx.threshold("min_r2")),
+                    recent_ratio=float(ctx.threshold("recent_ratio")),
+                    horizon_s=float(ctx.threshold("horizon_s")))
+    findings: dict[str, Finding] = {}
+    services = _services(ctx)
+    if services is None:
+        return skipped(NO_SERVICE)
+    for name, entry in sorted(services.items()):
+        if entry.get("error"):
+            findings[name] = unknown(f"its processes are not known: {entry['error']}")
+            continue
+        findings[name] = _growth_of(ctx, entry, window, limits)
+    return _combine(findings)
+
+
+def _growth_of(ctx: CheckContext, entry: dict[str, Any], window: float,
+               limits: Limits) -> Finding:
+    samples = entry.get("samples") or []
+    if not samples:
+        return ok("no samples yet")
+    now = samples[-1][0]
+    recent = [s for s in samples if now - s[0] <= window]
+    started = entry.get("started_at")
+    series = {
+        "host RSS": ([(s[0], float(s[1])) for s in recent if s[1] is not None],
+                     entry.get("host_headroom_bytes")),
+        "GPU memory": ([(s[0], float(s[2])) for s in recent if s[2] is not None],
+                       entry.get("gpu_headroom_bytes")),
+    }
+    leaks: list[str] = []
+    calm: list[str] = []
+    observed: dict[str, Any] = {}
+    for label, (points, headroom) in series.items():
+        if headroom is None or not points:
+            continue
+        growth = judge(points, float(headroom), started, limits)
+        observed[label] = {"samples": growth.samples, "slope_bytes_per_s": growth.slope,
+                           "r2": growth.r2, "recent_slope_bytes_per_s": growth.recent_slope,
+                           "projected_s": growth.projected_s, "headroom_bytes": headroom}
+        if growth.leak:
+            assert growth.slope is not None
+            assert growth.projected_s is not None
+            leaks.append(f"{label} grows {growth.slope * 60 / MIB:.1f} MiB/min over "
+                         f"{growth.samples} samples (r² {growth.r2:.2f}): its limit in "
+                         f"{growth.projected_s / 60:.0f} min")
+        else:
+            calm.append(f"{label}: {growth.reason}")
+    if leaks:
+        return ctx.fail("; ".join(leaks), **observed)
+    return ok("; ".join(calm) or "nothing to judge", **observed)
+
+
+@host_check("service.inference")
+def inference(ctx: CheckContext) -> Finding:
+    findings: dict[str, Finding] = {}
+    services = _services(ctx)
+    if services is None:
+        return skipped(NO_SERVICE)
+    for name, entry in sorted(services.items()):
+        answer = entry.get("inference")
+        if answer is None:
+            findings[name] = skipped("its probe is not an inference request")
+        elif answer.get("ok") is None:
+            findings[name] = unknown(f"not probed: {answer.get('error')}")
+        elif answer.get("ok"):
+            findings[name] = ok(f"answered in {answer['latency_s']:.3f} s", **answer)
+        else:
+            findings[name] = ctx.fail(f"inference failed: {answer.get('error')}", **answer)
+    return _combine(findings)

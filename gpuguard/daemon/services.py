@@ -1,0 +1,132 @@
+"""The supervised services, sampled every fast cycle into the snapshot's `services`
+reading that the service.* rules judge (gpuguard/checks/service.py).
+
+For each service: the process tree of its active variant (supervisor/processes.py),
+their host RSS summed, the GPU memory NVML accounts to those PIDs, how much room is
+left (host: available memory or the cgroup's limit; GPU: the free memory of the GPUs
+it uses), and, when its probe is a real request, one inference request. The samples of
+the current run are kept for `keep_s` (the longest window a rule judges); a new run
+(another main PID, container or unit invocation) starts them over, so a restart is
+never taken as growth or as a drop.
+
+With no service configured the reading stays absent: the rules are skipped.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from gpuguard.checks.service import held_by
+from gpuguard.snapshot import Reading, Snapshot
+from gpuguard.supervisor import probe, processes
+from gpuguard.supervisor.service import Supervisor
+
+log = structlog.get_logger("gpuguard.services")
+
+# The deadline of reading one service's processes (pid file, cgroup, Docker's top).
+TREE_DEADLINE_S = 2.0
+
+Sample = tuple[float, int, int | None]  # (time, host RSS bytes, GPU bytes or unknown)
+
+
+@dataclass
+class Run:
+    identity: str
+    samples: deque[Sample] = field(default_factory=deque)
+
+
+class ServiceWatch:
+    def __init__(self, supervisors: list[Supervisor], keep_s: float = 1860.0) -> None:
+        self.supervisors = supervisors
+        self.keep_s = keep_s
+        self._runs: dict[str, Run] = {}
+
+    def sample(self, snap: Snapshot, now: float) -> None:
+        if not self.supervisors:
+            return
+        # The inference requests of all services at once, each under its own deadline: a
+        # cycle waits for the slowest one, not for their sum.
+        with ThreadPoolExecutor(max_workers=len(self.supervisors),
+                                thread_name_prefix="inference") as pool:
+            asked = {s.service.name: pool.submit(_inference, s) for s in self.supervisors}
+            entries = {s.service.name: self._entry(s, snap, now) for s in self.supervisors}
+            for name, future in asked.items():
+                entries[name]["inference"] = future.result()
+        snap.host.services = Reading.ok(entries)
+        snap.host.__post_init__()  # validated like every reading
+
+    def _entry(self, supervisor: Supervisor, snap: Snapshot, now: float) -> dict[str, Any]:
+        service = supervisor.service
+        variant = supervisor.snapshot().state.active
+        entry: dict[str, Any] = {"variant": variant}
+        try:
+            tree = processes.tree(service, variant, TREE_DEADLINE_S)
+        except processes.TreeError as exc:
+            # not known is not "no memory": the rules say unknown, the window starts over
+            self._runs.pop(service.name, None)
+            entry["error"] = str(exc)
+            return entry
+        rss, each = processes.rss_bytes(tree.pids)
+        gpu_bytes, gpu_headroom = _gpu_memory(snap, set(tree.pids))
+        run = self._runs.get(service.name)
+        if run is None or run.identity != tree.identity:
+            if run is not None:
+                log.info("service_restarted", service=service.name, old=run.identity,
+                         new=tree.identity, action="memory samples start over")
+            run = self._runs[service.name] = Run(tree.identity)
+        run.samples.append((now, rss, gpu_bytes))
+        while run.samples and now - run.samples[0][0] > self.keep_s:
+            run.samples.popleft()
+        entry.update({
+            "identity": tree.identity, "started_at": tree.started_at, "pids": tree.pids,
+            "processes": each, "rss_bytes": rss, "gpu_bytes": gpu_bytes,
+            "host_headroom_bytes": processes.host_headroom_bytes(tree.pids),
+            "gpu_headroom_bytes": gpu_headroom,
+            "samples": [list(s) for s in run.samples],
+        })
+        return entry
+
+
+def _gpu_memory(snap: Snapshot, pids: set[int]) -> tuple[int | None, int | None]:
+    """The GPU memory the PIDs hold over all GPUs, and the free memory of the GPUs they
+    use; (None, None) when a GPU's processes could not be read (not known, not zero)."""
+    held = 0
+    free = 0
+    uses_gpu = False
+    for gpu in snap.gpus:
+        if not gpu.compute_processes.is_ok:
+            return None, None
+        mine = held_by(gpu, pids)
+        if not mine:
+            continue
+        uses_gpu = True
+        held += sum(p.used_memory_bytes or 0 for p in mine)
+        total, used = gpu.memory_total_bytes.get_or(None), gpu.memory_used_bytes.get_or(None)
+        if total is None or used is None:
+            return held, None
+        free += max(total - used, 0)
+    return held, free if uses_gpu else None
+
+
+def _inference(supervisor: Supervisor) -> dict[str, Any] | None:
+    """The probe's request to the active variant; None when the probe is no request."""
+    cfg = supervisor.service.probe
+    if cfg.request is None or cfg.http is None:
+        return None
+    st = supervisor.snapshot().state
+    if not supervisor.settled.is_set() or st.transition is not None:
+        # starting up or moving: a failed request now says nothing about the service
+        # (its result is unknown: it neither counts towards failover nor resets)
+        return {"ok": None, "error": "the service is starting or moving"}
+    variant = st.active
+    url = cfg.http if isinstance(cfg.http, str) else cfg.http.get(variant)
+    if url is None:
+        return None
+    answer = probe.send(url, cfg.status, cfg.request)
+    return {"ok": answer.ok, "latency_s": round(answer.latency_s, 4), "status": answer.status,
+            "error": answer.error, "url": url}

@@ -1,0 +1,283 @@
+"""service.*: on the real H200 recording with a services reading as the daemon writes it
+(gpuguard/daemon/services.py); the daemon itself with real processes is in
+tests/daemon/test_services.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuguard.results import GpuRef, Result, Status
+from gpuguard.snapshot import Process, Reading, Snapshot
+from gpuguard.supervisor import policy
+from tests.conftest import overridden, set_gpu
+
+MIB = 1024 * 1024
+
+
+def with_services(snap: Snapshot, **entries: dict[str, Any]) -> Snapshot:
+    snap.host.services = Reading.ok(entries)
+    snap.host.__post_init__()
+    return snap
+
+
+def entry(pids: list[int], samples: list[list[Any]] | None = None, **extra: Any
+          ) -> dict[str, Any]:
+    return {"variant": "gpu", "identity": "pid 1", "started_at": 0.0, "pids": pids,
+            "processes": [], "rss_bytes": 0, "host_headroom_bytes": 10**12,
+            "gpu_headroom_bytes": None, "samples": samples or [], "inference": None, **extra}
+
+
+GIB = 1024 * MIB
+
+
+def hold(snap: Snapshot, percent: float, pid: int = 4242) -> Snapshot:
+    """The service's process holds `percent` of a 100 GiB GPU (exact: 1% is 1 GiB)."""
+    used = int(GIB * percent)
+    return set_gpu(snap, memory_total_bytes=100 * GIB,
+                   compute_processes=[Process(pid, used, "vllm"), Process(7, MIB, "other")])
+
+
+def severity(tmp_path, rule_id: str, level: str) -> Any:
+    from gpuguard.ruleset import load_ruleset
+
+    rules = tmp_path / "sev.d"
+    rules.mkdir(exist_ok=True)
+    (rules / "sev.yaml").write_text(f"overrides:\n  {rule_id}: {{severity: {level}}}\n")
+    return load_ruleset([rules])
+
+
+# --- no service -----------------------------------------------------------------------
+
+def test_no_service_configured_is_skipped_even_without_nvml(h200, run_rule):
+    for rule in ("service.gpu_memory", "service.memory_growth", "service.inference"):
+        [result] = run_rule(rule, h200)
+        assert result.status is Status.SKIPPED, rule
+        h200.nvml.init_error = "NVML Shared Library Not Found"
+        assert run_rule(rule, h200)[0].status is Status.SKIPPED
+        h200.nvml.init_error = None
+
+
+def test_an_error_reading_is_unknown(h200, run_rule):
+    h200.host.services = Reading.failed("boom")
+    assert run_rule("service.gpu_memory", h200)[0].status is Status.UNKNOWN
+
+
+def test_processes_not_known_is_unknown_for_that_service(h200, run_rule):
+    with_services(h200, llm={"variant": "gpu", "error": "no pid file", "inference": None},
+                  ok=entry([1]))
+    for rule in ("service.gpu_memory", "service.memory_growth"):
+        [result] = run_rule(rule, h200)
+        assert result.status is Status.UNKNOWN
+        assert result.observed["service_status"] == {"llm": "unknown", "ok": "ok"}
+        assert "llm: its processes are not known: no pid file" in result.message
+
+
+def test_an_empty_services_reading_is_skipped(h200, run_rule):
+    with_services(h200)
+    [result] = run_rule("service.gpu_memory", h200)
+    assert result.status is Status.SKIPPED and result.message == "no service is supervised"
+
+
+def test_services_of_one_status_are_listed_by_name(h200, run_rule):
+    with_services(h200, b=entry([1]), a=entry([2]))
+    [result] = run_rule("service.gpu_memory", h200)
+    assert result.status is Status.OK
+    assert result.message == "a: holds no GPU memory; b: holds no GPU memory"
+
+
+# --- service.gpu_memory ---------------------------------------------------------------
+
+def test_gpu_memory_boundaries_and_named_processes(h200, run_rule):
+    with_services(h200, llm=entry([4242]))
+    hold(h200, 95.5)  # vLLM at --gpu-memory-utilization 0.95 with its context: healthy
+    [result] = run_rule("service.gpu_memory", h200)
+    assert result.status is Status.OK and "GPU 0 95.5%" in result.message
+    hold(h200, 98.0)  # at the line: not over it
+    assert run_rule("service.gpu_memory", h200)[0].status is Status.OK
+    hold(h200, 98.1)
+    [result] = run_rule("service.gpu_memory", h200)
+    assert result.status is Status.WARNING
+    assert "4242 vllm 100454 MiB" in result.message and "more than 98%" in result.message
+    assert "7 other" not in result.message  # not the service's
+    seen = result.observed["services"]["llm"]["0"]
+    assert seen["processes"][0]["pid"] == 4242
+    assert seen["used_bytes"] == int(GIB * 98.1) and seen["total_bytes"] == 100 * GIB
+
+
+def test_gpu_memory_severity_comes_from_the_rule(h200, run_rule, tmp_path):
+    with_services(h200, llm=entry([4242]))
+    hold(h200, 99)
+    rules = severity(tmp_path, "service.gpu_memory", "critical")
+    assert run_rule("service.gpu_memory", h200, rules=rules)[0].status is Status.CRITICAL
+
+
+def test_gpu_memory_not_accounted_by_nvml_is_unknown(h200, run_rule):
+    with_services(h200, llm=entry([4242, 5]))
+    set_gpu(h200, compute_processes=[Process(4242, GIB, "vllm"), Process(5, None, "w")])
+    [result] = run_rule("service.gpu_memory", h200)
+    assert result.status is Status.UNKNOWN
+    assert "NVML does not account the GPU 0 memory of 5" in result.message
+
+
+def test_gpu_memory_of_a_gpu_without_memory_is_unknown(h200, run_rule):
+    with_services(h200, llm=entry([4242]))
+    hold(h200, 1)
+    set_gpu(h200, memory_total_bytes=0)
+    [result] = run_rule("service.gpu_memory", h200)
+    assert result.status is Status.UNKNOWN and "reports no memory" in result.message
+
+
+def test_gpu_memory_threshold_comes_from_the_rule(h200, run_rule, tmp_path):
+    with_services(h200, llm=entry([4242]))
+    hold(h200, 90.5)
+    rules = overridden(tmp_path, "service.gpu_memory", headroom_percent=10)
+    assert run_rule("service.gpu_memory", h200, rules=rules)[0].status is Status.WARNING
+    assert run_rule("service.gpu_memory", h200)[0].status is Status.OK
+
+
+def test_gpu_memory_of_a_service_without_gpu_processes(h200, run_rule):
+    with_services(h200, llm=entry([99999]))
+    hold(h200, 99.0)
+    [result] = run_rule("service.gpu_memory", h200)
+    assert result.status is Status.OK and "holds no GPU memory" in result.message
+
+
+def test_gpu_memory_unreadable_processes_are_unknown(h200, run_rule):
+    with_services(h200, llm=entry([4242]))
+    set_gpu(h200, compute_processes=Reading.failed("NVML timeout"))
+    assert run_rule("service.gpu_memory", h200)[0].status is Status.UNKNOWN
+
+
+# --- service.memory_growth --------------------------------------------------------------
+
+def leak_samples(n: int = 200, step: float = 5.0, rate: float = MIB) -> list[list[Any]]:
+    """n samples `step` s apart from t=1000 (long after start): RSS growing `rate` B/s."""
+    return [[1000 + i * step, int(100 * MIB + i * step * rate), None] for i in range(n)]
+
+
+def test_memory_growth_flags_a_steady_leak_with_its_projection(h200, run_rule):
+    # 1 MiB/s with 3,000 MiB left: 50 min, inside the 2 h horizon; the GPU has room but
+    # no samples (not judged, not named)
+    with_services(h200, llm=entry([1], leak_samples(), host_headroom_bytes=3000 * MIB,
+                                  gpu_headroom_bytes=MIB))
+    [result] = run_rule("service.memory_growth", h200)
+    assert result.status is Status.WARNING
+    assert result.message == ("llm: host RSS grows 60.0 MiB/min over 200 samples (r² 1.00): "
+                              "its limit in 50 min")
+    seen = result.observed["services"]["llm"]["host RSS"]
+    assert abs(seen["projected_s"] - 3000) < 1
+
+
+def test_memory_growth_severity_comes_from_the_rule(h200, run_rule, tmp_path):
+    with_services(h200, llm=entry([1], leak_samples(), host_headroom_bytes=MIB))
+    rules = severity(tmp_path, "service.memory_growth", "critical")
+    assert run_rule("service.memory_growth", h200, rules=rules)[0].status is Status.CRITICAL
+
+
+def test_memory_growth_window_edge(h200, run_rule, tmp_path):
+    # 12 samples 5 s apart (t 1000..1055): a 55 s window holds all 12, a 50 s one 11
+    with_services(h200, llm=entry([1], leak_samples(12), host_headroom_bytes=MIB))
+    rules = overridden(tmp_path, "service.memory_growth", window_s=55)
+    assert run_rule("service.memory_growth", h200, rules=rules)[0].status is Status.WARNING
+    rules = overridden(tmp_path, "service.memory_growth", window_s=50)
+    [result] = run_rule("service.memory_growth", h200, rules=rules)
+    assert result.status is Status.OK and "11 samples after warm-up" in result.message
+
+
+def test_memory_growth_horizon_comes_from_the_rule(h200, run_rule, tmp_path):
+    with_services(h200, llm=entry([1], leak_samples(), host_headroom_bytes=1024 * MIB))
+    rules = overridden(tmp_path, "service.memory_growth", horizon_s=1000)
+    assert run_rule("service.memory_growth", h200, rules=rules)[0].status is Status.OK
+    rules = overridden(tmp_path, "service.memory_growth", horizon_s=1030)
+    assert run_rule("service.memory_growth", h200, rules=rules)[0].status is Status.WARNING
+
+
+def test_memory_growth_judges_only_the_window(h200, run_rule, tmp_path):
+    # grew long ago, flat in the last 30 minutes: not a leak
+    old = leak_samples(100)
+    flat = [[old[-1][0] + 5 * (i + 1), old[-1][1], None] for i in range(400)]
+    with_services(h200, llm=entry([1], old + flat, host_headroom_bytes=MIB))
+    assert run_rule("service.memory_growth", h200)[0].status is Status.OK
+    rules = overridden(tmp_path, "service.memory_growth", window_s=100000)
+    # the whole history judged: growth stopped in the newest third, still not a leak
+    assert run_rule("service.memory_growth", h200, rules=rules)[0].status is Status.OK
+
+
+def test_memory_growth_warmup_and_min_samples_come_from_the_rule(h200, run_rule, tmp_path):
+    samples = leak_samples(20)  # t 1000..1095, started at 0
+    with_services(h200, llm=entry([1], samples, host_headroom_bytes=MIB))
+    assert run_rule("service.memory_growth", h200)[0].status is Status.WARNING
+    rules = overridden(tmp_path, "service.memory_growth", warmup_s=1050)
+    [result] = run_rule("service.memory_growth", h200, rules=rules)
+    assert result.status is Status.OK and "10 samples after warm-up, 12 needed" in result.message
+    rules = overridden(tmp_path, "service.memory_growth", min_samples=21)
+    assert run_rule("service.memory_growth", h200, rules=rules)[0].status is Status.OK
+
+
+def test_memory_growth_of_gpu_memory(h200, run_rule):
+    samples = [[t, 100 * MIB, g] for t, _, g in
+               ([s[0], 0, int(s[1])] for s in leak_samples())]
+    with_services(h200, llm=entry([1], samples, gpu_headroom_bytes=512 * MIB))
+    [result] = run_rule("service.memory_growth", h200)
+    assert result.status is Status.WARNING and "GPU memory grows" in result.message
+    assert "host RSS" not in result.message.split("GPU memory")[0].split("llm:")[1]
+
+
+def test_memory_growth_ratio_and_fit_come_from_the_rule(h200, run_rule, tmp_path):
+    # grows, then grows at a quarter of the pace in its newest third
+    samples = [[1000 + i * 5, int(i * 5 * MIB if i < 134 else 134 * 5 * MIB
+                                  + (i - 134) * 5 * MIB / 4), None] for i in range(200)]
+    with_services(h200, llm=entry([1], samples, host_headroom_bytes=MIB))
+    assert run_rule("service.memory_growth", h200)[0].status is Status.OK  # 0.25 < 0.5
+    rules = overridden(tmp_path, "service.memory_growth", recent_ratio=0.2)
+    assert run_rule("service.memory_growth", h200, rules=rules)[0].status is Status.WARNING
+    rules = overridden(tmp_path, "service.memory_growth", recent_ratio=0.2, min_r2=0.999)
+    assert run_rule("service.memory_growth", h200, rules=rules)[0].status is Status.OK
+
+
+def test_memory_growth_judges_only_series_with_samples_and_room(h200, run_rule):
+    flat = [[1000 + i * 5, 100 * MIB, None] for i in range(20)]
+    with_services(h200, llm=entry([1], flat, gpu_headroom_bytes=MIB))
+    [result] = run_rule("service.memory_growth", h200)
+    assert result.status is Status.OK and result.message == "llm: host RSS: not growing"
+    with_services(h200, llm=entry([1], leak_samples(), host_headroom_bytes=None))
+    [result] = run_rule("service.memory_growth", h200)
+    assert result.status is Status.OK and result.message == "llm: nothing to judge"
+
+
+def test_memory_growth_without_samples_is_ok(h200, run_rule):
+    with_services(h200, llm=entry([1], []))
+    assert run_rule("service.memory_growth", h200)[0].status is Status.OK
+
+
+# --- service.inference ------------------------------------------------------------------
+
+def test_inference(h200, run_rule):
+    good = {"ok": True, "latency_s": 0.25, "status": 200, "error": None, "url": "u"}
+    bad = {"ok": False, "latency_s": 0.01, "status": 500, "error": "answered 500, expected 200",
+           "url": "u"}
+    with_services(h200, a=entry([1], inference=good), b=entry([2]))
+    [result] = run_rule("service.inference", h200)
+    assert result.status is Status.OK and "a: answered in 0.250 s" in result.message
+    with_services(h200, a=entry([1], inference=bad), b=entry([2], inference=good))
+    [result] = run_rule("service.inference", h200)
+    assert result.status is Status.CRITICAL
+    assert result.message.startswith("a: inference failed: answered 500")
+    assert result.observed["service_status"] == {"a": "critical", "b": "ok"}
+    with_services(h200, b=entry([2]))
+    assert run_rule("service.inference", h200)[0].status is Status.SKIPPED
+    with_services(h200, a=entry([1], inference={"ok": None, "error": "starting"}))
+    [result] = run_rule("service.inference", h200)
+    assert result.status is Status.UNKNOWN and result.message == "a: not probed: starting"
+
+
+# --- the supervisor counts its own service's status --------------------------------------
+
+def test_policy_counts_only_its_own_service():
+    result = Result("service.inference", Status.CRITICAL, Status.CRITICAL, "a failed",
+                    observed={"service_status": {"a": "critical", "b": "ok"}})
+    gpu_ok = Result("ecc.uncorrected", Status.OK, Status.CRITICAL, "ok", GpuRef(0, "u", "p"))
+    tagged = {"service.inference", "ecc.uncorrected"}
+    assert policy.outcome([result, gpu_ok], None, tagged, None, "a")[0] == "failed"
+    assert policy.outcome([result, gpu_ok], None, tagged, None, "b") == ("passed", [])
+    assert policy.outcome([result, gpu_ok], None, tagged, None, "c") == ("passed", [])
