@@ -11,6 +11,7 @@ each service's own status (the supervisor counts only its own service's: policy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gpuguard.checks import (
@@ -60,19 +61,27 @@ def _services(ctx: CheckContext) -> dict[str, Any] | None:
 NO_SERVICE = "no supervised service (services are the daemon's: docs/supervisor.md)"
 
 
-@host_check("service.gpu_memory", thresholds=("headroom_percent",))
-def gpu_memory(ctx: CheckContext) -> Finding:
-    headroom = float(ctx.threshold("headroom_percent"))
-    findings: dict[str, Finding] = {}
+def _each_service(ctx: CheckContext,
+                  judge_one: Callable[[dict[str, Any]], Finding]) -> Finding:
+    """A memory rule's finding per service, combined: a service whose processes are not
+    known is unknown (never "holds nothing")."""
     services = _services(ctx)
     if services is None:
         return skipped(NO_SERVICE)
+    findings: dict[str, Finding] = {}
     for name, entry in sorted(services.items()):
         if entry.get("error"):
             findings[name] = unknown(f"its processes are not known: {entry['error']}")
-            continue
-        findings[name] = _gpu_memory_of(ctx, set(entry.get("pids") or []), headroom)
+        else:
+            findings[name] = judge_one(entry)
     return _combine(findings)
+
+
+@host_check("service.gpu_memory", thresholds=("headroom_percent",))
+def gpu_memory(ctx: CheckContext) -> Finding:
+    headroom = float(ctx.threshold("headroom_percent"))
+    return _each_service(ctx, lambda entry: _gpu_memory_of(
+        ctx, set(entry.get("pids") or []), headroom))
 
 
 def _gpu_memory_of(ctx: CheckContext, pids: set[int], headroom: float) -> Finding:
@@ -120,16 +129,7 @@ def memory_growth(ctx: CheckContext) -> Finding:
                     min_r2=float(ctx.threshold("min_r2")),
                     recent_ratio=float(ctx.threshold("recent_ratio")),
                     horizon_s=float(ctx.threshold("horizon_s")))
-    findings: dict[str, Finding] = {}
-    services = _services(ctx)
-    if services is None:
-        return skipped(NO_SERVICE)
-    for name, entry in sorted(services.items()):
-        if entry.get("error"):
-            findings[name] = unknown(f"its processes are not known: {entry['error']}")
-            continue
-        findings[name] = _growth_of(ctx, entry, window, limits)
-    return _combine(findings)
+    return _each_service(ctx, lambda entry: _growth_of(ctx, entry, window, limits))
 
 
 def _growth_of(ctx: CheckContext, entry: dict[str, Any], window: float,

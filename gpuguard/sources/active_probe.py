@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 
 from gpuguard.pci import normalise_pci
 from gpuguard.sources.nvml_progress import Progress
-from gpuguard.sources.pipe import read_until
+from gpuguard.sources.pipe import exit_code, read_until
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -346,23 +346,15 @@ def _ending(pid: int, finished: bool) -> str | None:
     if not finished:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + (0.5 if finished else 0.0)
-    while True:
-        try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return None
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            if code >= 0:
-                return None if code == 0 else f"exited with code {code}"
-            try:
-                return f"died of {signal.Signals(-code).name}"
-            except ValueError:
-                return f"died of signal {-code}"
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.002)
+    code = exit_code(pid, time.monotonic() + (0.5 if finished else 0.0))
+    if code is None or code == 0:
+        return None
+    if code > 0:
+        return f"exited with code {code}"
+    try:
+        return f"died of {signal.Signals(-code).name}"
+    except ValueError:
+        return f"died of signal {-code}"
 
 
 # The snapshot fields the probe fills for each GPU (gpuguard/snapshot.py).

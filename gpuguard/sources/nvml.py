@@ -28,7 +28,7 @@ import signal
 import time
 
 from gpuguard.sources.nvml_progress import Progress
-from gpuguard.sources.pipe import read_until
+from gpuguard.sources.pipe import exit_code, read_until
 
 # No `typing` or `pathlib` at run time: both cost milliseconds before the fork.
 TYPE_CHECKING = False
@@ -69,7 +69,7 @@ class NvmlProbe:
             # The pipe closed without a result: the worker died, most likely of a signal
             # inside an NVML call (a driver bug). Name the call from the progress board.
             messages.append(died(self._progress.active(),
-                                 _exit_code(self.pid, self.started + self.deadline_s)))
+                                 exit_code(self.pid, self.started + self.deadline_s)))
         elif finished:
             _reap(self.pid)
         elapsed = time.monotonic() - self.started
@@ -108,21 +108,6 @@ def died(calls: list[str], code: int | None) -> dict[str, Any]:
         how = f"exited with code {code} without a result"
     where = f" in {'; '.join(calls)}" if calls else ""
     return {"t": "fatal", "kind": "WorkerDied", "error": f"the NVML worker {how}{where}"}
-
-
-def _exit_code(pid: int, until: float) -> int | None:
-    """The worker's exit code (negative: the signal), waiting at most until `until` (its
-    pipe is closed, so it is exiting; a core dump may still be being written)."""
-    while True:
-        try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return None
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() >= until:
-            return None
-        time.sleep(0.002)
 
 
 def deadline_for(timeout: float) -> float:

@@ -1,5 +1,6 @@
-"""Reading a forked worker's pipe until it closes or a deadline passes. Standard library
-only: it is imported before the fork, on the critical path of `gpuguard check`."""
+"""Reading a forked worker's pipe until it closes or a deadline passes, and its exit code.
+Standard library only: it is imported before the fork, on the critical path of `gpuguard
+check`."""
 
 from __future__ import annotations
 
@@ -26,3 +27,19 @@ def read_until(fd: int, end: float) -> tuple[bytes, bool]:
     finally:
         os.close(fd)
     return b"".join(chunks), finished
+
+
+def exit_code(pid: int, until: float) -> int | None:
+    """The worker's exit code (negative: the signal), waiting at most until the monotonic
+    time `until` (its pipe is closed, so it is exiting; a core dump may still be being
+    written); None when it has not ended by then or is not this process's child."""
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= until:
+            return None
+        time.sleep(0.002)
