@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from gpuguard.rule import RuleSet
 
 KEPT = ("probe_skipped", *FIELDS)
+# One probe at a time in the daemon: the scheduled one and a supervisor's failback probe
+# each take the GPUs' PCIe and HBM; measured together, both would read low.
+PROBE_LOCK = threading.Lock()
 # The rules the probe's readings feed: a failback needs each of them ok on every GPU of
 # the service (skipped only where there is nothing to judge: no peer to copy with).
 PROBE_RULES = ("gpu.compute", "memory.pattern", "memory.bandwidth", "pcie.bandwidth",
@@ -30,7 +33,8 @@ def probe(snapshot: Snapshot, profile: Profile, gpus: list[int] | None = None) -
     (only `gpus`, when given)."""
     chosen = [copy.deepcopy(g) for g in snapshot.gpus if gpus is None or g.index in gpus]
     probed = Snapshot(host=snapshot.host, nvml=snapshot.nvml, gpus=chosen)
-    ActiveProbe(probed, options(profile.probe_settings)).finish(probed)
+    with PROBE_LOCK:
+        ActiveProbe(probed, options(profile.probe_settings)).finish(probed)
     return probed
 
 

@@ -406,7 +406,9 @@ class Daemon:
             return 1
 
         self._scheduler = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(1)},  # one cycle at a time
+            # one cycle at a time; the active probe (up to its deadline, 10 s) on its own
+            # thread, so that it never delays a fast cycle
+            executors={"default": ThreadPoolExecutor(1), "probe": ThreadPoolExecutor(1)},
             job_defaults={
                 "coalesce": True,
                 "max_instances": 1,
@@ -425,6 +427,7 @@ class Daemon:
         if self.probes is not None:
             self._scheduler.add_job(self.probe_cycle, "interval",
                                     seconds=self.cfg.active_probe_interval, id="active_probe",
+                                    executor="probe",
                                     misfire_grace_time=int(self.cfg.active_probe_interval))
         self._scheduler.start()
 

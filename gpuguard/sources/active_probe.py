@@ -56,6 +56,10 @@ PCIE_MAX_BYTES = 64 * MIB
 CHECK_CHUNK = 1 * MIB
 # Copies timed per measurement (the best of them, or their sum for event-timed copies).
 REPEATS = 3
+# Workers killed at a deadline and not reaped yet, by GPU bus id: (pid, when, where it
+# hung). A worker in D state cannot be reaped until the kernel lets go of it; its GPU
+# gets no new worker meanwhile (they would pile up, one per run), only unknown results.
+KILLED: dict[str, tuple[int, float, str]] = {}
 # Workers started before the NVML sweep is in (EarlyStart): at most this many GPUs.
 MAX_EARLY = 64
 # CUresult codes that say the GPU could not be had, not that it is broken: unknown.
@@ -103,9 +107,18 @@ def skip_reason(gpu: GpuSnapshot, opts: ProbeOptions) -> str | None:
     if util.get() > opts.max_utilization_percent:
         return (f"busy: {util.get()} % utilization > {opts.max_utilization_percent:g} % "
                 "(--active=force probes anyway)")
+    procs = gpu.compute_processes
+    if procs.is_ok and procs.get():
+        # Any compute process is a reason, whatever it holds: an embedding model or a
+        # reranker serves from a few GiB, and between requests its utilization reads 0.
+        named = ", ".join(f"{p.pid} {p.name or '?'}" for p in procs.get()[:3])
+        return (f"in use: {len(procs.get())} compute process(es) on it ({named}) "
+                "(--active=force probes anyway)")
     total = gpu.memory_total_bytes
     if not total.is_ok or not total.get():
         return f"cannot tell how much memory is in use: memory total {total.describe()}"
+    # No process listed (or the list not readable, as in some containers): memory in use
+    # beyond the driver's reserve stands for a process NVML does not show.
     held = _held_bytes(gpu)
     if held is None:
         return "cannot tell how much memory compute processes hold"
@@ -145,11 +158,21 @@ class ActiveProbe:
         self.opts = opts
         self.started = time.monotonic()
         self.skipped: dict[int, str] = {}
+        self.stuck: dict[int, str] = {}
         self.workers: list[_Worker] = []
         first_slot = len(early.waiting) if early else 0
+        reap_killed()
         for gpu in snapshot.gpus:
             reason = skip_reason(gpu, opts)
-            if reason is None:
+            killed = KILLED.get(normalise_pci(gpu.pci_bus_id.get())) \
+                if reason is None else None
+            if killed is not None:
+                pid, when, where = killed
+                self.stuck[gpu.index] = (
+                    f"its worker of {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))} "
+                    f"(pid {pid}, killed at the deadline in {where or 'its start'}) is still "
+                    "stuck in the driver; no new one is started until it is gone")
+            elif reason is None:
                 self.workers.append(_Worker(first_slot + len(self.workers), gpu.index,
                                             gpu.pci_bus_id.get()))
             else:
@@ -168,10 +191,12 @@ class ActiveProbe:
                 worker.slot, worker.pid = waiting.slot, waiting.pid
                 waiting.go({"index": worker.index, "peers": peers, "opts": asdict(opts)})
                 continue
+            parent = os.getpid()
             pid = os.fork()
             if pid == 0:  # child
                 code = 0
                 try:
+                    _die_with_parent(parent)
                     os.close(early.read_fd)
                     early.close_go_ends()
                     out = os.fdopen(early.write_fd, "w", buffering=1)
@@ -202,11 +227,17 @@ class ActiveProbe:
         hung = {} if finished else {w.index: self._where(w) for w in self.workers
                                     if w.index not in ended}
         endings = {w.index: _ending(w.pid, finished) for w in self.workers}
-        for pid in self._stopped:  # told to stop: gone by now, unless cuInit hangs
-            _ending(pid, finished=False)
+        now = time.time()
+        for w in self.workers:
+            if w.index in hung and not _reaped(w.pid):
+                KILLED[normalise_pci(w.bus_id)] = (w.pid, now, hung[w.index])
+        for pid in self._stopped:  # killed when told to stop (they held no context)
+            if not _reaped(pid):
+                KILLED[f"stopped-{pid}"] = (pid, now, "cuInit")
         elapsed = time.monotonic() - self.started
-        ran = [w.index for w in self.workers]
-        assemble(snapshot, self.opts, self.skipped, ran, messages, hung, endings, elapsed)
+        ran = [w.index for w in self.workers] + list(self.stuck)
+        assemble(snapshot, self.opts, self.skipped, ran, messages, hung, endings, elapsed,
+                 self.stuck)
         # gpuguard_source_success{source="active_probe"}: failed when a GPU it ran on
         # has a reading it could not take
         snapshot.record("active_probe", self.started,
@@ -218,15 +249,51 @@ class ActiveProbe:
         return bytes(slot).split(b"\0", 1)[0].decode(errors="replace")
 
 
+def reap_killed() -> None:
+    """Reap the workers killed on earlier runs that have ended since."""
+    for key, (pid, _, _) in list(KILLED.items()):
+        if _reaped(pid):
+            del KILLED[key]
+
+
+def _reaped(pid: int) -> bool:
+    """Whether the worker is gone (reaped now, or not this process's child any more)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done != 0
+
+
+# prctl from the C library, looked up before any fork: a child of a threaded daemon must
+# not dlopen (another thread may have held the loader's lock at the fork).
+_PRCTL: list[Any] = []
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a worker just forked: the kernel kills it when its parent goes (a `check
+    --active` killed by `timeout` or a Slurm prolog leaves no worker holding a context)."""
+    if _PRCTL:
+        with contextlib.suppress(Exception):
+            _PRCTL[0](PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent went before prctl took effect
+        os._exit(1)
+
+
 def _import_worker_modules() -> None:
     """What the workers import, imported before the fork: in the daemon another thread
     may hold the import lock at the fork, and a child would wait on it forever."""
     import array  # noqa: F401
-    import ctypes  # noqa: F401
+    import ctypes
     import fcntl  # noqa: F401
     import struct  # noqa: F401
 
     from gpuguard.sources import cuda_api  # noqa: F401
+
+    if not _PRCTL:
+        with contextlib.suppress(OSError, AttributeError):
+            _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
 
 
 @dataclass
@@ -270,10 +337,12 @@ class EarlyStart:
                 continue
             slot = len(self.waiting)
             go_read, go_write = os.pipe()
+            parent = os.getpid()
             pid = os.fork()
             if pid == 0:  # child
                 code = 0
                 try:
+                    _die_with_parent(parent)
                     os.close(self.read_fd)
                     os.close(go_write)
                     self.close_go_ends()
@@ -299,10 +368,14 @@ class EarlyStart:
                 os.close(waiting.go_fd)
 
     def stop_rest(self) -> list[int]:
-        """Tell the workers no GPU needs to stop (their go pipe closes); their pids."""
+        """Stop the workers no GPU needs; their pids. Killed, not only told (their go pipe
+        closes): one still in a slow cuInit would hold the result pipe open, and the
+        probe would wait for it until its deadline. They hold no context to release."""
         pids = []
         for waiting in self.waiting.values():
             os.close(waiting.go_fd)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(waiting.pid, signal.SIGKILL)
             pids.append(waiting.pid)
         self.waiting.clear()
         return pids
@@ -363,7 +436,8 @@ FIELDS = ("probe_compute", "probe_pattern", "probe_pcie", "probe_memory", "probe
 
 def assemble(snapshot: Snapshot, opts: ProbeOptions, skipped: dict[int, str],
              ran: list[int], messages: list[dict[str, Any]], hung: dict[int, str],
-             endings: dict[int, str | None], elapsed_s: float) -> None:
+             endings: dict[int, str | None], elapsed_s: float,
+             stuck: dict[int, str] | None = None) -> None:
     """The workers' lines as readings: a value for what was measured; for what was not,
     an error naming why (the phase that hung, the CUDA error, the worker's death)."""
     from gpuguard.snapshot import Reading
@@ -401,7 +475,9 @@ def assemble(snapshot: Snapshot, opts: ProbeOptions, skipped: dict[int, str],
                 failure = str(msg.get("error"))
             elif kind == "end":
                 ended = True
-        if gpu.index in hung:
+        if gpu.index in (stuck or {}):
+            why = (stuck or {})[gpu.index]
+        elif gpu.index in hung:
             why = (f"the active probe did not finish within its {opts.deadline_s:g} s "
                    f"deadline: {hung[gpu.index] or 'worker start'}")
         elif not ended and endings.get(gpu.index):

@@ -121,3 +121,22 @@ def test_a_failing_pattern_blocks_failback_a_passing_one_allows_it(tmp_path, fak
     allowed = _failback(tmp_path / "good", fake_nvml, fake_cuda)
     assert allowed["after_failover"] == "cpu" and allowed["after_healthy"] == "gpu"
     assert "failback_probe_passed" in allowed["log"]
+
+
+def test_one_probe_at_a_time_in_the_daemon(h200):
+    """The scheduled probe and a supervisor's failback probe never measure together: the
+    second waits for the first (both would read each other's copies as low bandwidth)."""
+    import threading
+
+    from gpuguard.daemon import active
+    from gpuguard.profile import Profile
+
+    h200.gpus[0].utilization_gpu_percent = type(h200.gpus[0].utilization_gpu_percent).ok(99)
+    h200.gpus[0].__post_init__()  # busy: skipped, so no libcuda is needed
+    done = threading.Event()
+    with active.PROBE_LOCK:
+        runner = threading.Thread(target=lambda: (active.probe(h200, Profile()), done.set()))
+        runner.start()
+        assert not done.wait(0.5)  # held off while another probe runs
+    assert done.wait(10)
+    runner.join()

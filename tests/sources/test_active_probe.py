@@ -265,3 +265,84 @@ def test_a_check_that_gives_up_early_leaves_no_worker(fake_nvml, fake_cuda, tmp_
     while _left_behind(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _left_behind(marker) == []
+
+
+# --- never disturb a serving process; leave no worker behind ------------------------
+
+
+def test_any_compute_process_keeps_the_probe_off_its_gpu(probe, tmp_path):
+    """An embedding server holding 1 % of the memory at 0 % utilization between requests
+    is serving: the probe leaves its GPU alone (a share of memory is no sign of idle)."""
+    procs = tmp_path / "procs"
+    procs.write_text("1 4242 1000\n")  # GPU 1: 1000 MiB of 143771
+    log = tmp_path / "cuda.log"
+    _, results = probe("--active", *SMALL, fake_nvml_procs_file=str(procs),
+                       fake_cuda_log=str(log))
+    assert results[("gpu.compute", 1)]["status"] == "skipped"
+    assert "1 compute process(es) on it (4242" in results[("gpu.compute", 1)]["message"]
+    assert results[("gpu.compute", 0)]["status"] == "ok"
+    lines = log.read_text().split("\n")
+    assert lines.count("take context") == 1  # GPU 0's only
+
+
+def test_a_killed_check_takes_its_workers_with_it(fake_nvml, fake_cuda, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    marker = f"GPUGUARD_TEST_MARK={tmp_path.name}"
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}",
+           "FAKE_NVML_GPUS": "2", "FAKE_NVML_MEM_TOTAL_MIB": "1000",
+           "FAKE_CUDA_HANG": "cuLaunchKernel", "FAKE_CUDA_FAULT_GPU": "1",
+           "FAKE_CUDA_LOG": str(tmp_path / "cuda.log"), "GPUGUARD_TEST_MARK": marker}
+    check = subprocess.Popen([sys.executable, "-m", "gpuguard", "check", "--active",
+                              *SMALL, "--active-deadline", "60"], env=env, cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # GPU 0's worker has released its context: GPU 1's hangs in its kernel launch
+        log = tmp_path / "cuda.log"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (
+                log.exists() and "give context" in log.read_text()):
+            time.sleep(0.05)
+        assert "give context" in log.read_text()
+        time.sleep(0.2)
+        assert len(_left_behind(marker)) >= 2  # check and its hung worker
+    finally:
+        check.send_signal(signal.SIGKILL)  # as `timeout -s KILL` or a Slurm prolog would
+        check.wait()
+    deadline = time.monotonic() + 10
+    while _left_behind(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _left_behind(marker) == []
+
+
+def test_a_gpu_whose_last_worker_is_stuck_gets_no_new_one(h200):
+    """A worker killed at the deadline but not reaped (in D state on a real GPU; here a
+    child that is still alive) keeps its GPU from a new worker: unknown, naming it."""
+    import os
+    import signal
+
+    from gpuguard.sources import active_probe
+
+    h200.gpus[0].__post_init__()
+    bus = h200.gpus[0].pci_bus_id.get()
+    stuck = os.fork()
+    if stuck == 0:
+        time.sleep(60)
+        os._exit(0)
+    key = active_probe.normalise_pci(bus)
+    active_probe.KILLED[key] = (stuck, time.time() - 60, "GPU 0 phase pcie: cuMemcpyHtoD_v2")
+    try:
+        probe = active_probe.ActiveProbe(h200, active_probe.ProbeOptions(deadline_s=2))
+        assert probe.workers == []  # nothing forked for it
+        probe.finish(h200)
+        reading = h200.gpus[0].probe_compute
+        assert reading.state == "error"
+        assert f"pid {stuck}" in str(reading.error) and "still stuck" in str(reading.error)
+    finally:
+        os.kill(stuck, signal.SIGKILL)
+        os.waitpid(stuck, 0)
+    active_probe.reap_killed()
+    assert key not in active_probe.KILLED  # gone: the next run may probe it again
