@@ -429,3 +429,29 @@ def test_an_ack_ends_when_the_boot_changes(tmp_path, default_rules):
         assert apply_history(bad, conn, "boot-B", default_rules, {})[0].action == "reset_gpu"
     finally:
         conn.close()
+
+
+def test_corrupt_copies_are_bounded_the_newest_kept(tmp_path):
+    """A store that keeps getting corrupt (a failing disk) must not fill the state
+    directory with copies: the newest few stay for a post-mortem, older ones go."""
+    path = tmp_path / "events.db"
+    for year in range(2020, 2025):
+        (tmp_path / f"events.db.corrupt-{year}0101T000000").write_bytes(b"old" * 1000)
+        (tmp_path / f"events.db.corrupt-{year}0101T000000-wal").write_bytes(b"w")
+    (tmp_path / "events.db.corrupt-notes.txt-keep").write_bytes(b"")  # not ours: kept
+    path.write_bytes(b"this is not sqlite" * 100)
+    writer = EventWriter(path)
+    writer.record(flap(0, time.time()))
+    writer.flush()
+    writer.flush()
+    writer.close()
+    assert writer.stats.corrupt_moved == 1 and rows(path) == 1
+    left = sorted(p.name for p in tmp_path.glob("events.db.corrupt-*"))
+    kept = eventstore.CORRUPT_KEPT
+    assert len([n for n in left if n.startswith("events.db.corrupt-20")]) == \
+        2 * (kept - 1) + 1  # the newest older ones with their -wal, and the new one
+    assert "events.db.corrupt-20240101T000000" in left
+    assert "events.db.corrupt-20240101T000000-wal" in left
+    assert "events.db.corrupt-20200101T000000" not in left
+    assert "events.db.corrupt-20200101T000000-wal" not in left
+    assert "events.db.corrupt-notes.txt-keep" in left
