@@ -4,6 +4,7 @@ An action is one of `none`, `restart_app`, `reset_gpu`, `reboot`, `inspect_hardw
 ordered by severity (a reboot also resets the GPU; inspecting the hardware comes after
 a reboot did not help). It is derived, first match wins, from:
 
+0. a probe that read back wrong data (WRONG_DATA): `inspect_hardware`, whatever else;
 1. the rule's own `action:` key in its YAML (where the family default below is wrong);
 2. the Xid / SXid catalog's first action for each counted event (xid.recent, sxid.recent);
 3. the driver's recovery action field (recovery.action);
@@ -70,6 +71,10 @@ RECOVERY_FIELD = {
     "drain_p2p": Action.RESTART_APP,
     "recover_imex_domain": Action.RESTART_APP,
 }
+# The active probe's rules whose finding can be wrong data read back (observed
+# `mismatches`): silent data corruption. A reset does not make such a board trustworthy
+# (the next wrong answer is served, not caught), so it goes to a person, before any key.
+WRONG_DATA = ("gpu.compute", "memory.pattern")
 # family -> (action when critical, action when warning). A warning is something to watch,
 # not to act on, unless the family says otherwise.
 FAMILY_DEFAULT: dict[str, tuple[Action, Action]] = {
@@ -119,6 +124,9 @@ def suggest(rule: Rule, status: Status, observed: dict[str, Any],
     """The action for one result of `rule`, and why (None when not failing)."""
     if status not in FAILING:
         return Action.NONE, None
+    if rule.id in WRONG_DATA and observed.get("mismatches"):
+        return Action.INSPECT_HARDWARE, ("wrong data read back: silent data corruption, "
+                                         "which no reset makes trustworthy")
     if rule.action is not None:
         where = (rule.action_origin or rule.origin).rsplit("/", 1)[-1]
         return Action(rule.action), f"the rule's action: key, {where}"
@@ -130,15 +138,21 @@ def suggest(rule: Rule, status: Status, observed: dict[str, Any],
         field = observed["recovery_action"]
         return RECOVERY_FIELD[field], f"the driver's recovery action field says {field}"
     family = rule.id.split(".", 1)[0]
-    critical, warning = FAMILY_DEFAULT.get(family, (_fallback(rule), Action.NONE))
+    if family not in FAMILY_DEFAULT:
+        return _fallback(rule, status)
+    critical, warning = FAMILY_DEFAULT[family]
     chosen = critical if status is Status.CRITICAL else warning
     return chosen, f"default for a {status.value} {family}.* result"
 
 
-def _fallback(rule: Rule) -> Action:
-    """A family gpuguard has no default for (a user's `when:` rule): a GPU rule's fault is
-    reset with the GPU, a host rule's with the host."""
-    return Action.RESET_GPU if rule.scope == "gpu" else Action.REBOOT
+def _fallback(rule: Rule, status: Status) -> tuple[Action, str]:
+    """A family gpuguard has no default for (a user's `when:` rule; every shipped rule has
+    a family default or its own key, tests/test_actions.py): a GPU rule's fault is reset
+    with the GPU, a host rule's with the host."""
+    if status is not Status.CRITICAL:
+        return Action.NONE, f"no family default for {rule.id}: a warning is to watch"
+    chosen = Action.RESET_GPU if rule.scope == "gpu" else Action.REBOOT
+    return chosen, f"no family default for {rule.id}: a critical {rule.scope} rule"
 
 
 def _from_events(rule_id: str, observed: dict[str, Any],

@@ -8,7 +8,10 @@ event store (docs/events.md).
 - An acknowledgement (`gpuguard ack`) of a rule on a GPU, in force: the status stays (the
   finding is still there: never an ok gpuguard did not see), the action becomes `none`
   and the result names the ack. It ends when the rule's status on that GPU changes (a
-  transition recorded after it) or when its time is up.
+  transition recorded after it), when the boot changes (it was given about the fault as
+  it was before the reboot; a boot that cannot be told, either side, ends it too) or
+  when its time is up. It never hides an escalation: a fault that came back after a
+  reboot, or keeps coming, goes to a person whatever was acknowledged.
 - A rule's `auto_clear:` span: a failing status unchanged for longer is acknowledged on
   its own, the same way.
 
@@ -36,12 +39,14 @@ def apply_history(results: list[Result], conn: sqlite3.Connection, boot_id: str 
     changes nothing (the actions stand as the rules gave them)."""
     now = time.time() if now is None else now
     try:
-        acks = _active_acks(conn, now)
+        acks = _active_acks(conn, boot_id, now)
         out = []
         for r in results:
             if r.status in FAILING:
-                r = _escalate(r, conn, boot_id, ruleset, known, now)
-                r = _acknowledged(r, conn, acks, ruleset, now)
+                escalated = _escalate(r, conn, boot_id, ruleset, known, now)
+                # an escalation is history's strongest word: no ack or auto-clear hides it
+                r = escalated if escalated is not r else _acknowledged(r, conn, acks,
+                                                                        ruleset, now)
             out.append(r)
         return out
     except sqlite3.Error:
@@ -135,14 +140,19 @@ class Ack:
     by: str
 
 
-def _active_acks(conn: sqlite3.Connection, now: float) -> dict[tuple[str, str], Ack]:
-    """Acks whose time is not up and after which the rule on that GPU did not change."""
+def _active_acks(conn: sqlite3.Connection, boot_id: str | None,
+                 now: float) -> dict[tuple[str, str], Ack]:
+    """Acks given in this boot whose time is not up and after which the rule on that GPU
+    did not change."""
     import json
 
     out: dict[tuple[str, str], Ack] = {}
+    if boot_id is None:
+        return out  # which boot an ack belongs to cannot be told: none holds
     rows = conn.execute(
         "SELECT id, time, rule, gpu_uuid, gpu_index, status, data FROM events "
-        "WHERE kind = 'ack' AND time >= ? ORDER BY id", (now - 366 * 86400,)).fetchall()
+        "WHERE kind = 'ack' AND boot_id = ? AND time >= ? ORDER BY id",
+        (boot_id, now - 366 * 86400)).fetchall()
     for ack_id, when, rule, uuid, index, status, data in rows:
         info = json.loads(data) if data else {}
         until = float(info.get("until") or 0)

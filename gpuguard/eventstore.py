@@ -9,7 +9,8 @@ The store never blocks or breaks a cycle. The writer keeps events in a bounded q
 memory and writes them in one short transaction (`flush`), which the daemon calls from
 its own thread: a lock held by someone else (busy_timeout 100 ms) leaves them queued for
 the next flush; a full disk or a read-only file drops them, counted; a corrupt file is
-moved aside (`events.db.corrupt-<time>`), a new one started, logged once and counted.
+moved aside (`events.db.corrupt-<time>`, the newest 3 kept), a new one started, logged
+once and counted.
 Readers open the file read-only (`mode=ro`), so any user can read and no reader blocks
 the writer (WAL). Retention: by age (90 days) and by size (64 MiB of the main file: the
 oldest events go first, then an incremental vacuum gives the pages back).
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -42,6 +44,8 @@ QUEUE_MAX = 10_000
 KINDS = ("rule", "xid", "supervisor", "ack", "probe")  # `gpuguard events --kind`
 # How often a writer applies the retention (it checks the size on every flush)
 AGE_PRUNE_EVERY_S = 3600.0
+# Corrupt stores moved aside (events.db.corrupt-<time>) kept for a post-mortem, newest first
+CORRUPT_KEPT = 3
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
@@ -348,7 +352,8 @@ def _size(conn: sqlite3.Connection) -> int:
 
 
 def move_aside(path: Path) -> Path | None:
-    """A corrupt store keeps its bytes for a post-mortem, out of the way."""
+    """A corrupt store keeps its bytes for a post-mortem, out of the way; only the newest
+    CORRUPT_KEPT copies stay (a failing disk corrupts again and again: up to 64 MiB each)."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
     aside = path.with_name(f"{path.name}.corrupt-{stamp}")
     try:
@@ -360,7 +365,25 @@ def move_aside(path: Path) -> Path | None:
     for suffix in ("-wal", "-shm"):
         with contextlib.suppress(OSError):
             os.replace(f"{path}{suffix}", f"{aside}{suffix}")
+    remove_old_copies(path)
     return aside
+
+
+def remove_old_copies(path: Path, keep: int = CORRUPT_KEPT) -> None:
+    """All but the newest `keep` corrupt copies of `path` (and their -wal/-shm) go. Only
+    names move_aside makes are touched; the UTC stamp sorts by time."""
+    pattern = re.compile(re.escape(path.name) + r"\.corrupt-(\d{8}T\d{6})(-wal|-shm)?")
+    try:
+        names = [p.name for p in path.parent.iterdir()]
+    except OSError:
+        return
+    stamps = sorted({m.group(1) for m in map(pattern.fullmatch, names) if m}, reverse=True)
+    old = set(stamps[keep:])
+    for name in names:
+        found = pattern.fullmatch(name)
+        if found and found.group(1) in old:
+            with contextlib.suppress(OSError):
+                (path.parent / name).unlink()
 
 
 # --- reading ---------------------------------------------------------------------------

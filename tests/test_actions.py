@@ -132,3 +132,40 @@ def test_rules_explain_says_what_to_do():
     out = gpuguard("rules", "explain", "recovery.action")
     assert "action:      the driver's recovery action field, else critical reset_gpu" \
         in out.stdout
+
+
+# Critical rules whose action is deliberately `none` (their `action:` key says so and why)
+CRITICAL_AND_NONE = {"driver.version", "host.disk"}
+
+
+def test_every_shipped_rule_has_a_deliberate_action():
+    """No shipped rule reaches the generic fallback (a user's `when:` rule's: reboot for a
+    host rule), and a critical one suggests something to do unless its key says `none`:
+    the exec backend passes the action on (GPUGUARD_ACTION), the Slurm example drains on it."""
+    rules = load_ruleset()
+    fallback, critical_none = [], set()
+    for rule in rules.rules.values():
+        if rule.action is None and rule.id.split(".", 1)[0] not in actions.FAMILY_DEFAULT:
+            fallback.append(rule.id)
+        if rule.severity == "critical":
+            action, why = actions.suggest(rule, Status.CRITICAL, {}, rules)
+            if action is Action.NONE:
+                assert rule.action == "none", f"{rule.id}: none by default ({why})"
+                critical_none.add(rule.id)
+    assert fallback == []
+    assert critical_none == CRITICAL_AND_NONE
+
+
+@pytest.mark.parametrize("rule_id", ["gpu.compute", "memory.pattern"])
+def test_a_probe_that_reads_back_wrong_data_is_hardware(rule_id):
+    """A kernel or memory pattern that reads back wrong is silent data corruption: no reset
+    makes that board trustworthy again. A CUDA error on the way (the kernel never ran) is
+    reset like a wedged GPU."""
+    rules = load_ruleset()
+    rule = rules.rules[rule_id]
+    action, why = actions.suggest(rule, Status.CRITICAL, {"mismatches": 3}, rules)
+    assert action is Action.INSPECT_HARDWARE and "wrong" in (why or "")
+    assert actions.suggest(rule, Status.CRITICAL, {"error": "CUDA error 999"}, rules)[0] \
+        is Action.RESET_GPU
+    assert actions.suggest(rule, Status.CRITICAL, {"mismatches": 0, "error": "x"}, rules)[0] \
+        is Action.RESET_GPU

@@ -361,3 +361,97 @@ def test_an_ack_by_index_ends_when_that_slot_changes(tmp_path, default_rules):
     writer.flush()
     writer.close()
     assert action() == "reset_gpu"  # the finding changed after the ack: it holds no more
+
+
+def _ack_then_reboot(tmp_path, default_rules, ack_boot: str):
+    """ecc.uncorrected critical on a board in boot A, acked for 30 days (in `ack_boot`);
+    then boot B, the same fault: what the daemon's recorder makes of it."""
+    from gpuguard.daemon.recorder import EventRecorder
+    from gpuguard.recording import Board
+    from gpuguard.results import GpuRef, Result, Status
+
+    path = tmp_path / "events.db"
+    board = {0: Board(0, "GPU-aaaa", "S123", "00000000:01:00.0")}
+    bad = [Result("ecc.uncorrected", Status.CRITICAL, Status.CRITICAL, "DBE",
+                  GpuRef(0, "GPU-aaaa", "00000000:01:00.0"), action="reset_gpu")]
+    first = EventRecorder(path, "boot-A")
+    first.on_cycle(bad, board, default_rules)
+    first.work()
+    first.writer.close()
+    writer = EventWriter(path, ack_boot)
+    now = time.time()
+    writer.record(Event(kind="ack", source="cli", time=now, rule="ecc.uncorrected",
+                        status="critical", gpu_index=0, gpu_uuid="GPU-aaaa",
+                        data={"reason": "known", "until": now + 30 * 86400, "by": "op"}))
+    writer.flush()
+    writer.close()
+    second = EventRecorder(path, "boot-B")
+    second.on_cycle(bad, board, default_rules)
+    second.work()
+    [applied] = second.on_cycle(bad, board, default_rules)
+    second.writer.close()
+    return applied
+
+
+def test_an_ack_never_hides_a_fault_that_came_back_after_a_reboot(tmp_path, default_rules):
+    """The ack was given in boot A; after the reboot the same fault is back: the
+    escalation stands (an ack ends with its boot)."""
+    applied = _ack_then_reboot(tmp_path, default_rules, "boot-A")
+    assert applied.action == "inspect_hardware", applied.action_reason
+    assert "came back after a reboot" in (applied.action_reason or "")
+    assert "acknowledged" not in applied.observed
+
+
+def test_an_escalation_wins_over_an_ack_of_this_boot(tmp_path, default_rules):
+    """Even an ack given after the reboot (this boot) does not hide inspect_hardware."""
+    applied = _ack_then_reboot(tmp_path, default_rules, "boot-B")
+    assert applied.action == "inspect_hardware", applied.action_reason
+
+
+def test_an_ack_ends_when_the_boot_changes(tmp_path, default_rules):
+    """No escalation (a board without a lasting identity): an ack of boot A holds in
+    boot A and not in boot B."""
+    from gpuguard.escalation import apply_history
+    from gpuguard.results import GpuRef, Result, Status
+
+    path = tmp_path / "events.db"
+    writer = EventWriter(path, "boot-A")
+    writer.record(Event(kind="ack", source="cli", rule="recovery.action", gpu_index=0,
+                        gpu_uuid="GPU-0", status="critical",
+                        data={"reason": "r", "until": time.time() + 3600}))
+    writer.flush()
+    writer.close()
+    bad = [Result("recovery.action", Status.CRITICAL, Status.CRITICAL, "m",
+                  GpuRef(0, "GPU-0", "00000000:18:00.0"), action="reset_gpu")]
+    conn = eventstore.open_reader(path)
+    try:
+        assert apply_history(bad, conn, "boot-A", default_rules, {})[0].action == "none"
+        assert apply_history(bad, conn, "boot-B", default_rules, {})[0].action == "reset_gpu"
+    finally:
+        conn.close()
+
+
+def test_corrupt_copies_are_bounded_the_newest_kept(tmp_path):
+    """A store that keeps getting corrupt (a failing disk) must not fill the state
+    directory with copies: the newest few stay for a post-mortem, older ones go."""
+    path = tmp_path / "events.db"
+    for year in range(2020, 2025):
+        (tmp_path / f"events.db.corrupt-{year}0101T000000").write_bytes(b"old" * 1000)
+        (tmp_path / f"events.db.corrupt-{year}0101T000000-wal").write_bytes(b"w")
+    (tmp_path / "events.db.corrupt-notes.txt-keep").write_bytes(b"")  # not ours: kept
+    path.write_bytes(b"this is not sqlite" * 100)
+    writer = EventWriter(path)
+    writer.record(flap(0, time.time()))
+    writer.flush()
+    writer.flush()
+    writer.close()
+    assert writer.stats.corrupt_moved == 1 and rows(path) == 1
+    left = sorted(p.name for p in tmp_path.glob("events.db.corrupt-*"))
+    kept = eventstore.CORRUPT_KEPT
+    assert len([n for n in left if n.startswith("events.db.corrupt-20")]) == \
+        2 * (kept - 1) + 1  # the newest older ones with their -wal, and the new one
+    assert "events.db.corrupt-20240101T000000" in left
+    assert "events.db.corrupt-20240101T000000-wal" in left
+    assert "events.db.corrupt-20200101T000000" not in left
+    assert "events.db.corrupt-20200101T000000-wal" not in left
+    assert "events.db.corrupt-notes.txt-keep" in left
