@@ -460,17 +460,19 @@ def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Pat
     for where in rule.overrides:
         click.echo(f"  changed at:  {where}")
     click.echo(f"  remediation: {rule.remediation or '-'}")
-    from gpuguard.actions import suggest
+    from gpuguard.actions import WRONG_DATA, suggest
     from gpuguard.results import Status
 
+    prefix = "inspect_hardware when the GPU read back wrong data, else " \
+        if rule.id in WRONG_DATA else ""
     source = {"xid.recent": "the Xid catalog per event, else ",
               "sxid.recent": "the SXid catalog per event, else ",
               "recovery.action": "the driver's recovery action field, else "}
     whats = [f"{status.value} {action.value} ({why})" for status in
              (Status.CRITICAL, Status.WARNING)
              for action, why in [suggest(rule, status, {}, ruleset)]]
-    click.echo(f"  action:      {source.get(rule.id, '') if rule.action is None else ''}"
-               + "; ".join(whats))
+    click.echo(f"  action:      {prefix}"
+               f"{source.get(rule.id, '') if rule.action is None else ''}" + "; ".join(whats))
 
 
 @rules.command("fields")
