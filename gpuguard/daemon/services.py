@@ -14,8 +14,10 @@ With no service configured the reading stays absent: the rules are skipped.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,8 @@ log = structlog.get_logger("gpuguard.services")
 
 # The deadline of reading one service's processes (pid file, cgroup, Docker's top).
 TREE_DEADLINE_S = 2.0
+# How long past its request_timeout a cycle waits for an inference request to return.
+INFERENCE_GRACE_S = 1.0
 
 Sample = tuple[float, int, int | None]  # (time, host RSS bytes, GPU bytes or unknown)
 
@@ -50,13 +54,28 @@ class ServiceWatch:
         if not self.supervisors:
             return
         # The inference requests of all services at once, each under its own deadline: a
-        # cycle waits for the slowest one, not for their sum.
-        with ThreadPoolExecutor(max_workers=len(self.supervisors),
-                                thread_name_prefix="inference") as pool:
+        # cycle waits for the slowest one, not for their sum, and never past the longest
+        # deadline (and a second): probe.send keeps its deadline, this holds even if it
+        # did not (a name that does not resolve). The pool is not waited for on the way
+        # out; a request still running answers nobody.
+        pool = ThreadPoolExecutor(max_workers=len(self.supervisors),
+                                  thread_name_prefix="inference")
+        try:
             asked = {s.service.name: pool.submit(_inference, s) for s in self.supervisors}
             entries = {s.service.name: self._entry(s, snap, now) for s in self.supervisors}
+            end = time.monotonic() + max(_request_timeout(s) for s in self.supervisors) \
+                + INFERENCE_GRACE_S
             for name, future in asked.items():
-                entries[name]["inference"] = future.result()
+                try:
+                    entries[name]["inference"] = future.result(
+                        timeout=max(end - time.monotonic(), 0.0))
+                except FutureTimeout:
+                    # not known, not failed: the answer came too late to be judged
+                    entries[name]["inference"] = {
+                        "ok": None, "error": "the request did not return within its "
+                                             "deadline"}
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
         snap.host.services = Reading.ok(entries)
         snap.host.__post_init__()  # validated like every reading
 
@@ -113,6 +132,11 @@ def _gpu_memory(snap: Snapshot, pids: set[int]) -> tuple[int | None, int | None]
     return held, free if uses_gpu else None
 
 
+def _request_timeout(supervisor: Supervisor) -> float:
+    request = supervisor.service.probe.request
+    return request.timeout if request is not None else 0.0
+
+
 def _inference(supervisor: Supervisor) -> dict[str, Any] | None:
     """The probe's request to the active variant; None when the probe is no request."""
     cfg = supervisor.service.probe
@@ -129,4 +153,4 @@ def _inference(supervisor: Supervisor) -> dict[str, Any] | None:
         return None
     answer = probe.send(url, cfg.status, cfg.request)
     return {"ok": answer.ok, "latency_s": round(answer.latency_s, 4), "status": answer.status,
-            "error": answer.error, "url": url}
+            "error": answer.error, "timed_out": answer.timed_out, "url": url}
