@@ -183,6 +183,15 @@ def inference(ctx: CheckContext) -> Finding:
             findings[name] = unknown(f"not probed: {answer.get('error')}")
         elif answer.get("ok"):
             findings[name] = ok(f"answered in {answer['latency_s']:.3f} s", **answer)
+        elif answer.get("timed_out"):
+            # connected or not, no answer within request_timeout: a healthy server
+            # saturated at peak load looks just like a hung one from here, and moving a
+            # saturated service to CPU at its peak is the worst moment. Not known: it
+            # neither counts towards failover nor resets (a hung GPU is the GPU rules'
+            # finding: xid.recent, driver.responsive). An answer that came, a 500 or a
+            # refused connection, stays a failure.
+            findings[name] = unknown(f"no answer in time (saturated or hung): "
+                                     f"{answer.get('error')}", **answer)
         else:
             findings[name] = ctx.fail(f"inference failed: {answer.get('error')}", **answer)
     return _combine(findings)

@@ -271,6 +271,26 @@ def test_inference(h200, run_rule):
     assert result.status is Status.UNKNOWN and result.message == "a: not probed: starting"
 
 
+def test_inference_that_times_out_is_unknown_and_a_500_stays_failed(h200, run_rule):
+    """A saturated healthy server whose answer takes longer than request_timeout is not
+    failed (it would be moved to CPU at peak load): unknown, which neither counts nor
+    resets. An answer that came, even a 500, is a failure."""
+    late = {"ok": False, "latency_s": 2.0, "status": None, "timed_out": True,
+            "error": "TimeoutError: the request timed out after 2 s", "url": "u"}
+    with_services(h200, a=entry([1], inference=late))
+    [result] = run_rule("service.inference", h200)
+    assert result.status is Status.UNKNOWN
+    assert result.message == ("a: no answer in time (saturated or hung): "
+                              "TimeoutError: the request timed out after 2 s")
+    assert policy.outcome([result], None, {"service.inference"}, None, "a")[0] == "unknown"
+    failed = {"ok": False, "latency_s": 0.01, "status": 500, "timed_out": False,
+              "error": "answered 500, expected 200", "url": "u"}
+    with_services(h200, a=entry([1], inference=failed))
+    [result] = run_rule("service.inference", h200)
+    assert result.status is Status.CRITICAL
+    assert policy.outcome([result], None, {"service.inference"}, None, "a")[0] == "failed"
+
+
 # --- the supervisor counts its own service's status --------------------------------------
 
 def test_policy_counts_only_its_own_service():
