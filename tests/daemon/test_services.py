@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.daemon.conftest import free_port, get, metric_lines
 from tests.daemon.test_metrics_doc import documented, exported
 
@@ -334,3 +336,51 @@ def test_a_server_that_trickles_its_answer_does_not_hold_the_fast_cycle(
     assert time.monotonic() - started < 5  # does not hang
     answer = h200.host.services.get()["llm"]["inference"]
     assert answer["ok"] is False and answer["timed_out"] is True, answer
+
+
+@pytest.mark.parametrize("kind", ["request", "health"])
+def test_the_warmup_starts_when_the_service_first_answers(tmp_path: Path, h200: Any,
+                                                          kind: str) -> None:
+    """A service that loads its model for 2 s before it listens: its run's warm-up anchor
+    (`answered_at`) is the cycle its probe (an inference request, or a plain health URL)
+    first passed, not the process start, and it stays there."""
+    import subprocess
+
+    from gpuguard.daemon.services import ServiceWatch
+    from gpuguard.supervisor.config import load_services
+    from gpuguard.supervisor.service import Supervisor
+
+    server = tmp_path / "server.py"
+    server.write_text(SERVER)
+    port = free_port()
+    variant = _exec_variant(tmp_path, "llm", [sys.executable, str(server), str(port),
+                                              str(tmp_path / "never"), "2"])
+    url = f"http://127.0.0.1:{port}"
+    probe = ({"http": f"{url}/v1/completions", "body": {"prompt": "hi"},
+              "json_path": "choices.0.text", "request_timeout": 1}
+             if kind == "request" else {"http": f"{url}/health"})
+    config = tmp_path / "gpuguard.yaml"
+    config.write_text(json.dumps({"services": [_service("llm", variant, variant, probe)]}))
+    [service] = load_services(config)
+    supervisor = Supervisor(service, tmp_path / "state", set())
+    supervisor.settled.set()
+    watch = ServiceWatch([supervisor])
+    subprocess.run(variant["start"], check=True)
+    try:
+        _pid(variant["pid_file"])
+        seen: list[tuple[float, Any]] = []
+        end = time.monotonic() + 15
+        while time.monotonic() < end and (not seen or seen[-1][1] is None
+                                          or len([s for s in seen if s[1]]) < 3):
+            now = time.time()
+            watch.sample(h200, now)
+            entry = h200.host.services.get()["llm"]
+            assert not entry.get("error"), entry
+            seen.append((now, entry["answered_at"]))
+            time.sleep(0.3)
+        assert seen[0][1] is None, seen  # still loading: no answer, no warm-up yet
+        first = next(now for now, answered in seen if answered is not None)
+        assert {answered for _, answered in seen if answered is not None} == {first}, seen
+        assert first > entry["started_at"] + 1  # later than the process start
+    finally:
+        subprocess.run(variant["stop"], check=False)
