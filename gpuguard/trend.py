@@ -6,8 +6,10 @@ samples or across a window (counters); a leak needs a fitted slope, since one sa
 taken during a burst would make two-point growth say anything.
 
 How a warm-up ramp is told apart from a leak (both grow at first):
-1. samples taken within `warmup_s` of the service's start are left out (a model loading,
-   a KV cache being allocated, CUDA graphs being captured);
+1. samples taken before the service first answered, and within `warmup_s` after, are
+   left out (a model loading, a KV cache being allocated, CUDA graphs being captured;
+   counted from the first answer, not from the process start, since loading a large
+   model from network storage can take longer than any fixed warm-up);
 2. the growth must still go on in the newest third of the window: the slope fitted over
    that third must be at least `recent_ratio` of the whole window's slope. A ramp that
    then stays flat fits a positive slope over the window but a flat newest third: not a
@@ -79,12 +81,14 @@ class Limits:
     horizon_s: float
 
 
-def judge(points: Sequence[Point], headroom: float, started_at: float | None,
+def judge(points: Sequence[Point], headroom: float, ready_at: float | None,
           limits: Limits) -> Growth:
     """Whether the series (older first, already cut to the window and to the current run
-    of the service) grows steadily enough to use up `headroom` within `limits.horizon_s`."""
-    if started_at is not None:
-        points = [p for p in points if p[0] >= started_at + limits.warmup_s]
+    of the service) grows steadily enough to use up `headroom` within `limits.horizon_s`.
+    `ready_at`: when the service first answered; the warm-up is counted from it (None:
+    no warm-up is left out)."""
+    if ready_at is not None:
+        points = [p for p in points if p[0] >= ready_at + limits.warmup_s]
     n = len(points)
     if n < limits.min_samples:
         return Growth(False, f"{n} samples after warm-up, {limits.min_samples} needed", n)

@@ -32,7 +32,7 @@ def test_fit_flat_series_has_zero_slope() -> None:
 def test_step_leak_is_a_leak_with_projection() -> None:
     # +512 MiB every 5 s, sampled every second, 10 GiB of headroom
     points = [(float(t), (t // 5) * 512.0 * MIB) for t in range(100, 200)]
-    growth = judge(points, 10 * 1024 * MIB, started_at=0.0, limits=LIMITS)
+    growth = judge(points, 10 * 1024 * MIB, ready_at=0.0, limits=LIMITS)
     assert growth.leak, growth.reason
     assert growth.slope == pytest.approx(512 * MIB / 5, rel=0.05)
     assert growth.projected_s == pytest.approx(10 * 1024 / (512 / 5), rel=0.05)
@@ -44,7 +44,7 @@ def test_ramp_then_flat_is_not_a_leak() -> None:
     points = [(float(t), min(t - 60, 120) * 100.0 * MIB) for t in range(60, 240)]
     line = fit(points)
     assert line is not None and line.slope > 0 and line.r2 > LIMITS.min_r2
-    growth = judge(points, 1024 * MIB, started_at=0.0, limits=LIMITS)
+    growth = judge(points, 1024 * MIB, ready_at=0.0, limits=LIMITS)
     assert not growth.leak
     assert "newest third" in growth.reason
 
@@ -52,14 +52,14 @@ def test_ramp_then_flat_is_not_a_leak() -> None:
 def test_warmup_samples_are_left_out() -> None:
     # growing only during the first 60 s after start: nothing is left to judge as growth
     points = [(float(t), min(t, 60) * MIB) for t in range(0, 120)]
-    growth = judge(points, 1.0, started_at=0.0, limits=LIMITS)
+    growth = judge(points, 1.0, ready_at=0.0, limits=LIMITS)
     assert not growth.leak
     assert growth.slope == 0
 
 
 def test_too_few_samples_is_not_judged() -> None:
     points = [(float(t), t * MIB) for t in range(100, 109)]
-    growth = judge(points, 1.0, started_at=0.0, limits=LIMITS)
+    growth = judge(points, 1.0, ready_at=0.0, limits=LIMITS)
     assert not growth.leak and growth.samples == 9 and "10 needed" in growth.reason
     assert judge([*points, (109.0, 109.0 * MIB)], 1.0, 0.0, LIMITS).leak
 
@@ -67,7 +67,7 @@ def test_too_few_samples_is_not_judged() -> None:
 def test_noise_is_not_a_trend() -> None:
     values = [0, 9, 1, 8, 2, 9, 0, 9, 1, 10, 0, 9, 2, 10, 1, 10]
     points = [(float(100 + i), v * MIB) for i, v in enumerate(values)]
-    growth = judge(points, 1.0, started_at=0.0, limits=LIMITS)
+    growth = judge(points, 1.0, ready_at=0.0, limits=LIMITS)
     assert not growth.leak and "r²" in growth.reason
 
 

@@ -137,9 +137,13 @@ def _growth_of(ctx: CheckContext, entry: dict[str, Any], window: float,
     samples = entry.get("samples") or []
     if not samples:
         return ok("no samples yet")
+    answered = entry.get("answered_at")
+    if answered is None:
+        # a model still loading grows its memory: its warm-up has not even begun
+        return ok("has not answered its probe yet: its memory is not judged before the "
+                  "warm-up after its first answer")
     now = samples[-1][0]
     recent = [s for s in samples if now - s[0] <= window]
-    started = entry.get("started_at")
     series = {
         "host RSS": ([(s[0], float(s[1])) for s in recent if s[1] is not None],
                      entry.get("host_headroom_bytes")),
@@ -152,7 +156,7 @@ def _growth_of(ctx: CheckContext, entry: dict[str, Any], window: float,
     for label, (points, headroom) in series.items():
         if headroom is None or not points:
             continue
-        growth = judge(points, float(headroom), started, limits)
+        growth = judge(points, float(headroom), float(answered), limits)
         observed[label] = {"samples": growth.samples, "slope_bytes_per_s": growth.slope,
                            "r2": growth.r2, "recent_slope_bytes_per_s": growth.recent_slope,
                            "projected_s": growth.projected_s, "headroom_bytes": headroom}
@@ -183,6 +187,15 @@ def inference(ctx: CheckContext) -> Finding:
             findings[name] = unknown(f"not probed: {answer.get('error')}")
         elif answer.get("ok"):
             findings[name] = ok(f"answered in {answer['latency_s']:.3f} s", **answer)
+        elif answer.get("timed_out"):
+            # connected or not, no answer within request_timeout: a healthy server
+            # saturated at peak load looks just like a hung one from here, and moving a
+            # saturated service to CPU at its peak is the worst moment. Not known: it
+            # neither counts towards failover nor resets (a hung GPU is the GPU rules'
+            # finding: xid.recent, driver.responsive). An answer that came, a 500 or a
+            # refused connection, stays a failure.
+            findings[name] = unknown(f"no answer in time (saturated or hung): "
+                                     f"{answer.get('error')}", **answer)
         else:
             findings[name] = ctx.fail(f"inference failed: {answer.get('error')}", **answer)
     return _combine(findings)

@@ -14,8 +14,10 @@ With no service configured the reading stays absent: the rules are skipped.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,10 @@ log = structlog.get_logger("gpuguard.services")
 
 # The deadline of reading one service's processes (pid file, cgroup, Docker's top).
 TREE_DEADLINE_S = 2.0
+# How long past its request_timeout a cycle waits for an inference request to return.
+INFERENCE_GRACE_S = 1.0
+# The deadline of asking a plain health URL whether the service answers yet.
+HEALTH_TIMEOUT_S = 2.0
 
 Sample = tuple[float, int, int | None]  # (time, host RSS bytes, GPU bytes or unknown)
 
@@ -38,6 +44,10 @@ Sample = tuple[float, int, int | None]  # (time, host RSS bytes, GPU bytes or un
 class Run:
     identity: str
     samples: deque[Sample] = field(default_factory=deque)
+    # when this run first answered its probe: its warm-up (service.memory_growth) is
+    # counted from here, not from the process start, since a model that loads for 15
+    # minutes from network storage grows all that time; None until it answers
+    answered_at: float | None = None
 
 
 class ServiceWatch:
@@ -50,15 +60,67 @@ class ServiceWatch:
         if not self.supervisors:
             return
         # The inference requests of all services at once, each under its own deadline: a
-        # cycle waits for the slowest one, not for their sum.
-        with ThreadPoolExecutor(max_workers=len(self.supervisors),
-                                thread_name_prefix="inference") as pool:
+        # cycle waits for the slowest one, not for their sum, and never past the longest
+        # deadline (and a second): probe.send keeps its deadline, this holds even if it
+        # did not (a name that does not resolve). The pool is not waited for on the way
+        # out; a request still running answers nobody.
+        pool = ThreadPoolExecutor(max_workers=2 * len(self.supervisors),
+                                  thread_name_prefix="inference")
+        try:
             asked = {s.service.name: pool.submit(_inference, s) for s in self.supervisors}
+            # a plain health URL is asked only until the run first answers it
+            health = {s.service.name: pool.submit(_health_answers, s)
+                      for s in self.supervisors if not self._answered(s.service.name)}
             entries = {s.service.name: self._entry(s, snap, now) for s in self.supervisors}
+            end = time.monotonic() + max(_request_timeout(s) for s in self.supervisors) \
+                + INFERENCE_GRACE_S
             for name, future in asked.items():
-                entries[name]["inference"] = future.result()
+                try:
+                    entries[name]["inference"] = future.result(
+                        timeout=max(end - time.monotonic(), 0.0))
+                except FutureTimeout:
+                    # not known, not failed: the answer came too late to be judged
+                    entries[name]["inference"] = {
+                        "ok": None, "error": "the request did not return within its "
+                                             "deadline"}
+            answered: dict[str, bool | None] = {}
+            for name, health_future in health.items():
+                try:
+                    answered[name] = health_future.result(
+                        timeout=max(end - time.monotonic(), 0.0))
+                except FutureTimeout:
+                    answered[name] = None  # not in time: asked again next cycle
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        for supervisor in self.supervisors:
+            self._note_answer(supervisor, entries[supervisor.service.name],
+                              answered.get(supervisor.service.name), now)
         snap.host.services = Reading.ok(entries)
         snap.host.__post_init__()  # validated like every reading
+
+    def _answered(self, name: str) -> bool:
+        run = self._runs.get(name)
+        return run is not None and run.answered_at is not None
+
+    def _note_answer(self, supervisor: Supervisor, entry: dict[str, Any],
+                     health: bool | None, now: float) -> None:
+        """Start the run's warm-up at its first answer: a passing inference request, else a
+        plain health URL answering its status. An exec or Docker health probe is not run
+        every cycle: its warm-up starts at the process start, as before."""
+        run = self._runs.get(supervisor.service.name)
+        if run is None or entry.get("error"):
+            return
+        if run.answered_at is None:
+            probe_cfg = supervisor.service.probe
+            inference = entry.get("inference")
+            if probe_cfg.http is None:
+                started = entry.get("started_at")
+                run.answered_at = started if started is not None else run.samples[0][0]
+            elif (inference or {}).get("ok") is True or health is True:
+                run.answered_at = now
+                log.info("service_answered", service=supervisor.service.name,
+                         action="its memory warm-up starts now")
+        entry["answered_at"] = run.answered_at
 
     def _entry(self, supervisor: Supervisor, snap: Snapshot, now: float) -> dict[str, Any]:
         service = supervisor.service
@@ -113,6 +175,24 @@ def _gpu_memory(snap: Snapshot, pids: set[int]) -> tuple[int | None, int | None]
     return held, free if uses_gpu else None
 
 
+def _request_timeout(supervisor: Supervisor) -> float:
+    request = supervisor.service.probe.request
+    return request.timeout if request is not None else HEALTH_TIMEOUT_S
+
+
+def _health_answers(supervisor: Supervisor) -> bool | None:
+    """Whether the active variant answers its plain health URL now; None when the probe
+    is no plain URL (a request is _inference's) or the service is starting or moving."""
+    cfg = supervisor.service.probe
+    if cfg.request is not None or cfg.http is None:
+        return None
+    st = supervisor.snapshot().state
+    if not supervisor.settled.is_set() or st.transition is not None:
+        return None
+    url = cfg.http if isinstance(cfg.http, str) else cfg.http.get(st.active)
+    return None if url is None else probe.http_ready(url, cfg.status, HEALTH_TIMEOUT_S)
+
+
 def _inference(supervisor: Supervisor) -> dict[str, Any] | None:
     """The probe's request to the active variant; None when the probe is no request."""
     cfg = supervisor.service.probe
@@ -129,4 +209,4 @@ def _inference(supervisor: Supervisor) -> dict[str, Any] | None:
         return None
     answer = probe.send(url, cfg.status, cfg.request)
     return {"ok": answer.ok, "latency_s": round(answer.latency_s, 4), "status": answer.status,
-            "error": answer.error, "url": url}
+            "error": answer.error, "timed_out": answer.timed_out, "url": url}

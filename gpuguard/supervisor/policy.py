@@ -20,6 +20,9 @@ Action = Literal["to_cpu", "to_gpu"] | None
 # Rules tagged `failover` in rules/ count by default.
 DEFAULT_TAG = "failover"
 
+# The rules that judge the service's active variant itself (gpuguard/checks/service.py).
+SERVICE_RULES = "service."
+
 # After a failed transition the next try waits 10 s, then 20, 40, ... up to 5 minutes.
 BACKOFF_FIRST_S = 10.0
 BACKOFF_MAX_S = 300.0
@@ -32,14 +35,18 @@ class Counts:
 
 
 def outcome(results: list[Result], rules: list[str] | None, tagged: set[str],
-            gpus: list[int] | None, service: str | None = None
+            gpus: list[int] | None, service: str | None = None, active: str = "gpu"
             ) -> tuple[Outcome, list[Result]]:
     """The cycle's outcome for one service, and the results that made it fail. A result
     about several services (service.*: `observed.service_status`) counts with the status
     it gives this one service, and not at all when it does not name it: one service whose
-    inference fails is no reason to move another."""
+    inference fails is no reason to move another. While the CPU variant is `active` the
+    service.* results are about it, not about the GPU the failback is for: they do not
+    count (a slow CPU answer would keep the service off a healthy GPU)."""
     counted = []
     for each in results:
+        if active == "cpu" and each.rule.startswith(SERVICE_RULES):
+            continue
         r = own_status(each, service)
         if r is None:
             continue

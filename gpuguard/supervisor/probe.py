@@ -3,10 +3,14 @@ Docker health status."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import socket
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,28 +60,33 @@ class Answer:
     latency_s: float
     status: int | None
     error: str | None = None
+    # no complete answer within the deadline (connect, headers or body): a saturated
+    # server and a hung one look alike here, so service.inference says unknown
+    timed_out: bool = False
 
 
 def send(url: str, status: int, request: Request) -> Answer:
     """Send the request; ok when it answers `status` within its deadline with a JSON body
-    (read up to MAX_BODY) that has `json_path`. Never raises."""
+    (read up to MAX_BODY) that has `json_path`. Never raises, and returns within about
+    `request.timeout` whatever the server does: the socket is shut down at the deadline,
+    so a server that trickles its headers or body a byte at a time cannot hold it."""
     started = time.monotonic()
-    end = started + request.timeout
+    cut = threading.Event()
     code: int | None = None
     try:
-        req = urllib.request.Request(url, data=request.body, method=request.method,
-                                     headers=request.headers)
-        try:
-            resp = urllib.request.urlopen(req, timeout=request.timeout)
-        except urllib.error.HTTPError as exc:
-            resp = exc
-        with resp:
-            code = int(resp.status if hasattr(resp, "status") else resp.code)
-            body = _read_bounded(resp, end)
+        code, body = _exchange(url, request, started + request.timeout, cut)
     except (OSError, ValueError, http.client.HTTPException) as exc:
-        return Answer(False, time.monotonic() - started, code,
-                      f"{type(exc).__name__}: {str(exc)[:200]}")
+        latency = time.monotonic() - started
+        if cut.is_set() or isinstance(exc, TimeoutError):
+            return Answer(False, latency, code,
+                          f"TimeoutError: the request timed out after {request.timeout:g} s",
+                          timed_out=True)
+        return Answer(False, latency, code, f"{type(exc).__name__}: {str(exc)[:200]}")
     latency = time.monotonic() - started
+    if cut.is_set():  # the deadline passed as the answer ended: it may be cut short
+        return Answer(False, latency, code,
+                      f"TimeoutError: the request timed out after {request.timeout:g} s",
+                      timed_out=True)
     if code != status:
         return Answer(False, latency, code, f"answered {code}, expected {status}")
     if request.json_path is None:
@@ -92,13 +101,44 @@ def send(url: str, status: int, request: Request) -> Answer:
     return Answer(True, latency, code)
 
 
-def _read_bounded(resp: Any, end: float) -> bytes:
+def _exchange(url: str, request: Request, end: float, cut: threading.Event
+              ) -> tuple[int, bytes]:
+    """The status and body (at most MAX_BODY) of one request. The socket's own timeout
+    bounds each read only; a timer shuts the socket down at `end` and sets `cut`, which
+    bounds the whole exchange."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url[:200]!r}")
+    kind = (http.client.HTTPSConnection if parts.scheme == "https"
+            else http.client.HTTPConnection)
+    conn = kind(parts.hostname, parts.port, timeout=max(end - time.monotonic(), 0.001))
+    try:
+        conn.connect()
+        timer = threading.Timer(max(end - time.monotonic(), 0.0), _shut, (conn.sock, cut))
+        timer.daemon = True
+        timer.start()
+        try:
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            conn.request(request.method, path, body=request.body, headers=request.headers)
+            resp = conn.getresponse()
+            return resp.status, _read_bounded(resp)
+        finally:
+            timer.cancel()
+    finally:
+        conn.close()
+
+
+def _shut(sock: socket.socket, cut: threading.Event) -> None:
+    cut.set()
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _read_bounded(resp: http.client.HTTPResponse) -> bytes:
     chunks: list[bytes] = []
     total = 0
     while True:
-        if time.monotonic() > end:
-            raise TimeoutError("the answer did not arrive within the deadline")
-        chunk = resp.read(64 * 1024)
+        chunk = resp.read1(64 * 1024)
         if not chunk:
             return b"".join(chunks)
         total += len(chunk)

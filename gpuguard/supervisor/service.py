@@ -205,7 +205,8 @@ class Supervisor:
 
     def handle_cycle(self, results: list[Result], now: float) -> None:
         svc = self.service
-        result, why = policy.outcome(results, svc.rules, self.tagged, svc.gpus, svc.name)
+        result, why = policy.outcome(results, svc.rules, self.tagged, svc.gpus, svc.name,
+                                     active=self.snapshot().state.active)
         with self._lock:
             st = self.state
             counts, action = policy.decide(

@@ -22,7 +22,8 @@ def with_services(snap: Snapshot, **entries: dict[str, Any]) -> Snapshot:
 
 def entry(pids: list[int], samples: list[list[Any]] | None = None, **extra: Any
           ) -> dict[str, Any]:
-    return {"variant": "gpu", "identity": "pid 1", "started_at": 0.0, "pids": pids,
+    return {"variant": "gpu", "identity": "pid 1", "started_at": 0.0, "answered_at": 0.0,
+            "pids": pids,
             "processes": [], "rss_bytes": 0, "host_headroom_bytes": 10**12,
             "gpu_headroom_bytes": None, "samples": samples or [], "inference": None, **extra}
 
@@ -214,6 +215,22 @@ def test_memory_growth_warmup_and_min_samples_come_from_the_rule(h200, run_rule,
     assert run_rule("service.memory_growth", h200, rules=rules)[0].status is Status.OK
 
 
+def test_memory_growth_warmup_starts_at_the_first_answer(h200, run_rule, tmp_path):
+    """A model loading from network storage for longer than warmup_s grows all the while:
+    the warm-up counts from the service's first answer, not from its process start."""
+    samples = leak_samples(20)  # t 1000..1095, the process started at 0
+    with_services(h200, llm=entry([1], samples, host_headroom_bytes=MIB, answered_at=None))
+    [result] = run_rule("service.memory_growth", h200)
+    assert result.status is Status.OK and "has not answered its probe yet" in result.message
+    # first answered at 400: with a 600 s warm-up the samples from 1000 on are judged ...
+    with_services(h200, llm=entry([1], samples, host_headroom_bytes=MIB, answered_at=400.0))
+    assert run_rule("service.memory_growth", h200)[0].status is Status.WARNING
+    # ... first answered at 450: only those from 1050 on, 10 of the 12 needed
+    with_services(h200, llm=entry([1], samples, host_headroom_bytes=MIB, answered_at=450.0))
+    [result] = run_rule("service.memory_growth", h200)
+    assert result.status is Status.OK and "10 samples after warm-up" in result.message
+
+
 def test_memory_growth_of_gpu_memory(h200, run_rule):
     samples = [[t, 100 * MIB, g] for t, _, g in
                ([s[0], 0, int(s[1])] for s in leak_samples())]
@@ -269,6 +286,26 @@ def test_inference(h200, run_rule):
     with_services(h200, a=entry([1], inference={"ok": None, "error": "starting"}))
     [result] = run_rule("service.inference", h200)
     assert result.status is Status.UNKNOWN and result.message == "a: not probed: starting"
+
+
+def test_inference_that_times_out_is_unknown_and_a_500_stays_failed(h200, run_rule):
+    """A saturated healthy server whose answer takes longer than request_timeout is not
+    failed (it would be moved to CPU at peak load): unknown, which neither counts nor
+    resets. An answer that came, even a 500, is a failure."""
+    late = {"ok": False, "latency_s": 2.0, "status": None, "timed_out": True,
+            "error": "TimeoutError: the request timed out after 2 s", "url": "u"}
+    with_services(h200, a=entry([1], inference=late))
+    [result] = run_rule("service.inference", h200)
+    assert result.status is Status.UNKNOWN
+    assert result.message == ("a: no answer in time (saturated or hung): "
+                              "TimeoutError: the request timed out after 2 s")
+    assert policy.outcome([result], None, {"service.inference"}, None, "a")[0] == "unknown"
+    failed = {"ok": False, "latency_s": 0.01, "status": 500, "timed_out": False,
+              "error": "answered 500, expected 200", "url": "u"}
+    with_services(h200, a=entry([1], inference=failed))
+    [result] = run_rule("service.inference", h200)
+    assert result.status is Status.CRITICAL
+    assert policy.outcome([result], None, {"service.inference"}, None, "a")[0] == "failed"
 
 
 # --- the supervisor counts its own service's status --------------------------------------

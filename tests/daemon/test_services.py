@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.daemon.conftest import free_port, get, metric_lines
 from tests.daemon.test_metrics_doc import documented, exported
 
@@ -284,3 +286,101 @@ def test_a_service_still_starting_is_not_failed_over(tmp_path: Path, start_daemo
     finally:
         daemon.stop()
         _kill(tmp_path, [f"slow-{v}" for v in ports])
+
+
+def test_a_server_that_trickles_its_answer_does_not_hold_the_fast_cycle(
+        tmp_path: Path, h200: Any) -> None:
+    """The review's slowloris: Content-Length 100,000, then one byte every 0.2 s. Each
+    read is quick, so only the request's overall deadline (request_timeout 1 s) ends it;
+    the cycle's sample returns soon after, the request timed out."""
+    import socket
+    import threading
+
+    from gpuguard.daemon.services import ServiceWatch
+    from gpuguard.supervisor.config import load_services
+    from gpuguard.supervisor.service import Supervisor
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        with sock:
+            conn, _ = sock.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                with contextlib.suppress(OSError):
+                    while not stop.wait(0.2):
+                        conn.sendall(b" ")
+
+    threading.Thread(target=trickle, daemon=True).start()
+    idle = _exec_variant(tmp_path, "idle", ["sleep", "600"])
+    config = tmp_path / "gpuguard.yaml"
+    config.write_text(json.dumps({"services": [_service("llm", idle, idle, {
+        "http": f"http://127.0.0.1:{sock.getsockname()[1]}/v1/completions",
+        "body": {"prompt": "hi"}, "json_path": "choices.0.text", "request_timeout": 1})]}))
+    [service] = load_services(config)
+    supervisor = Supervisor(service, tmp_path / "state", set())
+    supervisor.settled.set()  # running, not moving: the request is sent
+    watch = ServiceWatch([supervisor])
+    done = threading.Event()
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: (watch.sample(h200, time.time()), done.set()),
+                              daemon=True)
+    thread.start()
+    thread.join(10)
+    stop.set()
+    assert done.is_set(), "the cycle still waits for the request after 10 s"
+    assert time.monotonic() - started < 5  # does not hang
+    answer = h200.host.services.get()["llm"]["inference"]
+    assert answer["ok"] is False and answer["timed_out"] is True, answer
+
+
+@pytest.mark.parametrize("kind", ["request", "health"])
+def test_the_warmup_starts_when_the_service_first_answers(tmp_path: Path, h200: Any,
+                                                          kind: str) -> None:
+    """A service that loads its model for 2 s before it listens: its run's warm-up anchor
+    (`answered_at`) is the cycle its probe (an inference request, or a plain health URL)
+    first passed, not the process start, and it stays there."""
+    import subprocess
+
+    from gpuguard.daemon.services import ServiceWatch
+    from gpuguard.supervisor.config import load_services
+    from gpuguard.supervisor.service import Supervisor
+
+    server = tmp_path / "server.py"
+    server.write_text(SERVER)
+    port = free_port()
+    variant = _exec_variant(tmp_path, "llm", [sys.executable, str(server), str(port),
+                                              str(tmp_path / "never"), "2"])
+    url = f"http://127.0.0.1:{port}"
+    probe = ({"http": f"{url}/v1/completions", "body": {"prompt": "hi"},
+              "json_path": "choices.0.text", "request_timeout": 1}
+             if kind == "request" else {"http": f"{url}/health"})
+    config = tmp_path / "gpuguard.yaml"
+    config.write_text(json.dumps({"services": [_service("llm", variant, variant, probe)]}))
+    [service] = load_services(config)
+    supervisor = Supervisor(service, tmp_path / "state", set())
+    supervisor.settled.set()
+    watch = ServiceWatch([supervisor])
+    subprocess.run(variant["start"], check=True)
+    try:
+        _pid(variant["pid_file"])
+        seen: list[tuple[float, Any]] = []
+        end = time.monotonic() + 15
+        while time.monotonic() < end and (not seen or seen[-1][1] is None
+                                          or len([s for s in seen if s[1]]) < 3):
+            now = time.time()
+            watch.sample(h200, now)
+            entry = h200.host.services.get()["llm"]
+            assert not entry.get("error"), entry
+            seen.append((now, entry["answered_at"]))
+            time.sleep(0.3)
+        assert seen[0][1] is None, seen  # still loading: no answer, no warm-up yet
+        first = next(now for now, answered in seen if answered is not None)
+        assert {answered for _, answered in seen if answered is not None} == {first}, seen
+        assert first > entry["started_at"] + 1  # later than the process start
+    finally:
+        subprocess.run(variant["stop"], check=False)

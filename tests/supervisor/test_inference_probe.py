@@ -147,7 +147,7 @@ def test_send_ok_when_status_and_path_match(server: str) -> None:
 def test_send_fails_on_another_status(server: str) -> None:
     answer(500, {"error": "CUDA error"})
     result = probe.send(server, 200, REQUEST)
-    assert not result.ok and result.status == 500
+    assert not result.ok and result.status == 500 and not result.timed_out
     assert result.error == "answered 500, expected 200"
 
 
@@ -178,8 +178,57 @@ def test_send_gives_up_at_its_deadline(server: str) -> None:
     answer(200, {"choices": [{"text": "x"}]}, wait=5.0)
     started = time.monotonic()
     result = probe.send(server, 200, Request("POST", b"{}", {}, "choices", 0.5))
-    assert not result.ok and "timed out" in str(result.error)
+    assert not result.ok and result.timed_out and "timed out" in str(result.error)
     assert time.monotonic() - started < 3  # does not hang: well below the server's 5 s
+
+
+def _trickle(head: bytes) -> tuple[str, threading.Event]:
+    """A server on loopback that sends `head` whole, then one byte every 0.2 s until the
+    client goes away (a slowloris answer); the event stops it."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    stop = threading.Event()
+
+    def serve() -> None:
+        with sock:
+            conn, _ = sock.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(head)
+                with contextlib.suppress(OSError):
+                    while not stop.wait(0.2):
+                        conn.sendall(b" ")
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{sock.getsockname()[1]}/v1/completions", stop
+
+
+@pytest.mark.parametrize("head", [
+    # the body: 100,000 bytes promised, one sent every 0.2 s
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n",
+    # the headers: never finished, one byte of a header every 0.2 s
+    b"HTTP/1.1 200 OK\r\nX-Slow: ",
+], ids=["body", "headers"])
+def test_send_has_one_deadline_for_the_whole_answer(head: bytes) -> None:
+    """Every read is shorter than the 1 s request_timeout, so only a deadline over the
+    whole exchange stops the request: it ends near 1 s, timed out, not failed."""
+    url, stop = _trickle(head)
+    result: list[probe.Answer] = []
+    thread = threading.Thread(
+        target=lambda: result.append(probe.send(url, 200, Request("POST", b"{}", {},
+                                                                  "choices", 1.0))),
+        daemon=True)
+    started = time.monotonic()
+    thread.start()
+    thread.join(10)
+    stop.set()
+    assert result, "probe.send still reading after 10 s with request_timeout 1 s"
+    assert time.monotonic() - started < 5  # does not hang
+    [answer] = result
+    assert not answer.ok and answer.timed_out and "timed out" in str(answer.error)
 
 
 def test_send_to_nothing_fails() -> None:
@@ -189,7 +238,7 @@ def test_send_to_nothing_fails() -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     result = probe.send(f"http://127.0.0.1:{port}/", 200, REQUEST)
-    assert not result.ok and result.status is None and "refused" in str(result.error)
+    assert not result.ok and not result.timed_out and "refused" in str(result.error)
 
 
 def test_send_to_a_bad_url_or_a_server_speaking_no_http_fails() -> None:

@@ -71,6 +71,22 @@ def test_outcome_counts_only_failover_rules_and_gpus():
                    None)[0] == "failed"
 
 
+def test_service_results_do_not_count_while_on_cpu():
+    """On the CPU variant service.* judges the CPU variant: a slow or failing CPU answer
+    says nothing about the GPU and must not hold the service off it; on the GPU variant it
+    counts as before. A GPU rule counts on either."""
+    inference = Result("service.inference", Status.CRITICAL, Status.CRITICAL, "llm: failed",
+                       observed={"service_status": {"llm": "critical"}})
+    tagged = {*TAGGED, "service.inference"}
+    assert outcome([inference], None, tagged, None, "llm", active="gpu")[0] == "failed"
+    assert outcome([inference], None, tagged, None, "llm", active="cpu") == ("passed", [])
+    # listed by the service's own `rules:` it is still about the CPU variant
+    assert outcome([inference], ["service.*"], tagged, None, "llm", active="cpu")[0] \
+        == "passed"
+    assert outcome([inference, *results(Status.CRITICAL)], None, tagged, None, "llm",
+                   active="cpu")[0] == "failed"
+
+
 @pytest.mark.parametrize(("text", "line", "words"), [
     ("services:\n  - name: llm\n    backend: podman\n    probe: {http: x}\n", 3,
      "backend must be docker, systemd or exec"),
@@ -115,3 +131,28 @@ def test_corrupt_state_file_is_moved_aside(tmp_path):
     path.write_text('{"active": "tpu"}')
     with pytest.raises(state.CorruptState):
         state.load(path)
+
+
+def test_the_supervisor_on_cpu_counts_a_failed_inference_as_healthy(tmp_path):
+    """The wiring: the supervisor passes its active variant to the outcome, so on CPU a
+    critical service.inference cycle is a healthy cycle towards failback."""
+    import json
+
+    from gpuguard.supervisor.config import load_services
+    from gpuguard.supervisor.service import Supervisor
+
+    config = tmp_path / "gpuguard.yaml"
+    config.write_text(json.dumps({"services": [{
+        "name": "llm", "backend": "exec", "probe": {"exec": ["true"]},
+        "exec": {"start_gpu": ["true"], "stop_gpu": ["true"], "start_cpu": ["true"],
+                 "stop_cpu": ["true"]}}]}))
+    [service] = load_services(config)
+    supervisor = Supervisor(service, tmp_path / "state", {"service.inference"}, dry_run=True)
+    inference = Result("service.inference", Status.CRITICAL, Status.CRITICAL, "llm: slow",
+                       observed={"service_status": {"llm": "critical"}})
+    supervisor.state.active = "cpu"
+    supervisor.handle_cycle([inference], 0.0)
+    assert (supervisor.state.failed_cycles, supervisor.state.healthy_cycles) == (0, 1)
+    supervisor.state.active = "gpu"
+    supervisor.handle_cycle([inference], 1.0)
+    assert (supervisor.state.failed_cycles, supervisor.state.healthy_cycles) == (1, 0)
