@@ -278,7 +278,8 @@ class HostInfo:
     # "inodes_free"}, or {"path", "role", "error"} for a path that could not be read.
     disk_space: Reading[list[dict[str, Any]]] = reading_field()
     # The supervised services (daemon only, gpuguard/daemon/services.py): name -> {pids,
-    # processes, rss_bytes, samples, headroom, inference, ...} or {error}; absent when none
+    # processes, rss_bytes, samples, headroom, answered_at (its first answer: the warm-up
+    # starts there), inference {ok, timed_out, latency_s, ...}, ...} or {error}; absent when none
     # is configured (the service.* rules are skipped).
     services: Reading[dict[str, Any]] = reading_field()
 
