@@ -101,8 +101,8 @@ def memory(ctx: CheckContext) -> Finding:
         return unknown(f"{text}; {log_problem}", **observed)
     if observed.get("oom_kills") is None:
         return ok(text, **observed)
-    host = "host " if notes else ""
-    return ok("; ".join([f"{text}, no {host}OOM kill in the last {span(window_s)}", *notes]),
+    which = "host " if notes else ""
+    return ok("; ".join([f"{text}, no {which}OOM kill in the last {span(window_s)}", *notes]),
               **observed)
 
 
