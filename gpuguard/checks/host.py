@@ -35,7 +35,8 @@ def _percent(part: int, whole: int) -> float:
 
 @host_check("host.memory", thresholds=("available_warning_percent",
                                        "available_critical_percent",
-                                       "swap_used_warning_percent", "oom_window_s"))
+                                       "swap_used_warning_percent",
+                                       "swap_available_below_percent", "oom_window_s"))
 def memory(ctx: CheckContext) -> Finding:
     host = ctx.snapshot.host
     if host.host_memory.state == "not_supported":  # `check` without --host-resources: say so
@@ -54,7 +55,11 @@ def memory(ctx: CheckContext) -> Finding:
     if sizes["swap_total_bytes"]:
         swap = _percent(sizes["swap_used_bytes"], sizes["swap_total_bytes"])
         observed["swap_used_percent"] = round(swap, 1)
-        if swap > ctx.threshold("swap_used_warning_percent"):
+        # Used swap alone is no shortage: pages pushed out once (the page cache of a model
+        # load) stay in swap until touched, for weeks, on a host with plenty available.
+        # Swap filling while available memory is low is: the next load goes to the disk.
+        if swap > ctx.threshold("swap_used_warning_percent") \
+                and available < ctx.threshold("swap_available_below_percent"):
             problems.append((Status.WARNING, f"swap {swap:.0f} % in use "
                              f"({_gib(sizes['swap_used_bytes'])} of "
                              f"{_gib(sizes['swap_total_bytes'])})"))

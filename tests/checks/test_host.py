@@ -57,18 +57,35 @@ def test_available_lines_come_from_the_rule(h200, run_rule, tmp_path):
 @pytest.mark.parametrize(("used_gib", "status"), [
     (50, Status.OK), (51, Status.WARNING), (100, Status.WARNING)])
 def test_swap_in_use_lines(h200, run_rule, used_gib, status):
-    snap = with_memory(h200, 60.0, swap_total=100 * GIB, swap_used=used_gib * GIB)
+    # 15 % available: above the 10 % line, below swap's 20 %
+    snap = with_memory(h200, 15.0, swap_total=100 * GIB, swap_used=used_gib * GIB)
     [result] = run_rule("host.memory", snap)
     assert result.status is status
     if status is Status.WARNING:
         assert f"swap {used_gib} % in use" in result.message
 
 
-def test_swap_line_comes_from_the_rule(h200, run_rule, tmp_path):
-    rules = overridden(tmp_path, "host.memory", swap_used_warning_percent=10)
+@pytest.mark.parametrize(("available", "status"), [
+    (60.0, Status.OK), (20.0, Status.OK), (19.9, Status.WARNING)])
+def test_swap_in_use_warns_only_while_available_memory_is_low(h200, run_rule, available,
+                                                              status):
+    # a full swap on a host with plenty available: idle pages pushed out once, no shortage
+    snap = with_memory(h200, available, swap_total=100 * GIB, swap_used=100 * GIB)
+    [result] = run_rule("host.memory", snap)
+    assert result.status is status, result.message
+    assert result.observed["swap_used_percent"] == 100.0
+    assert ("swap 100 % in use" in result.message) is (status is Status.WARNING)
+
+
+def test_swap_lines_come_from_the_rule(h200, run_rule, tmp_path):
+    rules = overridden(tmp_path, "host.memory", swap_used_warning_percent=10,
+                       swap_available_below_percent=70)
     snap = with_memory(h200, 60.0, swap_total=100 * GIB, swap_used=11 * GIB)
     [result] = run_rule("host.memory", snap, rules=rules)
     assert result.status is Status.WARNING
+    snap = with_memory(h200, 71.0, swap_total=100 * GIB, swap_used=11 * GIB)
+    [result] = run_rule("host.memory", snap, rules=rules)
+    assert result.status is Status.OK
 
 
 def test_no_swap_is_not_judged(h200, run_rule):
