@@ -60,9 +60,11 @@ def memory(ctx: CheckContext) -> Finding:
         # Swap filling while available memory is low is: the next load goes to the disk.
         if swap > ctx.threshold("swap_used_warning_percent") \
                 and available < ctx.threshold("swap_available_below_percent"):
+            # the memory part is said once: by its own warning, or here as the reason
+            low = "" if problems else f" with {text}"
             problems.append((Status.WARNING, f"swap {swap:.0f} % in use "
                              f"({_gib(sizes['swap_used_bytes'])} of "
-                             f"{_gib(sizes['swap_total_bytes'])})"))
+                             f"{_gib(sizes['swap_total_bytes'])}){low}"))
 
     window_s = float(ctx.threshold("oom_window_s"))
     log = host.kernel_log

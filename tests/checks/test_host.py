@@ -75,6 +75,9 @@ def test_swap_in_use_warns_only_while_available_memory_is_low(h200, run_rule, av
     assert result.status is status, result.message
     assert result.observed["swap_used_percent"] == 100.0
     assert ("swap 100 % in use" in result.message) is (status is Status.WARNING)
+    if status is Status.WARNING:  # the message says why swap counts here
+        assert result.message == ("swap 100 % in use (100.0 GiB of 100.0 GiB) with 199.0 GiB "
+                                  "of 1000.0 GiB available (19.9 %)")
 
 
 def test_swap_lines_come_from_the_rule(h200, run_rule, tmp_path):
