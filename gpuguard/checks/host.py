@@ -35,13 +35,15 @@ def _percent(part: int, whole: int) -> float:
 
 @host_check("host.memory", thresholds=("available_warning_percent",
                                        "available_critical_percent",
-                                       "swap_used_warning_percent", "oom_window_s"))
+                                       "swap_used_warning_percent",
+                                       "swap_available_below_percent", "oom_window_s"))
 def memory(ctx: CheckContext) -> Finding:
     host = ctx.snapshot.host
     if host.host_memory.state == "not_supported":  # `check` without --host-resources: say so
         return skipped(host.host_memory.error or "host memory is not read here")
     sizes = host.host_memory.get()
     problems: list[tuple[Status, str]] = []
+    notes: list[str] = []  # said in the message, never a warning
     available = _percent(sizes["available_bytes"], sizes["total_bytes"])
     observed: dict[str, Any] = {"available_percent": round(available, 1), **sizes}
     text = (f"{_gib(sizes['available_bytes'])} of {_gib(sizes['total_bytes'])} available "
@@ -53,10 +55,16 @@ def memory(ctx: CheckContext) -> Finding:
     if sizes["swap_total_bytes"]:
         swap = _percent(sizes["swap_used_bytes"], sizes["swap_total_bytes"])
         observed["swap_used_percent"] = round(swap, 1)
-        if swap > ctx.threshold("swap_used_warning_percent"):
+        # Used swap alone is no shortage: pages pushed out once (the page cache of a model
+        # load) stay in swap until touched, for weeks, on a host with plenty available.
+        # Swap filling while available memory is low is: the next load goes to the disk.
+        if swap > ctx.threshold("swap_used_warning_percent") \
+                and available < ctx.threshold("swap_available_below_percent"):
+            # the memory part is said once: by its own warning, or here as the reason
+            low = "" if problems else f" with {text}"
             problems.append((Status.WARNING, f"swap {swap:.0f} % in use "
                              f"({_gib(sizes['swap_used_bytes'])} of "
-                             f"{_gib(sizes['swap_total_bytes'])})"))
+                             f"{_gib(sizes['swap_total_bytes'])}){low}"))
 
     window_s = float(ctx.threshold("oom_window_s"))
     log = host.kernel_log
@@ -70,9 +78,20 @@ def memory(ctx: CheckContext) -> Finding:
         kills = chosen.counted
         observed["oom_kills"] = [{k: e.get(k) for k in ("pid", "process", "scope", "cgroup",
                                                          "seq", "age_s")} for e in kills]
-        if kills:
-            problems.append((Status.WARNING, _kills_text(kills, window_s,
-                                                         summary.get("ooms_dropped") or 0)))
+        # A kill at a cgroup's own memory limit (a container's --memory, a unit's
+        # MemoryMax=) says that cgroup is too small, not that the host is short of memory:
+        # named here, never a warning of this rule. A kill whose lines do not say its
+        # scope counts as the host's.
+        host_kills = [e for e in kills if e.get("scope") != "cgroup"]
+        cgroup_kills = [e for e in kills if e.get("scope") == "cgroup"]
+        dropped = summary.get("ooms_dropped") or 0
+        if host_kills:
+            problems.append((Status.WARNING, _kills_text(host_kills, "OOM kill(s)", window_s,
+                                                         dropped)))
+        if cgroup_kills:
+            notes.append(_kills_text(cgroup_kills, "OOM kill(s) at a cgroup's own memory "
+                                     "limit (not the host's memory)", window_s,
+                                     0 if host_kills else dropped))
     elif log.state == "error":
         log_problem = f"cannot read the kernel log for OOM kills: {log.error}"
     else:
@@ -80,18 +99,21 @@ def memory(ctx: CheckContext) -> Finding:
 
     if problems:
         worst = max((status for status, _ in problems), key=lambda s: s.rank)
-        message = "; ".join(words for _, words in problems)
+        message = "; ".join([*(words for _, words in problems), *notes])
         if log_problem:
             message += f" ({log_problem})"
         return critical(message, **observed) if worst is Status.CRITICAL \
             else warning(message, **observed)
     if log_problem:
         return unknown(f"{text}; {log_problem}", **observed)
-    return ok(f"{text}, no OOM kill in the last {span(window_s)}"
-              if observed.get("oom_kills") is not None else text, **observed)
+    if observed.get("oom_kills") is None:
+        return ok(text, **observed)
+    which = "host " if notes else ""
+    return ok("; ".join([f"{text}, no {which}OOM kill in the last {span(window_s)}", *notes]),
+              **observed)
 
 
-def _kills_text(kills: list[dict[str, Any]], window_s: float, dropped: int) -> str:
+def _kills_text(kills: list[dict[str, Any]], what: str, window_s: float, dropped: int) -> str:
     victims = [f"{e.get('process') or '?'} (pid {e['pid']}"
                + (f", cgroup {e['cgroup']}" if e.get("scope") == "cgroup" and e.get("cgroup")
                   else "")
@@ -99,7 +121,7 @@ def _kills_text(kills: list[dict[str, Any]], window_s: float, dropped: int) -> s
                for e in kills[-3:]]
     more = f" and {len(kills) - 3} earlier" if len(kills) > 3 else ""
     kept = f" (and {dropped} older kill line(s) not kept)" if dropped else ""
-    return (f"{len(kills)} OOM kill(s) in the last {span(window_s)}: "
+    return (f"{len(kills)} {what} in the last {span(window_s)}: "
             f"{', '.join(victims)}{more}{kept}")
 
 

@@ -57,18 +57,38 @@ def test_available_lines_come_from_the_rule(h200, run_rule, tmp_path):
 @pytest.mark.parametrize(("used_gib", "status"), [
     (50, Status.OK), (51, Status.WARNING), (100, Status.WARNING)])
 def test_swap_in_use_lines(h200, run_rule, used_gib, status):
-    snap = with_memory(h200, 60.0, swap_total=100 * GIB, swap_used=used_gib * GIB)
+    # 15 % available: above the 10 % line, below swap's 20 %
+    snap = with_memory(h200, 15.0, swap_total=100 * GIB, swap_used=used_gib * GIB)
     [result] = run_rule("host.memory", snap)
     assert result.status is status
     if status is Status.WARNING:
         assert f"swap {used_gib} % in use" in result.message
 
 
-def test_swap_line_comes_from_the_rule(h200, run_rule, tmp_path):
-    rules = overridden(tmp_path, "host.memory", swap_used_warning_percent=10)
+@pytest.mark.parametrize(("available", "status"), [
+    (60.0, Status.OK), (20.0, Status.OK), (19.9, Status.WARNING)])
+def test_swap_in_use_warns_only_while_available_memory_is_low(h200, run_rule, available,
+                                                              status):
+    # a full swap on a host with plenty available: idle pages pushed out once, no shortage
+    snap = with_memory(h200, available, swap_total=100 * GIB, swap_used=100 * GIB)
+    [result] = run_rule("host.memory", snap)
+    assert result.status is status, result.message
+    assert result.observed["swap_used_percent"] == 100.0
+    assert ("swap 100 % in use" in result.message) is (status is Status.WARNING)
+    if status is Status.WARNING:  # the message says why swap counts here
+        assert result.message == ("swap 100 % in use (100.0 GiB of 100.0 GiB) with 199.0 GiB "
+                                  "of 1000.0 GiB available (19.9 %)")
+
+
+def test_swap_lines_come_from_the_rule(h200, run_rule, tmp_path):
+    rules = overridden(tmp_path, "host.memory", swap_used_warning_percent=10,
+                       swap_available_below_percent=70)
     snap = with_memory(h200, 60.0, swap_total=100 * GIB, swap_used=11 * GIB)
     [result] = run_rule("host.memory", snap, rules=rules)
     assert result.status is Status.WARNING
+    snap = with_memory(h200, 71.0, swap_total=100 * GIB, swap_used=11 * GIB)
+    [result] = run_rule("host.memory", snap, rules=rules)
+    assert result.status is Status.OK
 
 
 def test_no_swap_is_not_judged(h200, run_rule):
@@ -81,23 +101,57 @@ def test_oom_kills_in_the_window_warn_and_name_their_victims(h200, run_rule):
     [result] = run_rule("host.memory", with_memory(h200, 60.0, log=OOM_LOG))
     assert result.status is Status.WARNING
     msg = result.message
-    assert "2 OOM kill(s) in the last 1d" in msg
-    assert "python3 (pid 48213, 2h ago)" in msg
-    assert "pt_main_thread (pid 52001, cgroup /system.slice/docker-4f2a9c.scope, 16m ago)" \
-        in msg
+    # the host-wide kill warns; the container's kill at its own limit is named after it
+    assert msg == ("1 OOM kill(s) in the last 1d: python3 (pid 48213, 2h ago); 1 OOM "
+                   "kill(s) at a cgroup's own memory limit (not the host's memory) in the "
+                   "last 1d: pt_main_thread (pid 52001, cgroup "
+                   "/system.slice/docker-4f2a9c.scope, 16m ago)")
     # the kill 26 h before the log's end is outside the default 24 h window
     assert "3111" not in msg
-    assert [k["pid"] for k in result.observed["oom_kills"]] == [48213, 52001]
+    assert [(k["pid"], k["scope"]) for k in result.observed["oom_kills"]] == [
+        (48213, "host"), (52001, "cgroup")]
+
+
+def test_a_kill_at_a_cgroups_own_limit_is_named_but_does_not_warn(h200, run_rule, tmp_path):
+    # the last hour of the fixture holds only the container's kill (CONSTRAINT_MEMCG)
+    rules = overridden(tmp_path, "host.memory", oom_window_s=3600)
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, log=OOM_LOG), rules=rules)
+    assert result.status is Status.OK, result.message
+    assert result.message == (
+        "600.0 GiB of 1000.0 GiB available (60.0 %), no host OOM kill in the last 1h; "
+        "1 OOM kill(s) at a cgroup's own memory limit (not the host's memory) in the last "
+        "1h: pt_main_thread (pid 52001, cgroup /system.slice/docker-4f2a9c.scope, 16m ago)")
+    assert result.observed["oom_kills"][0]["scope"] == "cgroup"
+    # the pre-5.0 line of a memcg kill is a cgroup kill as well
+    old = tmp_path / "memcg-4x.log"
+    old.write_text("[100.000000] Memory cgroup out of memory: Kill process 700 (vllm) "
+                   "score 990 or sacrifice child\n"
+                   "[100.000100] Killed process 700 (vllm) total-vm:1kB, anon-rss:1kB\n")
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, log=old))
+    assert result.status is Status.OK and "vllm (pid 700, 0s ago)" in result.message
+
+
+def test_a_kill_whose_scope_is_not_said_counts_as_the_hosts(h200, run_rule, tmp_path):
+    # the first line of a pre-5.0 pair gone from the ring buffer: only "Killed process"
+    bare = tmp_path / "bare.log"
+    bare.write_text("[100.000000] Killed process 700 (vllm) total-vm:1kB, anon-rss:1kB\n")
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, log=bare))
+    assert result.status is Status.WARNING
+    assert result.message == "1 OOM kill(s) in the last 1d: vllm (pid 700, 0s ago)"
 
 
 def test_oom_window_comes_from_the_rule(h200, run_rule, tmp_path):
-    rules = overridden(tmp_path, "host.memory", oom_window_s=3600)
+    rules = overridden(tmp_path, "host.memory", oom_window_s=3 * 3600)
     [result] = run_rule("host.memory", with_memory(h200, 60.0, log=OOM_LOG), rules=rules)
     assert result.status is Status.WARNING
-    assert "1 OOM kill(s) in the last 1h" in result.message and "48213" not in result.message
+    assert result.message.startswith("1 OOM kill(s) in the last 3h: python3 (pid 48213")
+    rules = overridden(tmp_path, "host.memory", oom_window_s=3600)
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, log=OOM_LOG), rules=rules)
+    assert result.status is Status.OK and "48213" not in result.message
     rules = overridden(tmp_path, "host.memory", oom_window_s=600)
     [result] = run_rule("host.memory", with_memory(h200, 60.0, log=OOM_LOG), rules=rules)
     assert result.status is Status.OK
+    assert result.message.endswith("no OOM kill in the last 10m")
 
 
 def test_xid_ack_does_not_hide_an_oom_kill(h200, run_rule):

@@ -58,7 +58,8 @@ def test_daemon_reports_host_memory_oom_kills_and_a_filling_disk(start_daemon, t
     assert value(text, "gpuguard_disk_free_inodes_ratio", 'path="/models"') is not None
     assert value(text, "gpuguard_source_success", 'source="host_memory"') == 1
     assert value(text, "gpuguard_source_success", 'source="disk_space"') == 1
-    # 7 % available, swap 75 % used and two kills in the last day: a warning naming them
+    # 7 % available, swap 75 % used, a host kill and a container's kill in the last day:
+    # a warning naming both
     memory = daemon.result("host.memory")
     assert memory is not None and memory["status"] == "warning"
     assert "pt_main_thread (pid 52001" in memory["message"]

@@ -1,6 +1,7 @@
 """Issue 14's alerts under `promtool test rules`: host.disk and host.memory through the
-per-rule alerts, a new OOM kill at once, a disk filling up before host.disk's line, and
-silence for a host whose old OOM kill is only remembered and whose disk is steady."""
+per-rule alerts, a new host-wide OOM kill at once (not a container's at its own limit), a
+disk filling up before host.disk's line, and silence for a host whose old OOM kill is only
+remembered and whose disk is steady."""
 
 from __future__ import annotations
 
@@ -40,26 +41,39 @@ def test_host_rules_alert_after_three_cycles(tmp_path):
     ])
 
 
-def test_a_new_oom_kill_alerts_at_once_and_an_old_one_does_not(tmp_path):
+def test_a_new_host_oom_kill_alerts_at_once_and_an_old_one_does_not(tmp_path):
     run_promtool(tmp_path, [{
         "interval": "1m",
         "input_series": [
-            # one kill already in the log for an hour, a second one at minute 30
-            {"series": f'gpuguard_host_oom_kills{{{H},scope="cgroup"}}', "values": "1x29 2x30"},
-            {"series": f'gpuguard_host_oom_kills{{{H},scope="host"}}', "values": "0x60"},
+            # one host kill already in the log for an hour, a second one at minute 30
+            {"series": f'gpuguard_host_oom_kills{{{H},scope="host"}}', "values": "1x29 2x30"},
+            {"series": f'gpuguard_host_oom_kills{{{H},scope="cgroup"}}', "values": "0x60"},
         ],
         "alert_rule_test": [
             {"eval_time": "20m", "alertname": "GPUGuardHostOomKill", "exp_alerts": []},
             {"eval_time": "31m", "alertname": "GPUGuardHostOomKill", "exp_alerts": [{
                 "exp_labels": {"severity": "warning", "instance": "h1:9412", "job": "gpuguard",
-                               "scope": "cgroup"},
+                               "scope": "host"},
                 "exp_annotations": {
-                    "summary": "the out-of-memory killer killed a process on h1:9412 (cgroup)",
-                    "runbook": "host.memory in /status names the victim and its cgroup; "
-                               "`journalctl -k | grep -i -e 'out of memory' -e oom-kill`. A "
-                               "cgroup kill is a container or unit at its memory limit; a host "
-                               "kill is the whole host out of memory."}}]},
+                    "summary": "the host ran out of memory and the out-of-memory killer "
+                               "killed a process on h1:9412",
+                    "runbook": "host.memory in /status names the victim; `journalctl -k | "
+                               "grep -i -e 'out of memory' -e oom-kill`. See what holds the "
+                               "memory (`ps aux --sort=-rss | head`, `systemd-cgtop -m`)."}}]},
             {"eval_time": "45m", "alertname": "GPUGuardHostOomKill", "exp_alerts": []},
+        ]}])
+
+
+def test_a_kill_at_a_cgroups_own_limit_does_not_alert(tmp_path):
+    # a container killed at its --memory limit: its size, not the host's memory
+    run_promtool(tmp_path, [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f'gpuguard_host_oom_kills{{{H},scope="cgroup"}}', "values": "1x29 2x30"},
+            {"series": f'gpuguard_host_oom_kills{{{H},scope="host"}}', "values": "0x60"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "31m", "alertname": "GPUGuardHostOomKill", "exp_alerts": []},
         ]}])
 
 
