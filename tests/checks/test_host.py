@@ -342,3 +342,23 @@ def test_kills_beyond_the_bound_are_counted_in_the_message(h200, run_rule, tmp_p
     [result] = run_rule("host.memory", with_memory(h200, 60.0, log=path))
     assert result.message.endswith(f"and {kmsg.MAX_OOMS - 3} earlier (and 7 older kill "
                                    "line(s) not kept)")
+
+
+def test_no_kernel_log_in_the_input_judges_memory_alone(h200, run_rule):
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, log=None))
+    assert result.status is Status.OK
+    assert result.message == "600.0 GiB of 1000.0 GiB available (60.0 %)"
+    assert result.observed["oom_kills"] is None
+
+
+def test_kill_lines_not_kept_are_told_with_the_cgroup_kills_when_no_host_kill(
+        h200, run_rule, tmp_path):
+    """More cgroup kills than the summary keeps: the note says how many were not kept
+    (there is no host kill to say it instead)."""
+    lines = [f"[{100 + i}.000000] Memory cgroup out of memory: Killed process {1000 + i} "
+             "(worker) total-vm:1kB, anon-rss:1kB\n" for i in range(kmsg.MAX_OOMS + 1)]
+    log = tmp_path / "memcg.log"
+    log.write_text("".join(lines))
+    [result] = run_rule("host.memory", with_memory(h200, 60.0, log=log))
+    assert result.status is Status.OK, result.message
+    assert "(and 1 older kill line(s) not kept)" in result.message
