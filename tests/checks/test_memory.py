@@ -1,3 +1,5 @@
+import pytest
+
 from gpuguard.profile import Profile
 from gpuguard.results import Status
 from gpuguard.snapshot import Process, Reading
@@ -214,3 +216,26 @@ def test_memory_bandwidth_reports_its_floor_to_a_tenth(h200, run_rule, tmp_path)
     rules = overridden(tmp_path, "memory.bandwidth", floor_fraction=0.33333)
     [result] = run_rule("memory.bandwidth", probed(h200), rules=rules)
     assert result.observed["floor_gbps"] == 1600.0  # 1599.984
+
+
+@pytest.mark.parametrize(("model", "floor"), [
+    ("NVIDIA H200", 2400.0), ("NVIDIA H100 80GB HBM3", 1675.0),
+    ("NVIDIA A100-SXM4-80GB", 1019.5), ("NVIDIA A100 80GB PCIe", 967.5)])
+def test_memory_bandwidth_floor_is_half_of_each_models_hbm(h200, run_rule, model, floor):
+    from tests.checks.probed import probed
+
+    probed(h200, probe_memory=5000.0)
+    h200.gpus[0].name = Reading.ok(model)
+    h200.gpus[0].__post_init__()
+    [result] = run_rule("memory.bandwidth", h200)
+    assert result.observed["floor_gbps"] == floor, result.observed
+
+
+def test_memory_temperature_max_of_1_c_is_a_maximum(h200, run_rule):
+    """0 C is no maximum (skipped); 1 C is one, the lowest (`limit <= 0` is the line)."""
+    for limit in (0, 1):
+        h200.gpus[0].memory_temperature_c = Reading.ok(40)
+        h200.gpus[0].memory_temperature_max_c = Reading.ok(limit)
+        h200.gpus[0].__post_init__()
+        [result] = run_rule("memory.temperature", h200)
+        assert result.status is (Status.SKIPPED if limit == 0 else Status.CRITICAL), result

@@ -1,3 +1,5 @@
+import pytest
+
 from gpuguard.results import Status
 from gpuguard.ruleset import load_ruleset
 from tests.conftest import set_gpu
@@ -300,3 +302,16 @@ def test_pcie_bandwidth_at_the_floor_is_ok_and_an_unknown_generation_not_judged(
     set_gpu(h200, pcie_link_gen_current=7)
     [result] = run_rule("pcie.bandwidth", h200)
     assert result.status is Status.OK and "not judged" in result.message
+
+
+@pytest.mark.parametrize(("gen", "floor"), [
+    (1, 2.8), (2, 5.6), (3, 11.0), (4, 22.1), (5, 44.1), (6, 84.7)])
+def test_pcie_bandwidth_floor_of_each_generation(h200, run_rule, gen, floor):
+    """70 % of the per-lane rate (per direction) x 16 lanes: 0.25, 0.5, 0.985, 1.969,
+    3.938, 7.563 GB/s per lane from Gen1 to Gen6."""
+    from tests.checks.probed import probed
+
+    probed(h200, probe_pcie={"h2d_gbps": 100.0, "d2h_gbps": 100.0})
+    set_gpu(h200, pcie_link_gen_current=gen)
+    [result] = run_rule("pcie.bandwidth", h200)
+    assert result.observed["floor_gbps"] == floor, result.observed
