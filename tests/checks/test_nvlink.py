@@ -323,3 +323,23 @@ def test_nvlink_bandwidth_edges(pair, run_rule):
     probed(pair, 0, probe_peers=[{"peer": 1, "access": False}])
     [result] = run_rule("nvlink.bandwidth", pair)[:1]
     assert result.status is Status.OK and "no peer access" in result.message
+
+
+def test_growth_compares_only_samples_that_summed_the_same_links(pair, tmp_path):
+    """Link 5's counters drop out of one cycle and come back: its CRC data errors leave
+    the sum and return, which is no growth; the real +6 on link 0 is judged from the
+    first sample that summed the same 18 links (20 s, not the 10 s since the dip)."""
+    rules = overridden(tmp_path, "nvlink.errors", max_crc_data_growth=5, window_s=600)
+    history = History()
+    history.add(pair, 0.0)
+    back = links(pair, 0)
+    dipped = links(pair, 0)
+    dipped[5].update(replay=None, recovery=None, crc_flit=None, crc_data=None)
+    set_gpu(pair, 0, nvlink_links=dipped)
+    history.add(pair, 10.0)
+    back[0]["crc_data"] += 6
+    set_gpu(pair, 0, nvlink_links=back)
+    history.add(pair, 20.0)
+    result = daemon_result(pair, rules, history)
+    assert result.status is Status.WARNING
+    assert result.message == "NVLink errors growing: CRC data +6 in 20 s (limit 5)"
