@@ -191,21 +191,13 @@ class ActiveProbe:
                 worker.slot, worker.pid = waiting.slot, waiting.pid
                 waiting.go({"index": worker.index, "peers": peers, "opts": asdict(opts)})
                 continue
-            parent = os.getpid()
-            pid = os.fork()
-            if pid == 0:  # child
-                code = 0
-                try:
-                    _die_with_parent(parent)
-                    os.close(early.read_fd)
-                    early.close_go_ends()
-                    out = os.fdopen(early.write_fd, "w", buffering=1)
-                    _child_main(out, self._progress, worker, peers, opts, early.lock.fileno())
-                except BaseException:
-                    code = 1
-                finally:
-                    os._exit(code)
-            worker.pid = pid
+            def late(worker: _Worker = worker, peers: list[tuple[int, str]] = peers) -> None:
+                os.close(early.read_fd)
+                early.close_go_ends()
+                out = os.fdopen(early.write_fd, "w", buffering=1)
+                _child_main(out, self._progress, worker, peers, opts, early.lock.fileno())
+
+            worker.pid = _fork_worker(late)
         self._stopped = early.stop_rest()
         os.close(early.write_fd)
         early.lock.close()
@@ -281,6 +273,23 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _fork_worker(body: Callable[[], None]) -> int:
+    """Fork a worker that runs `body` and exits (0, or 1 when it raised: the parent
+    learns the rest from its lines and its ending); its pid. The worker dies with us."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            _die_with_parent(parent)
+            body()
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    return pid
+
+
 def _import_worker_modules() -> None:
     """What the workers import, imported before the fork: in the daemon another thread
     may hold the import lock at the fork, and a child would wait on it forever."""
@@ -337,21 +346,15 @@ class EarlyStart:
                 continue
             slot = len(self.waiting)
             go_read, go_write = os.pipe()
-            parent = os.getpid()
-            pid = os.fork()
-            if pid == 0:  # child
-                code = 0
-                try:
-                    _die_with_parent(parent)
-                    os.close(self.read_fd)
-                    os.close(go_write)
-                    self.close_go_ends()
-                    _early_child(self.write_fd, go_read, self.progress, slot, name,
-                                 self.lock.fileno())
-                except BaseException:
-                    code = 1
-                finally:
-                    os._exit(code)
+            def run_early(go_read: int = go_read, go_write: int = go_write, slot: int = slot,
+                          name: str = name) -> None:
+                os.close(self.read_fd)
+                os.close(go_write)
+                self.close_go_ends()
+                _early_child(self.write_fd, go_read, self.progress, slot, name,
+                             self.lock.fileno())
+
+            pid = _fork_worker(run_early)
             os.close(go_read)
             self.waiting[bus_id] = _Waiting(slot, pid, go_write)
 
