@@ -32,15 +32,30 @@ EXIT_UNKNOWN = 3
 
 def _path_options(fn: Any) -> Any:
     for option in reversed([
-        click.option("--path.sysfs", "path_sysfs", default="/sys", show_default=True,
+        click.option("--path.sysfs", "path_sysfs", show_default="/sys",
                      type=click.Path(path_type=Path), help="sysfs mount point."),
-        click.option("--path.procfs", "path_procfs", default="/proc", show_default=True,
+        click.option("--path.procfs", "path_procfs", show_default="/proc",
                      type=click.Path(path_type=Path), help="procfs mount point."),
-        click.option("--path.rootfs", "path_rootfs", default="/", show_default=True,
+        click.option("--path.rootfs", "path_rootfs", show_default="/",
                      type=click.Path(path_type=Path), help="Host root filesystem (for /etc)."),
     ]):
         fn = option(fn)
     return fn
+
+
+STATE_DIR_HELP = ("Where gpuguard keeps its state: the event store (events.db), acks, the "
+                  "kernel-log ack and the supervisor's failover state.")
+
+
+def _state_dir_option() -> Callable[[Any], Any]:
+    return click.option("--state-dir", type=click.Path(path_type=Path),
+                        show_default="/var/lib/gpuguard", help=STATE_DIR_HELP)
+
+
+def _kmsg_device_option() -> Callable[[Any], Any]:
+    return click.option("--kmsg-file", "kmsg_device", type=click.Path(path_type=Path),
+                        help="The live kernel log device to acknowledge [default: /dev/kmsg; "
+                             "e.g. the host's, mounted into a container].")
 
 
 def _host_source_options(fn: Any) -> Any:
@@ -48,9 +63,7 @@ def _host_source_options(fn: Any) -> Any:
         click.option("--kmsg-file", type=click.Path(path_type=Path),
                      help="Read the kernel log from this file (dmesg, dmesg -r or /dev/kmsg "
                           "records) instead of /dev/kmsg."),
-        click.option("--state-dir", type=click.Path(path_type=Path),
-                     default="/var/lib/gpuguard", show_default=True,
-                     help="Where `gpuguard xid ack` keeps the acknowledged Xid sequence."),
+        _state_dir_option(),
         click.option("--docker/--no-docker", "docker", default=None,
                      help="Check the Docker daemon (toolkit.docker). Default: the daemon "
                           "always does; `check` only with --probe-image or when the profile "
@@ -128,11 +141,16 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
           xid_window: str | None, active: str | None, active_deadline: float | None,
           active_buffer_mib: int | None, active_pattern_mib: int | None, record: bool,
           profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
-          state_dir: Path, docker: bool | None, host_resources: bool | None,
-          probe_image: str | None, path_sysfs: Path,
-          path_procfs: Path, path_rootfs: Path) -> None:
+          state_dir: Path | None, docker: bool | None, host_resources: bool | None,
+          probe_image: str | None, path_sysfs: Path | None,
+          path_procfs: Path | None, path_rootfs: Path | None) -> None:
     """Check this host (or a saved dump) and exit 0 ok, 1 warning, 2 critical, 3 unknown."""
     started = time.monotonic()
+    if record and input_path is not None:
+        # A replay is another moment, often another host: its Xids and transitions under
+        # this host's boot, aged from now, would feed this host's escalation.
+        raise ConfigProblem("--record writes this host's history; it cannot record a "
+                            "replayed --input (check it without --record)")
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
     host_opts = _host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
                               docker, "auto", profile_path, host_resources is True)
@@ -165,11 +183,25 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
                       active_buffer_mib, active_pattern_mib, early)
     gathered = time.monotonic()
     results = evaluate(snapshot, ruleset, profile, only, skip)
-    if record or (input_path is None and (state_dir / "events.db").is_file()):
-        from gpuguard.history_cli import with_history
+    notes: list[str] = []
+    if input_path is None:
+        from gpuguard.paths import state_dir_or_default
 
-        results = with_history(results, snapshot, ruleset, state_dir, paths.procfs, record)
-    verdict = Verdict(results, fail_on)
+        state = state_dir_or_default(state_dir)
+        if record or (state / "events.db").is_file():
+            from gpuguard.history_cli import with_history
+
+            results = with_history(results, snapshot, ruleset, state, paths, record)
+    elif state_dir is not None:
+        # A replay is judged as it was: this host's acks do not apply to it. Said only when
+        # the state dir was named (a replay reads no host path it was not given).
+        from gpuguard.history_cli import acks_in_force
+
+        acks = acks_in_force(state_dir)
+        if acks:
+            notes.append(f"{acks} ack(s) in {state_dir} do not apply to a replayed --input: "
+                         "its actions are shown unacknowledged")
+    verdict = Verdict(results, fail_on, tuple(notes))
     if fmt == "table" and quiet and verdict.nagios_code == 0:
         text = ""
     else:
@@ -194,9 +226,9 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
 @_host_source_options
 @_path_options
 def snapshot(output: Path | None, input_path: Path | None, timeout: float,
-             kmsg_file: Path | None, state_dir: Path, docker: bool | None,
-             host_resources: bool | None, probe_image: str | None, path_sysfs: Path,
-             path_procfs: Path, path_rootfs: Path) -> None:
+             kmsg_file: Path | None, state_dir: Path | None, docker: bool | None,
+             host_resources: bool | None, probe_image: str | None, path_sysfs: Path | None,
+             path_procfs: Path | None, path_rootfs: Path | None) -> None:
     """Record this host's snapshot as JSON (replay it with `check --input`)."""
     import json
 
@@ -213,15 +245,19 @@ def xid() -> None:
 
 
 @xid.command("ack")
-@click.option("--state-dir", type=click.Path(path_type=Path), default="/var/lib/gpuguard",
-              show_default=True)
-@click.option("--path.procfs", "path_procfs", default="/proc", type=click.Path(path_type=Path))
-def xid_ack(state_dir: Path, path_procfs: Path) -> None:
+@_state_dir_option()
+@click.option("--path.procfs", "path_procfs", show_default="/proc",
+              type=click.Path(path_type=Path), help="procfs mount point (for the boot id).")
+@_kmsg_device_option()
+def xid_ack(state_dir: Path | None, path_procfs: Path | None, kmsg_device: Path | None) -> None:
     """Stop the Xids logged so far (this boot) from counting in xid.recent."""
+    from gpuguard.paths import host_default, state_dir_or_default
     from gpuguard.sources import host as host_sources
     from gpuguard.sources import kmsg
 
-    log = kmsg.read_device()
+    state_dir = state_dir_or_default(state_dir)
+    paths = _paths(None, path_procfs, None)
+    log = kmsg.read_device(kmsg_device or host_default("kmsg"))
     if not log.is_ok or log.value is None:
         raise ConfigProblem(log.describe())
     seqs = [e["seq"] for e in log.value["xids"] if e.get("seq") is not None]
@@ -229,13 +265,13 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
         click.echo("no Xid in the kernel log: nothing to acknowledge")
         return
     try:
-        host_sources.write_xid_ack(state_dir, path_procfs, max(seqs))
+        host_sources.write_xid_ack(state_dir, paths, max(seqs))
     except OSError as exc:
         raise ConfigProblem(f"cannot write {state_dir}: {exc.strerror or exc}") from exc
     click.echo(f"acknowledged {len(seqs)} Xid line(s) up to kmsg sequence {max(seqs)}")
     from gpuguard.history_cli import record_xid_ack
 
-    record_xid_ack(state_dir, path_procfs, max(seqs), len(seqs))
+    record_xid_ack(state_dir, paths, max(seqs), len(seqs))
 
 
 @main.command("events")
@@ -250,12 +286,14 @@ def xid_ack(state_dir: Path, path_procfs: Path) -> None:
               show_default=True)
 @click.option("--limit", type=click.IntRange(min=1, max=100_000), default=200,
               show_default=True, help="At most this many, newest first.")
-@click.option("--state-dir", type=click.Path(path_type=Path), default="/var/lib/gpuguard",
-              show_default=True)
+@_state_dir_option()
 def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[str, ...],
-               fmt: str, limit: int, state_dir: Path) -> None:
+               fmt: str, limit: int, state_dir: Path | None) -> None:
     """What happened: rule transitions, Xids, failovers, acks (any user may read)."""
     from gpuguard.history_cli import CannotRead, list_events
+    from gpuguard.paths import state_dir_or_default
+
+    state_dir = state_dir_or_default(state_dir)
 
     try:
         click.echo(list_events(state_dir, _span_option(since, "--since"), gpu, rule_id,
@@ -272,12 +310,14 @@ def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[st
 @click.option("--for", "duration", default="24h", show_default=True, metavar="SPAN",
               help="How long the ack holds at most (it ends earlier when the finding "
                    "changes).")
-@click.option("--state-dir", type=click.Path(path_type=Path), default="/var/lib/gpuguard",
-              show_default=True)
-@click.option("--path.procfs", "path_procfs", default="/proc", type=click.Path(path_type=Path))
+@_state_dir_option()
+@click.option("--path.procfs", "path_procfs", show_default="/proc",
+              type=click.Path(path_type=Path), help="procfs mount point (for the boot id).")
+@_kmsg_device_option()
 @_rule_options
-def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Path,
-        path_procfs: Path, profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
+def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Path | None,
+        path_procfs: Path | None, kmsg_device: Path | None, profile_path: Path | None,
+        rules_dirs: tuple[Path, ...]) -> None:
     """Acknowledge RULE's finding: its suggested action becomes none (its status stays)
     until the finding changes or the time is up; recorded in the event store."""
     from gpuguard.history_cli import CannotRead, record_ack
@@ -292,8 +332,14 @@ def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Pa
     if scope == "host" and gpu is not None:
         raise ConfigProblem(f"{rule_id} is a host rule: it takes no --gpu")
     seconds = _span_option(duration, "--for")
+    from gpuguard.paths import host_default, state_dir_or_default
+
+    # `ack xid.recent` also acknowledges the kernel log's lines (as `xid ack` does)
+    kmsg = kmsg_device if kmsg_device is not None or rule_id not in (
+        "xid.recent", "sxid.recent") else host_default("kmsg")
     try:
-        click.echo(record_ack(state_dir, path_procfs, rule_id, gpu, reason, seconds))
+        click.echo(record_ack(state_dir_or_default(state_dir), _paths(None, path_procfs, None),
+                              kmsg, rule_id, gpu, reason, seconds))
     except CannotRead as exc:
         raise ConfigProblem(str(exc)) from exc
 
@@ -337,20 +383,24 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
            dry_run: bool, active_probe_interval: float, event_store: bool,
            events_file: Path | None,
            profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
-           state_dir: Path, docker: bool | None, host_resources: bool | None,
-           probe_image: str | None, path_sysfs: Path,
-           path_procfs: Path, path_rootfs: Path) -> None:
+           state_dir: Path | None, docker: bool | None, host_resources: bool | None,
+           probe_image: str | None, path_sysfs: Path | None,
+           path_procfs: Path | None, path_rootfs: Path | None) -> None:
     """Run the checks on a schedule and serve them to Prometheus (systemd Type=notify)."""
     from gpuguard.daemon.app import Daemon, DaemonConfig
     from gpuguard.paths import (
-        DEFAULT_CONFIG,
-        DEFAULT_PROFILE,
-        or_default,
+        config_or_default,
+        forbidden,
+        profile_or_default,
         rules_dirs_or_default,
     )
 
+    if udev and forbidden():
+        from gpuguard.paths import HostPathForbidden
+
+        raise HostPathForbidden("udev")
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
-    profile_path = or_default(profile_path, DEFAULT_PROFILE)
+    profile_path = profile_or_default(profile_path)
     dirs = rules_dirs_or_default(rules_dirs)
     cfg = DaemonConfig(
         listen=listen, fast_interval=fast_interval, slow_interval=slow_interval,
@@ -360,7 +410,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
         profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
         log_format=log_format, dry_run=dry_run, active_probe_interval=active_probe_interval,
         event_store=event_store,
-        config_path=or_default(config_path, DEFAULT_CONFIG))
+        config_path=config_or_default(config_path))
     sys.exit(Daemon(cfg).run())
 
 
@@ -370,12 +420,13 @@ def failover() -> None:
 
 
 @failover.command("status")
-@click.option("--state-dir", type=click.Path(path_type=Path), default="/var/lib/gpuguard",
-              show_default=True)
-def failover_status(state_dir: Path) -> None:
+@_state_dir_option()
+def failover_status(state_dir: Path | None) -> None:
     """Which variant of each service serves, since when and why."""
+    from gpuguard.paths import state_dir_or_default
     from gpuguard.supervisor import state
 
+    state_dir = state_dir_or_default(state_dir)
     try:
         lines, unreadable = state.describe_all(state_dir)
     except state.CannotAccess as exc:
@@ -394,16 +445,18 @@ def failover_status(state_dir: Path) -> None:
 @click.argument("variant", type=click.Choice(["cpu", "gpu"]))
 @click.argument("service")
 @click.option("--reason", required=True, help="Why, for the log and `failover status`.")
-@click.option("--state-dir", type=click.Path(path_type=Path), default="/var/lib/gpuguard",
-              show_default=True)
+@_state_dir_option()
 @click.option("--wait", type=float, default=120.0, show_default=True,
               help="Seconds to wait for the daemon to finish the move (0: do not wait).")
-def failover_to(variant: str, service: str, reason: str, state_dir: Path, wait: float) -> None:
+def failover_to(variant: str, service: str, reason: str, state_dir: Path | None,
+                wait: float) -> None:
     """Ask the daemon to move SERVICE to its VARIANT now (and wait until it has)."""
     import time as _time
 
+    from gpuguard.paths import state_dir_or_default
     from gpuguard.supervisor import state
 
+    state_dir = state_dir_or_default(state_dir)
     try:
         state.write_request(state_dir, service, variant, reason)
     except (state.NoSuchService, state.CannotAccess) as exc:
@@ -446,7 +499,7 @@ def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Pat
     _, ruleset = _load_config(profile_path, rules_dirs)
     rule = ruleset.rules.get(rule_id)
     if rule is None:
-        raise click.ClickException(f"no rule {rule_id!r}; see `gpuguard rules list`")
+        raise ConfigProblem(f"no rule {rule_id!r}; see `gpuguard rules list`")
     click.echo(f"{rule.id}  ({rule.scope} rule, severity {rule.severity.value}, "
                f"{'enabled' if rule.enabled else 'disabled'})")
     click.echo(f"  checks:      {rule.summary}")
@@ -531,13 +584,13 @@ def _check_filters(only: tuple[str, ...], skip: tuple[str, ...], rule_ids: list[
 
 
 def _host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,
-                  state_dir: Path, probe_image: str | None, timeout: float,
+                  state_dir: Path | None, probe_image: str | None, timeout: float,
                   docker: bool | None, docker_default: str,
                   profile_path: Path | None, host_resources: bool = False) -> HostOptions:
-    from gpuguard.paths import DEFAULT_PROFILE, or_default
+    from gpuguard.paths import profile_or_default
     from gpuguard.sources.host import HostOptions
 
-    profile_path = or_default(profile_path, DEFAULT_PROFILE)
+    profile_path = profile_or_default(profile_path)
     mode = docker_default if docker is None else ("on" if docker else "off")
     opts = HostOptions(paths=paths, kmsg_file=kmsg_file, state_dir=state_dir,
                        probe_image=probe_image, probe_timeout=max(timeout, 5.0),
@@ -599,7 +652,7 @@ def _renderer(fmt: str) -> Callable[..., str]:
         snapshot, verdict, colour, quiet)
 
 
-def _paths(sysfs: Path, procfs: Path, rootfs: Path) -> Paths:
+def _paths(sysfs: Path | None, procfs: Path | None, rootfs: Path | None) -> Paths:
     from gpuguard.paths import Paths
 
     return Paths(sysfs=sysfs, procfs=procfs, rootfs=rootfs)
@@ -607,13 +660,12 @@ def _paths(sysfs: Path, procfs: Path, rootfs: Path) -> Paths:
 
 def _load_config(profile_path: Path | None,
                  rules_dirs: tuple[Path, ...]) -> tuple[Profile, RuleSet]:
-    from gpuguard.paths import DEFAULT_PROFILE, or_default, rules_dirs_or_default
+    from gpuguard.paths import profile_or_default, rules_dirs_or_default
     from gpuguard.ruleset import load_config
     from gpuguard.yamlfile import ConfigError
 
     try:
-        return load_config(or_default(profile_path, DEFAULT_PROFILE),
-                           rules_dirs_or_default(rules_dirs))
+        return load_config(profile_or_default(profile_path), rules_dirs_or_default(rules_dirs))
     except ConfigError as exc:
         raise ConfigProblem(str(exc)) from exc
 

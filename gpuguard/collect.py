@@ -26,6 +26,7 @@ class Collection:
         self.started = time.monotonic()
         self.opts = opts
         self.timeout = timeout
+        opts.look_up_host_paths()  # a refused default stops here, before any worker starts
         self.replayed = load_input(input_path, timeout) if input_path is not None else None
         self.probe = None if input_path is not None else \
             nvml.probe(str(opts.paths.procfs), nvml.deadline_for(timeout), link_counters)

@@ -37,8 +37,10 @@ def _start_worker_early(args: list[str]) -> None:
         return  # click will explain the bad value
     if timeout < 0.2:
         return
-    procfs = _option(args, "--path.procfs") or "/proc"
+    from gpuguard.paths import host_default
     from gpuguard.sources import nvml
+
+    procfs = _option(args, "--path.procfs") or str(host_default("procfs"))
 
     nvml.start_early(procfs, nvml.deadline_for(timeout))
 
@@ -46,6 +48,20 @@ def _start_worker_early(args: list[str]) -> None:
 def main() -> None:
     global STARTED
     STARTED = time.monotonic()
+    from gpuguard.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden
+
+    try:
+        _run()
+    except HostPathForbidden as exc:
+        # Not a verdict: a test reached for the host while the guard was on (paths.py).
+        from gpuguard.sources import nvml
+
+        nvml.abandon_early()
+        print(f"gpuguard: {exc}", file=sys.stderr)
+        sys.exit(EXIT_HOST_FORBIDDEN)
+
+
+def _run() -> None:
     _start_worker_early(sys.argv[1:])
     import click
 

@@ -5,8 +5,10 @@ cli.py so that `check` without a store imports none of it."""
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -15,12 +17,16 @@ from gpuguard import eventstore
 from gpuguard.actions import of_xid
 from gpuguard.escalation import apply_history
 from gpuguard.eventstore import Event, EventWriter, StoreUnreadable
+from gpuguard.paths import Paths
 from gpuguard.recording import boards, kernel_log_xids, rule_transitions
 from gpuguard.results import Result
 from gpuguard.rule import RuleSet
 from gpuguard.snapshot import Snapshot
 from gpuguard.sources.host import boot_id
 from gpuguard.xids import grade
+
+# The longest message `events` prints in its table (JSON has it whole).
+MAX_MESSAGE = 1000
 
 # How long a command waits for the daemon's write lock before giving up (it retries every
 # busy_timeout); a CLI can wait longer than a cycle.
@@ -42,11 +48,11 @@ def _flush_within(writer: EventWriter, wait_s: float) -> bool:
 
 
 def with_history(results: list[Result], snapshot: Snapshot, ruleset: RuleSet,
-                 state_dir: Path, procfs: Path, record: bool) -> list[Result]:
+                 state_dir: Path, paths: Paths, record: bool) -> list[Result]:
     """The results with their actions changed by the store's history; with `record`, this
     run's Xids and rule transitions written first (Xids) and after (transitions). A store
     that cannot be read or written changes nothing and says so on stderr."""
-    boot = boot_id(procfs)
+    boot = boot_id(paths)
     known = boards(snapshot)
     path = eventstore.path_in(state_dir)
     writer = EventWriter(path, boot, integrity_check=False) if record else None
@@ -99,6 +105,7 @@ def list_events(state_dir: Path, since_s: float, gpu: str | None, rule: str | No
                           indent=2) + "\n"
     if not found:
         return "no events\n"
+    width = shutil.get_terminal_size((120, 24)).columns
     lines = [f"{'TIME (UTC)':<19}  {'KIND':<10}  {'WHAT':<20}  {'GPU':<5}  {'CHANGE':<20}  "
              f"{'ACTION':<16}  MESSAGE"]
     for e in found:
@@ -109,8 +116,13 @@ def list_events(state_dir: Path, since_s: float, gpu: str | None, rule: str | No
         message = e.message
         if e.kind == "ack":
             message = f"{e.data.get('reason', '')} (until {_when(e.data.get('until'))})"
-        lines.append(f"{_when(e.time):<19}  {e.kind:<10}  {what:<20}  {gpu_text:<5}  "
-                     f"{change:<20}  {(e.action or '-'):<16}  {message[:200]}")
+        prefix = (f"{_when(e.time):<19}  {e.kind:<10}  {what:<20}  {gpu_text:<5}  "
+                  f"{change:<20}  {(e.action or '-'):<16}  ")
+        # the message wrapped under its column (as `check`'s table does), never one line
+        # of hundreds of characters
+        wrapped = textwrap.wrap(message[:MAX_MESSAGE], max(30, width - len(prefix))) or [""]
+        lines.append(prefix + wrapped[0])
+        lines.extend(" " * len(prefix) + more for more in wrapped[1:])
     return "\n".join(lines) + "\n"
 
 
@@ -120,8 +132,8 @@ def _when(t: object) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
 
 
-def record_ack(state_dir: Path, procfs: Path, rule: str, gpu: str | None, reason: str,
-               duration_s: float) -> str:
+def record_ack(state_dir: Path, paths: Paths, kmsg: Path | None, rule: str, gpu: str | None,
+               reason: str, duration_s: float) -> str:
     """An ack in the store: of the rule on that GPU (or the host rule), as its status is
     now (the last recorded one), until `duration_s` from now or the finding changes."""
     path = eventstore.path_in(state_dir)
@@ -138,7 +150,7 @@ def record_ack(state_dir: Path, procfs: Path, rule: str, gpu: str | None, reason
                                                           identity.get("gpu_index")))
         except (StoreUnreadable, sqlite3.Error):
             status = None
-    writer = EventWriter(path, boot_id(procfs), integrity_check=False)
+    writer = EventWriter(path, boot_id(paths), integrity_check=False)
     writer.record(Event(kind="ack", source="cli", time=now, rule=rule, status=status,
                         action="none", message=reason,
                         data={"reason": reason, "until": now + duration_s,
@@ -153,18 +165,17 @@ def record_ack(state_dir: Path, procfs: Path, rule: str, gpu: str | None, reason
     notes = [f"acknowledged {rule}{where} until {_when(now + duration_s)} UTC"]
     notes.append(f"(covers its {status} finding; it ends when that changes)" if status
                  else "(no status recorded yet: it ends at the rule's next transition)")
-    if rule in ("xid.recent", "sxid.recent"):
-        notes.append(_ack_kernel_log(state_dir, procfs))
+    if kmsg is not None:
+        notes.append(_ack_kernel_log(state_dir, paths, kmsg))
     return " ".join(notes) + "\n"
 
 
-def _ack_kernel_log(state_dir: Path, procfs: Path) -> str:
+def _ack_kernel_log(state_dir: Path, paths: Paths, kmsg: Path) -> str:
     """`ack xid.recent` also does what `gpuguard xid ack` does: the lines logged so far
     stop counting (this boot)."""
     from gpuguard.sources import host as host_sources
-    from gpuguard.sources import kmsg
 
-    log = kmsg.read_device()
+    log = host_sources.read_kmsg_at(kmsg, 5.0)
     if not log.is_ok or log.value is None:
         return f"; the kernel log was not read ({log.describe()}): its lines still count"
     seqs = [e["seq"] for e in log.value["xids"] + (log.value.get("sxids") or [])
@@ -172,17 +183,17 @@ def _ack_kernel_log(state_dir: Path, procfs: Path) -> str:
     if not seqs:
         return "; no Xid line in the kernel log"
     try:
-        host_sources.write_xid_ack(state_dir, procfs, max(seqs))
+        host_sources.write_xid_ack(state_dir, paths, max(seqs))
     except OSError as exc:
         return f"; cannot write the kernel-log ack: {exc.strerror or exc}"
     return f"; kernel-log lines up to sequence {max(seqs)} no longer count"
 
 
-def record_xid_ack(state_dir: Path, procfs: Path, seq: int, lines: int) -> None:
+def record_xid_ack(state_dir: Path, paths: Paths, seq: int, lines: int) -> None:
     """`gpuguard xid ack` leaves a line in the store (shown by `events`); the ack itself is
     the kmsg sequence, so this record changes no action. A store that cannot be written
     changes nothing: the kmsg ack is done."""
-    writer = EventWriter(eventstore.path_in(state_dir), boot_id(procfs),
+    writer = EventWriter(eventstore.path_in(state_dir), boot_id(paths),
                          integrity_check=False)
     now = time.time()
     writer.record(Event(kind="ack", source="cli", time=now, rule="xid.recent",
@@ -192,6 +203,34 @@ def record_xid_ack(state_dir: Path, procfs: Path, seq: int, lines: int) -> None:
     if not _flush_within(writer, CLI_WRITE_WAIT_S):
         print(f"gpuguard: the ack was not recorded in {writer.path}", file=sys.stderr)
     writer.close()
+
+
+def acks_in_force(state_dir: Path) -> int:
+    """How many acks in the store have not run out (of any boot): for the note that they
+    do not apply to a replay. An unreadable store has none to tell of."""
+    path = eventstore.path_in(state_dir)
+    if not path.is_file():
+        return 0
+    try:
+        conn = eventstore.open_reader(path)
+    except StoreUnreadable:
+        return 0
+    now = time.time()
+    count = 0
+    try:
+        with conn:
+            for (data,) in conn.execute("SELECT data FROM events WHERE kind = 'ack'"):
+                try:
+                    until = json.loads(data or "{}").get("until")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(until, int | float) and until >= now:
+                    count += 1
+    except sqlite3.Error:
+        return 0
+    finally:
+        conn.close()
+    return count
 
 
 def _identify(path: Path, rule: str, gpu: str | None) -> dict[str, Any]:

@@ -101,6 +101,9 @@ class Verdict:
 
     results: list[Result]
     fail_on: str = "unknown"
+    # What the reader must know about this run besides the results (a replay that this
+    # host's acks do not apply to); the table prints them under its header.
+    notes: tuple[str, ...] = ()
 
     @property
     def nagios_code(self) -> int:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpuguard.engine import evaluate
+from gpuguard.paths import FORBID_ENV
 from gpuguard.profile import Profile
 from gpuguard.results import Result
 from gpuguard.rule import RuleSet
@@ -24,6 +27,55 @@ from gpuguard.sources import nvidia_smi_xml
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 H200_XML = FIXTURES / "h200" / "nvidia-smi-q.xml"
+
+# The host is not an input (gpuguard/paths.py): gpuguard refuses every default host path,
+# in this process and in every command a test runs (exit 4 naming the path), so a test
+# that forgot its own --kmsg-file, --path.*, --state-dir or --no-udev fails on every
+# machine, not only on one whose kernel log happens to hold an Xid. /etc/gpuguard is
+# replaced by an empty folder: every test sees a host without a site configuration (the
+# tests that need one pass --profile, --rules or --config). scripts/test.sh may already
+# have set the switch (its second pass points the default kernel log at a file of Xids).
+_OWN = Path(tempfile.mkdtemp(prefix="gpuguard-tests-host-"))
+EMPTY_ETC = _OWN / "etc-gpuguard"
+EMPTY_ETC.mkdir()
+# The boot the tests' commands run in, unless a test gives its own --path.procfs.
+TEST_BOOT_ID = "7e570000-0000-4000-8000-000000000001"
+(_OWN / "boot_id").write_text(TEST_BOOT_ID + "\n")
+_switch = os.environ.get(FORBID_ENV, "") or "1"
+if "etc=" not in _switch:
+    _switch += f",etc={EMPTY_ETC}"
+if "boot_id=" not in _switch:
+    _switch += f",boot_id={_OWN / 'boot_id'}"
+os.environ[FORBID_ENV] = _switch
+atexit.register(shutil.rmtree, _OWN, True)
+
+
+def own_host(root: Path, boot_id: str = TEST_BOOT_ID, kmsg: str = "") -> list[str]:
+    """A host of the test's own for a live `check` or `daemon` (NVML is the fake): a procfs
+    with nothing but its boot id, an empty sysfs and root filesystem, a kernel log with
+    `kmsg` in it, a state dir. Options in the form the command line takes."""
+    proc = root / "proc"
+    (proc / "sys" / "kernel" / "random").mkdir(parents=True, exist_ok=True)
+    (proc / "sys" / "kernel" / "random" / "boot_id").write_text(boot_id + "\n")
+    (root / "sys").mkdir(exist_ok=True)
+    (root / "rootfs").mkdir(exist_ok=True)
+    (root / "kmsg.log").write_text(kmsg)
+    return ["--path.procfs", str(proc), "--path.sysfs", str(root / "sys"),
+            "--path.rootfs", str(root / "rootfs"), "--kmsg-file", str(root / "kmsg.log"),
+            "--state-dir", str(root / "state")]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "live(needs): reads the real host (it says what it needs in `needs`); "
+        "the host guard is lifted for it, and it skips, saying why, where that is absent")
+
+
+def live_env(**extra: str) -> dict[str, str]:
+    """The environment of a live test's command: the host guard lifted, on purpose."""
+    env = {k: v for k, v in os.environ.items() if k != FORBID_ENV}
+    env.update(extra)
+    return env
 
 
 @pytest.fixture(scope="session")
@@ -109,6 +161,12 @@ def fake_cuda(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     str(out / "libcuda.so.1"), str(REPO / "tests/fake_cuda/fake_cuda.c")],
                    check=True)
     return out
+
+
+@pytest.fixture
+def host_args(tmp_path: Path) -> list[str]:
+    """own_host() for this test: the options of a live run on the fake NVML."""
+    return own_host(tmp_path / "own-host")
 
 
 @pytest.fixture

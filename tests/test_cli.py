@@ -163,31 +163,33 @@ def test_rules_list_and_explain(tmp_path):
     assert "busy_utilization_percent=50" in explained.stdout
     assert f"changed at:  {profile}:2" in explained.stdout
     assert "lspci" in explained.stdout
-    assert gpuguard("rules", "explain", "pcie.nope").returncode != 0
+    nope = gpuguard("rules", "explain", "pcie.nope")
+    # a usage error like every other: exit 3, gpuguard's own words (not click's "Error:")
+    assert nope.returncode == 3 and nope.stderr.startswith("gpuguard: no rule 'pcie.nope'")
 
 
 # --- live NVML path, through the fake libnvidia-ml ------------------------------------
 
 
-def test_no_driver_says_so_clearly(fake_env):
-    proc = gpuguard("check", env=fake_env(init_error=9))
+def test_no_driver_says_so_clearly(fake_env, host_args):
+    proc = gpuguard("check", *host_args, env=fake_env(init_error=9))
     assert proc.returncode == 2
     assert "CRITICAL  driver.loaded" in proc.stdout
     assert "kernel module is not loaded" in proc.stdout
 
 
-def test_library_missing_says_so_clearly(tmp_path):
+def test_library_missing_says_so_clearly(tmp_path, host_args):
     import ctypes.util
 
     if ctypes.util.find_library("nvidia-ml"):
         pytest.skip("this machine has a real libnvidia-ml")
-    proc = gpuguard("check", env={"LD_LIBRARY_PATH": str(tmp_path)})
+    proc = gpuguard("check", *host_args, env={"LD_LIBRARY_PATH": str(tmp_path)})
     assert proc.returncode == 2
     assert "libnvidia-ml.so.1" in proc.stdout and "not installed" in proc.stdout
 
 
-def test_live_check_through_fake_nvml(fake_env):
-    proc = gpuguard("check", "--format", "json", env=fake_env(gpus=2, width=8, util=90))
+def test_live_check_through_fake_nvml(fake_env, host_args):
+    proc = gpuguard("check", *host_args, "--format", "json", env=fake_env(gpus=2, width=8, util=90))
     doc = json.loads(proc.stdout)
     assert proc.returncode == 2
     widths = [r for r in doc["results"] if r["rule"] == "pcie.link_width"]
@@ -200,10 +202,10 @@ def test_live_check_through_fake_nvml(fake_env):
     ("nvmlDeviceGetTemperature", 1, "nvmlDeviceGetTemperature (GPU 1)"),
     ("nvmlInit", -1, "nvmlInit"),
 ])
-def test_hung_nvml_call_still_returns_in_time(fake_env, hang, gpu, named):
+def test_hung_nvml_call_still_returns_in_time(fake_env, hang, gpu, named, host_args):
     timeout = 1.5
     started = time.monotonic()
-    proc = gpuguard("check", "--timeout", str(timeout), "--format", "json",
+    proc = gpuguard("check", *host_args, "--timeout", str(timeout), "--format", "json",
                     env=fake_env(gpus=2, hang=hang, hang_gpu=gpu), timeout=30)
     took = time.monotonic() - started
     assert proc.returncode == 2
@@ -219,8 +221,8 @@ def test_hung_nvml_call_still_returns_in_time(fake_env, hang, gpu, named):
         assert statuses == {0: "ok", 1: "unknown"}
 
 
-def test_hung_worker_is_not_left_behind(fake_env):
-    gpuguard("check", "--timeout", "0.5", env=fake_env(hang="nvmlDeviceGetTemperature"))
+def test_hung_worker_is_not_left_behind(fake_env, host_args):
+    gpuguard("check", *host_args, "--timeout", "0.5", env=fake_env(hang="nvmlDeviceGetTemperature"))
     time.sleep(0.2)
     left = subprocess.run(["pgrep", "-f", "gpuguard check --timeout 0.5"], capture_output=True,
                           text=True, check=False)
@@ -234,8 +236,8 @@ def test_textfile_dir_does_not_exist(tmp_path):
     assert "cannot write" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_a_lost_gpu_is_a_result_not_a_crash(fake_env):
-    proc = gpuguard("check", "--format", "json", env=fake_env(gpus=2, lost_gpu=1))
+def test_a_lost_gpu_is_a_result_not_a_crash(fake_env, host_args):
+    proc = gpuguard("check", *host_args, "--format", "json", env=fake_env(gpus=2, lost_gpu=1))
     assert "Traceback" not in proc.stderr
     doc = json.loads(proc.stdout)
     lost = {r["rule"]: r for r in doc["results"] if r["gpu"] and r["gpu"]["index"] == 1}
@@ -270,13 +272,14 @@ def test_a_filter_that_leaves_nothing_does_not_pass():
     assert none.returncode == 3 and "no rule gave a result" in none.stdout
 
 
-def test_check_leaves_the_nvlink_counters_to_the_daemon_and_snapshot_keeps_them(fake_env):
+def test_check_leaves_the_nvlink_counters_to_the_daemon_and_snapshot_keeps_them(fake_env,
+                                                                                host_args):
     env = fake_env(gpus=2, nvlinks=18)
-    proc = gpuguard("check", "--format", "json", "--only", "nvlink.*", env=env)
+    proc = gpuguard("check", *host_args, "--format", "json", "--only", "nvlink.*", env=env)
     results = {(r["rule"], r["gpu"]["index"]): r for r in json.loads(proc.stdout)["results"]}
     assert results[("nvlink.state", 0)]["status"] == "ok"
     errors = results[("nvlink.errors", 1)]
     assert errors["status"] == "skipped" and "check` leaves them out" in errors["message"]
-    snap = json.loads(gpuguard("snapshot", env=env).stdout)
+    snap = json.loads(gpuguard("snapshot", *host_args, env=env).stdout)
     links = snap["gpus"][0]["nvlink_links"]
     assert len(links) == 18 and all(isinstance(link["crc_data"], int) for link in links)

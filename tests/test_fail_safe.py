@@ -28,13 +28,14 @@ def fifo(tmp_path: Path, name: str = "fifo") -> Path:
     return path
 
 
-def test_a_slow_host_source_leaves_nvml_facts_alone(tmp_path, fake_env):
+def test_a_slow_host_source_leaves_nvml_facts_alone(tmp_path, fake_env, host_args):
     """--kmsg-file on a FIFO nobody writes: the kernel log is unknown, and only it; the
     profile's gpu_count of 2 against NVML's one GPU is still critical."""
     profile = tmp_path / "profile.yaml"
     profile.write_text("gpu_count: 2\n")
     started = time.monotonic()
-    proc = gpuguard("check", "--format", "json", "--fail-on", "critical", "--timeout", "2",
+    proc = gpuguard("check", *host_args, "--format", "json", "--fail-on", "critical",
+                    "--timeout", "2",
                     "--profile", str(profile), "--kmsg-file", str(fifo(tmp_path)),
                     env=fake_env(gpus=1), timeout=30)
     took = time.monotonic() - started
@@ -48,10 +49,10 @@ def test_a_slow_host_source_leaves_nvml_facts_alone(tmp_path, fake_env):
     assert took < 10, took  # bounded by --timeout, not by the FIFO
 
 
-def test_a_lost_gpu_is_critical_and_counted_by_the_supervisor(tmp_path, fake_env):
+def test_a_lost_gpu_is_critical_and_counted_by_the_supervisor(tmp_path, fake_env, host_args):
     profile = tmp_path / "profile.yaml"
     profile.write_text("gpu_count: 2\n")
-    proc = gpuguard("check", "--format", "json", "--profile", str(profile),
+    proc = gpuguard("check", *host_args, "--format", "json", "--profile", str(profile),
                     env=fake_env(gpus=2, lost_gpu=1))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     results = results_of(proc)
@@ -73,8 +74,8 @@ def test_a_lost_gpu_is_critical_and_counted_by_the_supervisor(tmp_path, fake_env
     assert policy.outcome(per_gpu, None, tagged, [0])[0] == "passed"
 
 
-def test_a_hung_gpu_keeps_its_rules_as_unknown_naming_the_hang(fake_env):
-    proc = gpuguard("check", "--format", "json", "--timeout", "1.5",
+def test_a_hung_gpu_keeps_its_rules_as_unknown_naming_the_hang(fake_env, host_args):
+    proc = gpuguard("check", *host_args, "--format", "json", "--timeout", "1.5",
                     env=fake_env(gpus=2, hang="nvmlDeviceGetTemperature", hang_gpu=1))
     results = results_of(proc)
     assert results[("driver.responsive", None)]["status"] == "critical"
@@ -158,7 +159,7 @@ def test_inputs_that_never_end_are_refused_in_time(tmp_path):
 def test_a_kernel_log_that_never_ends_is_unknown_not_gigabytes(tmp_path):
     started = time.monotonic()
     proc = gpuguard("check", "--format", "json", "--input", str(LIVE), "--kmsg-file",
-                    "/dev/zero", "--timeout", "3", timeout=60)
+                    "/dev/zero", "--state-dir", str(tmp_path), "--timeout", "3", timeout=60)
     xid = results_of(proc)[("xid.recent", None)]
     assert xid["status"] == "unknown", xid
     assert time.monotonic() - started < 20
@@ -174,8 +175,8 @@ def test_a_kernel_log_line_with_a_huge_number_is_text(tmp_path):
     assert xid["status"] == "critical" and xid["observed"]["counted"] == 1, xid
 
 
-def test_each_source_reports_its_own_success(tmp_path, fake_env):
-    proc = gpuguard("check", "--format", "prometheus", "--timeout", "2", "--kmsg-file",
+def test_each_source_reports_its_own_success(tmp_path, fake_env, host_args):
+    proc = gpuguard("check", *host_args, "--format", "prometheus", "--timeout", "2", "--kmsg-file",
                     str(fifo(tmp_path)), env=fake_env(gpus=1), timeout=30)
     lines = proc.stdout.splitlines()
     assert 'gpuguard_source_success{source="kernel_log"} 0.0' in lines

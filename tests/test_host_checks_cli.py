@@ -100,6 +100,7 @@ def test_live_kernel_log_is_read_without_writing_to_it(tmp_path):
 WRITE_KMSG = os.environ.get("GPUGUARD_TEST_WRITE_KMSG") == "1"
 
 
+@pytest.mark.live(needs="root, and the host's /dev/kmsg, which it writes a line to")
 @pytest.mark.skipif(not WRITE_KMSG or not _kmsg_writable(),
                     reason="writes the real /dev/kmsg: set GPUGUARD_TEST_WRITE_KMSG=1 (root)")
 def test_live_kernel_log_and_ack(tmp_path):
@@ -118,7 +119,7 @@ def test_live_kernel_log_and_ack(tmp_path):
 
     # --kmsg-file /dev/kmsg reads the device like the live default does
     assert len(ours(gpuguard(*args))) == 1
-    acked = gpuguard("xid", "ack", "--state-dir", str(state))
+    acked = gpuguard("xid", "ack", "--state-dir", str(state), "--kmsg-file", "/dev/kmsg")
     assert acked.returncode == 0, acked.stderr
     assert "acknowledged" in acked.stdout
     assert ours(gpuguard(*args)) == []

@@ -109,7 +109,10 @@ def pattern(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     if wrong:
         return ctx.fail(f"{wrong} words read back different from the walking pattern written "
                         f"({size} bytes checked)", **observed)
-    written = f" ({size >> 20} MiB written and read)" if size else ""
+    # two passes over the buffer (walking ones, then walking zeros): say so, or 8 MiB asked
+    # for reads as 16 MiB checked
+    written = (f" ({size >> 21} MiB, written and read twice: walking ones, then walking "
+               "zeros)") if size else ""
     return ok(f"walking ones and zeros read back right{written}", **observed)
 
 

@@ -37,6 +37,7 @@ from gpuguard.engine import evaluate
 from gpuguard.eventstore import Event
 from gpuguard.history import History
 from gpuguard.outputs import json_out
+from gpuguard.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden, state_dir_or_default
 from gpuguard.pci import normalise_pci
 from gpuguard.profile import Profile
 from gpuguard.recording import Board, boards, xid_event
@@ -377,14 +378,31 @@ class Daemon:
             log.error("config_invalid", error=f"{exc}" if isinstance(exc, ConfigError | ValueError)
                       else f"{type(exc).__name__}: {exc}")
             return 3
+        try:
+            # every default host path this configuration reads, looked up now: under the
+            # tests' guard (gpuguard/paths.py) a refused one stops the start, exit 4
+            # A replay records history only into a state dir it was given: never into this
+            # host's own (the replayed facts are not this host's).
+            if self.cfg.input_path is not None and self.cfg.host.state_dir is None:
+                if self.cfg.event_store:
+                    log.info("event_store_off", why="a replayed --input without --state-dir")
+                self.cfg.event_store = False
+            self.cfg.host.look_up_host_paths()
+            # looked up only where something is kept there (a replay without services and
+            # without a store keeps nothing)
+            state_dir = state_dir_or_default(self.cfg.host.state_dir) \
+                if self.cfg.event_store or services else None
+            boot = host_sources.boot_id(self.cfg.host.paths) if self.cfg.event_store else None
+            procfs = str(self.cfg.host.paths.procfs) if self.cfg.input_path is None else ""
+        except HostPathForbidden as exc:
+            log.error("host_path_forbidden", error=str(exc))
+            return EXIT_HOST_FORBIDDEN
         tagged = {r.id for r in config[1].rules.values() if "failover" in r.tags}
-        state_dir = self.cfg.host.state_dir or Path("/var/lib/gpuguard")
         self.supervisors = [Supervisor(s, state_dir, tagged, self.cfg.dry_run,
                                        active_check=self.active_probe_passes)
-                            for s in services]
-        if self.cfg.event_store:
-            self.recorder = EventRecorder(eventstore.path_in(state_dir),
-                                          host_sources.boot_id(self.cfg.host.paths.procfs))
+                            for s in services if state_dir is not None]
+        if self.cfg.event_store and state_dir is not None:
+            self.recorder = EventRecorder(eventstore.path_in(state_dir), boot)
             self.recorder.start()
             for supervisor in self.supervisors:
                 supervisor.on_transition = self._supervisor_event
@@ -394,7 +412,7 @@ class Daemon:
         with self.stats.lock:
             self.stats.last_reload_time = time.time()
         if self.cfg.input_path is None:
-            self.sampler = NvmlSampler(str(self.cfg.host.paths.procfs), self.on_nvml_xid)
+            self.sampler = NvmlSampler(procfs, self.on_nvml_xid)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(DaemonCollector(self.store, self.stats, lambda: self._last,
                                           lambda: [s.snapshot() for s in self.supervisors],

@@ -29,6 +29,7 @@ def document(snapshot: Snapshot, verdict: Verdict) -> dict[str, Any]:
         "results": [r.to_json() for r in verdict.results],
         "summary": {**verdict.summary(), "exit_code": verdict.code,
                     "fail_on": verdict.fail_on},
+        **({"notes": list(verdict.notes)} if verdict.notes else {}),
     }
 
 

@@ -32,6 +32,7 @@ def render(snapshot: Snapshot, verdict: Verdict, colour: bool, quiet: bool = Fal
         else:
             stack = "no usable NVIDIA driver"
         lines.append(f"gpuguard check: {where}  {stack}  (source: {host.source})")
+        lines.extend(f"note: {note}" for note in verdict.notes)
         lines.append("")
 
     def status(s: Status) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuguard.paths import Paths
+from gpuguard.paths import Paths, host_default
 from gpuguard.snapshot import Reading, Snapshot, SourceRun
 from gpuguard.sources.pipe import read_until
 
@@ -54,6 +54,23 @@ class HostOptions:
     procfs: bool = True
     sysfs: bool = True
     rootfs: bool = True
+
+    def kmsg_path(self) -> Path:
+        """The kernel log to read: --kmsg-file, else the host's /dev/kmsg."""
+        return self.kmsg_file if self.kmsg_file is not None else host_default("kmsg")
+
+    def look_up_host_paths(self) -> None:
+        """Look up now every default host path these options will read, so that the
+        guard (gpuguard/paths.py) refuses in the parent, before any worker is forked,
+        rather than as an unknown reading inside one."""
+        if self.kernel_log and _is_char_device(self.kmsg_path()) and self.state_dir is None:
+            self.state_dir = host_default("state")  # where `xid ack` keeps its sequence
+        if self.procfs:
+            _ = self.paths.procfs
+        if self.sysfs:
+            _ = self.paths.sysfs
+        if self.rootfs:
+            _ = self.paths.rootfs
 
 
 @dataclass(frozen=True)
@@ -210,6 +227,7 @@ class ForkedHostFacts:
     def __init__(self, opts: HostOptions) -> None:
         self.started = time.monotonic()
         self.opts = opts
+        opts.look_up_host_paths()
         read_fd, write_fd = os.pipe()
         pid = os.fork()
         if pid == 0:  # child
@@ -298,20 +316,25 @@ def merge(into: Snapshot, host_from: Snapshot) -> None:
     into.host.__post_init__()
 
 
-def read_kernel_log(opts: HostOptions) -> Reading[dict[str, object]]:
-    from gpuguard.sources import kmsg
-
-    path = opts.kmsg_file
-    if path is not None and not _is_char_device(path):
-        return kmsg.read_file(path, opts.read_timeout)
-    # The live device (or another kmsg device, such as the host's mounted into a container).
-    log = kmsg.read_device(path or Path("/dev/kmsg"), opts.read_timeout)
-    if log.is_ok and opts.state_dir is not None:
-        acked = read_xid_ack(opts.state_dir, opts.paths.procfs)
+def read_kernel_log(opts: HostOptions) -> Reading[dict[str, Any]]:
+    log = read_kmsg_at(opts.kmsg_path(), opts.read_timeout)
+    if log.is_ok and opts.state_dir is not None and _is_char_device(opts.kmsg_path()):
+        # the ack is a sequence number of this boot's live log, never of a saved file
+        acked = read_xid_ack(opts.state_dir, opts.paths)
         if acked is not None:
             assert log.value is not None
             log.value["acked_seq"] = acked
     return log
+
+
+def read_kmsg_at(path: Path, deadline_s: float) -> Reading[dict[str, Any]]:
+    """A saved log (a file, or a pipe such as `<(dmesg)`), or a live kmsg device (the
+    host's, or the host's mounted into a container)."""
+    from gpuguard.sources import kmsg
+
+    if _is_char_device(path):
+        return kmsg.read_device(path, deadline_s)
+    return kmsg.read_file(path, deadline_s)
 
 
 def _is_char_device(path: Path) -> bool:
@@ -321,14 +344,14 @@ def _is_char_device(path: Path) -> bool:
         return False
 
 
-def boot_id(procfs: Path) -> str | None:
+def boot_id(paths: Paths) -> str | None:
     try:
-        return (procfs / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
+        return paths.boot_id_file.read_text().strip()
     except OSError:
         return None
 
 
-def read_xid_ack(state_dir: Path, procfs: Path) -> int | None:
+def read_xid_ack(state_dir: Path, paths: Paths) -> int | None:
     """The last acknowledged kmsg sequence number, if it was taken in this boot."""
     from gpuguard.boundedio import read_text
 
@@ -336,15 +359,15 @@ def read_xid_ack(state_dir: Path, procfs: Path) -> int | None:
         raw = json.loads(read_text(state_dir / XID_ACK_FILE, 4096, 1.0))
     except (OSError, ValueError):
         return None  # no ack, or a bad file: count everything (never hide an Xid)
-    if not isinstance(raw, dict) or raw.get("boot_id") != boot_id(procfs):
+    if not isinstance(raw, dict) or raw.get("boot_id") != boot_id(paths):
         return None
     seq = raw.get("seq")
     return seq if isinstance(seq, int) else None
 
 
-def write_xid_ack(state_dir: Path, procfs: Path, seq: int) -> None:
+def write_xid_ack(state_dir: Path, paths: Paths, seq: int) -> None:
     from gpuguard.atomic import write_text
 
     os.makedirs(state_dir, exist_ok=True)
     write_text(state_dir / XID_ACK_FILE,
-               json.dumps({"boot_id": boot_id(procfs), "seq": seq}) + "\n")
+               json.dumps({"boot_id": boot_id(paths), "seq": seq}) + "\n")

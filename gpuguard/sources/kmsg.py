@@ -279,7 +279,7 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
     }
 
 
-def read_device(path: Path = Path("/dev/kmsg"),
+def read_device(path: Path,
                 deadline_s: float = 5.0) -> Reading[dict[str, Any]]:
     """Read every record buffered in /dev/kmsg without blocking, within a size bound and
     a deadline (another character device given as the log, such as /dev/zero, never ends)."""

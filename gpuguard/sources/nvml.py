@@ -126,6 +126,14 @@ def start_early(procfs: str, deadline_s: float) -> None:
     _early = (NvmlProbe(procfs, deadline_s, link_counters=False), procfs, deadline_s)
 
 
+def abandon_early() -> None:
+    """Stop the early worker, if one runs (check stopped before it used it)."""
+    global _early
+    early, _early = _early, None
+    if early is not None:
+        _abandon(early[0].pid)
+
+
 def probe(procfs: str, deadline_s: float, link_counters: bool = True) -> NvmlProbe:
     """The early worker if it was started with these settings, else a new one."""
     global _early

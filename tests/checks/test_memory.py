@@ -202,7 +202,9 @@ def test_memory_bandwidth_of_an_unknown_model_is_reported_not_judged(h200, run_r
 def test_memory_pattern_names_the_size_and_a_write_error_is_critical(h200, run_rule):
     from tests.checks.probed import probed
 
-    assert "128 MiB" in run_rule("memory.pattern", probed(h200))[0].message
+    # the probe's 64 MiB default, written twice (ones, then zeros): 128 MiB of words checked
+    assert "(64 MiB, written and read twice: walking ones, then walking zeros)" in \
+        run_rule("memory.pattern", probed(h200))[0].message
     probed(h200, probe_pattern={"error": None, "mismatches": 0, "bytes": None})
     assert run_rule("memory.pattern", h200)[0].message.endswith("read back right")
     probed(h200, probe_pattern={"error": "cuMemsetD32_v2 returned 700", "mismatches": None})

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gpuguard.atomic import write_text
-from tests.conftest import FIXTURES, REPO
+from tests.conftest import FIXTURES, REPO, own_host
 
 LIVE = FIXTURES / "h200-live" / "idle-snapshot.json"
 
@@ -73,9 +73,12 @@ class DaemonProcess:
         full_env = {**os.environ, **env}
         full_env.pop("NOTIFY_SOCKET", None)
         full_env.update({k: v for k, v in env.items()})
+        # a live daemon (the fake NVML) reads a host of the test's own; a replay only what
+        # its arguments name
+        host = [] if "--input" in args else own_host(tmp / "own-host")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuguard", "daemon", "--listen", f"127.0.0.1:{self.port}",
-             "--no-udev", "--log-format", "json", "--events-file", str(self.events),
+             "--no-udev", "--log-format", "json", "--events-file", str(self.events), *host,
              "--state-dir", str(tmp / "state"), *args],
             cwd=REPO, env=full_env, stdout=subprocess.DEVNULL,
             stderr=self.log.open("w"))

@@ -154,6 +154,11 @@ def test_a_leak_is_flagged_and_a_warmup_is_not_and_gpu_memory_names_the_process(
                           env=fake_env(procs_file=procs, mem_total_mib=10000))
     try:
         leak_pid, warmup_pid = _pid(str(tmp_path / "leak.pid")), _pid(str(tmp_path / "warmup.pid"))
+        # NVML lists the processes by pid; the daemon names them from its --path.procfs (the
+        # test's own host: its processes' names written there as /proc shows them)
+        for pid in (leak_pid, warmup_pid):
+            (tmp_path / "own-host" / "proc" / str(pid)).mkdir()
+            (tmp_path / "own-host" / "proc" / str(pid) / "comm").write_text("python\n")
         started = time.monotonic()
         warmup_statuses: set[str] = set()
         warmup_said: set[bool] = set()

@@ -5,12 +5,18 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
+from gpuguard.paths import Paths
 from gpuguard.sources.host import read_xid_ack, write_xid_ack
-from tests.conftest import gpuguard
+from tests.conftest import gpuguard, own_host
 from tests.daemon.conftest import host_snapshot, write_snapshot
 
 BOOT_A = "11111111-1111-1111-1111-111111111111"
 BOOT_B = "22222222-2222-2222-2222-222222222222"
+# The fake NVML's boards (tests/fake_nvml/fake_nvml.c): serials 1654000000000 + index,
+# GPU 0 at bus 10, GPU 1 at bus 11. The driver's recovery action: 1 gpu_reset, 0 none.
+GPU_RESET, NONE = 1, 0
 
 
 def procfs(tmp: Path, boot: str) -> Path:
@@ -20,20 +26,21 @@ def procfs(tmp: Path, boot: str) -> Path:
     return root
 
 
-def snapshot(tmp: Path, recovery: str = "gpu_reset") -> Path:
-    path = tmp / f"host-{recovery}.json"
-    write_snapshot(path, host_snapshot(2, {(0, "recovery_action"): recovery,
-                                           (0, "serial"): "1654000000000",
-                                           (1, "serial"): "1654000000001"}))
-    return path
+@pytest.fixture
+def run(fake_env, tmp_path):
+    """A live `check --record` of the fake two-GPU host, GPU 0's recovery action given,
+    in the boot whose procfs is given (history is this host's own: never a replay)."""
+    host = own_host(tmp_path / "host")
 
+    def check(state: Path, proc: Path, *extra: str, recovery: int = GPU_RESET) -> dict:
+        out = gpuguard("check", *host, "--record", "--state-dir", str(state),
+                       "--only", "recovery.action", "--only", "xid.recent",
+                       "--path.procfs", str(proc), "--format", "json", *extra,
+                       env=fake_env(gpus=2, recovery=recovery, recovery_gpu=0))
+        assert out.returncode in (0, 2, 3), out.stderr
+        return json.loads(out.stdout)
 
-def run(snap: Path, state: Path, proc: Path, *extra: str) -> dict:
-    out = gpuguard("check", "--input", str(snap), "--record", "--state-dir", str(state),
-                   "--only", "recovery.action", "--only", "xid.recent",
-                   "--path.procfs", str(proc), "--format", "json", *extra)
-    assert out.returncode in (0, 2, 3), out.stderr
-    return json.loads(out.stdout)
+    return check
 
 
 def result(doc: dict, rule: str, gpu: int | None) -> dict:
@@ -47,101 +54,101 @@ def events(state: Path, *args: str) -> list[dict]:
     return json.loads(out.stdout)["events"]
 
 
-def test_the_same_fatal_finding_after_a_reboot_escalates_to_inspect_hardware(tmp_path):
-    state, snap = tmp_path / "state", snapshot(tmp_path)
-    first = result(run(snap, state, procfs(tmp_path, BOOT_A)), "recovery.action", 0)
+def test_the_same_fatal_finding_after_a_reboot_escalates_to_inspect_hardware(tmp_path, run):
+    state = tmp_path / "state"
+    first = result(run(state, procfs(tmp_path, BOOT_A)), "recovery.action", 0)
     assert (first["status"], first["action"]) == ("critical", "reset_gpu")
     # the transition is in the store, with the board's lasting identity
     [recorded] = events(state, "--kind", "rule")
     assert recorded["gpu_serial"] == "1654000000000" and recorded["boot_id"] == BOOT_A
-    assert recorded["gpu_uuid"] == "GPU-00000000-0000-0000-0000-000000000000"
+    assert recorded["gpu_uuid"] == "GPU-fa4e0000-0000-0000-0000-000000000000"
     assert (recorded["old_status"], recorded["status"]) == (None, "critical")
     # the same boot again: nothing new, no escalation
-    again = result(run(snap, state, procfs(tmp_path, BOOT_A)), "recovery.action", 0)
+    again = result(run(state, procfs(tmp_path, BOOT_A)), "recovery.action", 0)
     assert again["action"] == "reset_gpu"
     # a new boot, the same fault on the same board
-    later = result(run(snap, state, procfs(tmp_path, BOOT_B)), "recovery.action", 0)
+    later = result(run(state, procfs(tmp_path, BOOT_B)), "recovery.action", 0)
     assert later["status"] == "critical"
     assert later["action"] == "inspect_hardware"
     assert f"also seen on boot {BOOT_A}" in later["action_reason"]
     # the other GPU is fine and stays so
-    assert result(run(snap, state, procfs(tmp_path, BOOT_B)), "recovery.action", 1)[
+    assert result(run(state, procfs(tmp_path, BOOT_B)), "recovery.action", 1)[
         "action"] == "none"
 
 
 def kmsg_with(tmp: Path, xid: int, times: int) -> Path:
     path = tmp / f"xid{xid}.log"
-    lines = [f"4,{100 + i},{(1000 + i * 60) * 1_000_000},-;NVRM: Xid (PCI:0000:18:00): {xid}, "
+    lines = [f"4,{100 + i},{(1000 + i * 60) * 1_000_000},-;NVRM: Xid (PCI:0000:10:00): {xid}, "
              f"pid='<unknown>', name=<unknown>, GPU has fallen off the bus." for i in range(times)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def test_a_burst_of_fatal_xids_escalates_with_the_rule_file_threshold(tmp_path):
-    state, snap = tmp_path / "state", snapshot(tmp_path, "none")
+def test_a_burst_of_fatal_xids_escalates_with_the_rule_file_threshold(tmp_path, run):
+    state = tmp_path / "state"
     proc = procfs(tmp_path, BOOT_A)
-    few = result(run(snap, state, proc, "--kmsg-file", str(kmsg_with(tmp_path, 79, 4))),
-                 "xid.recent", None)
+    few = result(run(state, proc, "--kmsg-file", str(kmsg_with(tmp_path, 79, 4)),
+                     recovery=NONE), "xid.recent", None)
     assert (few["status"], few["action"]) == ("critical", "reboot")  # Xid 79: reboot
     state2 = tmp_path / "state2"
-    five = result(run(snap, state2, proc, "--kmsg-file", str(kmsg_with(tmp_path, 79, 5))),
-                  "xid.recent", None)
+    five = result(run(state2, proc, "--kmsg-file", str(kmsg_with(tmp_path, 79, 5)),
+                      recovery=NONE), "xid.recent", None)
     assert five["action"] == "inspect_hardware"
     assert "Xid 79 on GPU 0 5 times within 1d (escalate.count 5)" in five["action_reason"]
     xids = events(state2, "--kind", "xid")
     assert len(xids) == 5 and {e["code"] for e in xids} == {79}
     assert {e["gpu_serial"] for e in xids} == {"1654000000000"}
     # read again: the same lines are not recorded twice
-    run(snap, state2, proc, "--kmsg-file", str(kmsg_with(tmp_path, 79, 5)))
+    run(state2, proc, "--kmsg-file", str(kmsg_with(tmp_path, 79, 5)), recovery=NONE)
     assert len(events(state2, "--kind", "xid")) == 5
 
 
-def test_ack_makes_the_action_none_until_the_finding_changes(tmp_path):
+def test_ack_makes_the_action_none_until_the_finding_changes(tmp_path, run, fake_env):
     state, proc = tmp_path / "state", procfs(tmp_path, BOOT_A)
-    bad, good = snapshot(tmp_path), snapshot(tmp_path, "none")
-    run(bad, state, proc)
+    run(state, proc)
     out = gpuguard("ack", "recovery.action", "--gpu", "0", "--reason", "RMA case 123 opened",
                    "--state-dir", str(state), "--path.procfs", str(proc))
     assert out.returncode == 0, out.stderr
     assert "covers its critical finding" in out.stdout
-    acked = result(run(bad, state, proc), "recovery.action", 0)
+    acked = result(run(state, proc), "recovery.action", 0)
     # the status stays (the fault is still there); what to do is nothing more
     assert acked["status"] == "critical" and acked["action"] == "none"
     assert "RMA case 123 opened" in acked["action_reason"]
-    table = gpuguard("check", "--input", str(bad), "--state-dir", str(state), "--only",
-                     "recovery.action", "--path.procfs", str(proc))
+    table = gpuguard("check", *own_host(tmp_path / "host"), "--state-dir", str(state),
+                     "--only", "recovery.action", "--path.procfs", str(proc),
+                     env=fake_env(gpus=2, recovery=GPU_RESET, recovery_gpu=0))
     assert table.returncode == 2  # the exit code is the status's
     [ack] = events(state, "--kind", "ack")
     assert ack["rule"] == "recovery.action" and ack["gpu_serial"] == "1654000000000"
     # it goes away and comes back: a changed finding, the ack no longer holds
-    run(good, state, proc)
-    back = result(run(bad, state, proc), "recovery.action", 0)
+    run(state, proc, recovery=NONE)
+    back = result(run(state, proc), "recovery.action", 0)
     assert back["action"] == "reset_gpu"
 
 
-def test_an_ack_ends_after_its_time(tmp_path):
+def test_an_ack_ends_after_its_time(tmp_path, run):
     state, proc = tmp_path / "state", procfs(tmp_path, BOOT_A)
-    bad = snapshot(tmp_path)
-    run(bad, state, proc)
+    run(state, proc)
     out = gpuguard("ack", "recovery.action", "--gpu", "0", "--reason", "r", "--for", "1s",
                    "--state-dir", str(state), "--path.procfs", str(proc))
     assert out.returncode == 0, out.stderr
     time.sleep(1.2)
-    assert result(run(bad, state, proc), "recovery.action", 0)["action"] == "reset_gpu"
+    assert result(run(state, proc), "recovery.action", 0)["action"] == "reset_gpu"
 
 
-def test_auto_clear_acknowledges_an_unchanged_finding(tmp_path):
+def test_auto_clear_acknowledges_an_unchanged_finding(tmp_path, fake_env):
     rules = tmp_path / "rules.d"
     rules.mkdir()
     (rules / "site.yaml").write_text(
         "rules:\n  - id: site.gpu0\n    scope: gpu\n    severity: critical\n    summary: s\n"
         "    message: GPU $index flagged\n    when: 'index == 0'\n    auto_clear: 1s\n")
-    state, proc, snap = tmp_path / "state", procfs(tmp_path, BOOT_A), snapshot(tmp_path, "none")
+    state, proc = tmp_path / "state", procfs(tmp_path, BOOT_A)
+    host = own_host(tmp_path / "host")
 
     def site() -> dict:
-        out = gpuguard("check", "--input", str(snap), "--record", "--state-dir", str(state),
+        out = gpuguard("check", *host, "--record", "--state-dir", str(state),
                        "--rules", str(rules), "--only", "site.*", "--path.procfs", str(proc),
-                       "--format", "json")
+                       "--format", "json", env=fake_env(gpus=2))
         return result(json.loads(out.stdout), "site.gpu0", 0)
 
     assert site()["action"] == "reset_gpu"  # a user's GPU rule: reset by default
@@ -151,9 +158,9 @@ def test_auto_clear_acknowledges_an_unchanged_finding(tmp_path):
     assert "auto-cleared" in cleared["action_reason"]
 
 
-def test_events_filters_and_refuses_bad_input(tmp_path):
+def test_events_filters_and_refuses_bad_input(tmp_path, run):
     state, proc = tmp_path / "state", procfs(tmp_path, BOOT_A)
-    run(snapshot(tmp_path), state, proc)
+    run(state, proc)
     assert len(events(state, "--gpu", "0")) == 1
     assert events(state, "--gpu", "1") == []
     assert len(events(state, "--gpu", "1654000000000")) == 1  # by serial
@@ -178,6 +185,50 @@ def test_a_kernel_log_ack_clears_on_a_new_boot(tmp_path):
     an ack (`gpuguard xid ack`) is bound to the boot it was taken in."""
     state = tmp_path / "state"
     proc_a, proc_b = procfs(tmp_path, BOOT_A), procfs(tmp_path, BOOT_B)
-    write_xid_ack(state, proc_a, 42)
-    assert read_xid_ack(state, proc_a) == 42
-    assert read_xid_ack(state, proc_b) is None  # another boot: nothing is hidden
+    write_xid_ack(state, Paths(procfs=proc_a), 42)
+    assert read_xid_ack(state, Paths(procfs=proc_a)) == 42
+    assert read_xid_ack(state, Paths(procfs=proc_b)) is None  # another boot: nothing is hidden
+
+
+def test_a_replay_is_never_recorded_and_this_hosts_acks_do_not_apply(tmp_path, run):
+    state, proc = tmp_path / "state", procfs(tmp_path, BOOT_A)
+    run(state, proc)
+    out = gpuguard("ack", "recovery.action", "--gpu", "0", "--reason", "RMA", "--state-dir",
+                   str(state), "--path.procfs", str(proc))
+    assert out.returncode == 0, out.stderr
+    before = events(state)
+    snap = tmp_path / "replay.json"
+    write_snapshot(snap, host_snapshot(2, {(0, "recovery_action"): "gpu_reset"}))
+    refused = gpuguard("check", "--input", str(snap), "--record", "--state-dir", str(state))
+    assert refused.returncode == 3
+    assert "cannot record a replayed --input" in refused.stderr
+    assert events(state) == before  # bad input changes nothing
+    # replayed with the state dir named: the host's ack is said not to apply
+    table = gpuguard("check", "--input", str(snap), "--state-dir", str(state), "--only",
+                     "recovery.action")
+    assert table.returncode == 2
+    assert "note: 1 ack(s) in" in table.stdout and "do not apply to a replayed" in table.stdout
+    doc = json.loads(gpuguard("check", "--input", str(snap), "--state-dir", str(state),
+                              "--only", "recovery.action", "--format", "json").stdout)
+    assert result(doc, "recovery.action", 0)["action"] == "reset_gpu"  # unacknowledged
+    assert any("do not apply" in note for note in doc["notes"])
+    # without the state dir named, nothing of this host is read (and nothing said)
+    plain = gpuguard("check", "--input", str(snap), "--only", "recovery.action")
+    assert "note:" not in plain.stdout
+
+
+def test_events_wraps_its_message_column(tmp_path, run):
+    state, proc = tmp_path / "state", procfs(tmp_path, BOOT_A)
+    run(state, proc)
+    reason = "RMA case 123: " + "the board keeps failing after every reset " * 6
+    out = gpuguard("ack", "recovery.action", "--gpu", "0", "--reason", reason,
+                   "--state-dir", str(state), "--path.procfs", str(proc))
+    assert out.returncode == 0, out.stderr
+    table = gpuguard("events", "--state-dir", str(state), env={"COLUMNS": "150"}).stdout
+    lines = table.splitlines()
+    assert max(len(line) for line in lines) <= 150
+    column = lines[0].index("MESSAGE")
+    continued = [line for line in lines[1:] if not line[:column].strip()]
+    assert len(continued) >= 2  # the long reason went on under its column
+    assert " ".join(line.strip() for line in lines if "RMA" in line or line in continued) \
+        .count("after every reset") == 6

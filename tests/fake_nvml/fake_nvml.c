@@ -33,6 +33,10 @@
  *   FAKE_NVML_P2P=ok|not_supported  peer-to-peer status between GPUs (default ok)
  *   FAKE_NVML_MIG_PENDING=1    MIG mode disabled now, enabled after a reset
  *   FAKE_NVML_MEM_TEMP=C       HBM temperature (default 35; its maximum is 95)
+ *   FAKE_NVML_RECOVERY=code    the driver's recovery action field (0 none, 1 gpu_reset,
+ *                              2 node_reboot, ...; default 0)
+ *   FAKE_NVML_RECOVERY_GPU=i   ... only for GPU i (default: every GPU)
+ *   Serial numbers are 1654000000000 + the GPU's index (a board's lasting identity).
  *   FAKE_NVML_APP_CLOCK_SM=MHz application SM clock (default: the default, 1980)
  *   FAKE_NVML_MEM_TOTAL_MIB=n  memory total (v1 memory info; default: not supported unless
  *                              FAKE_NVML_PROCS_FILE is set)
@@ -140,6 +144,13 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *v, unsigned int len) {
     char buf[80];
     maybe_hang("nvmlDeviceGetUUID", d->index);
     snprintf(buf, sizeof buf, "GPU-fa4e0000-0000-0000-0000-%012d", d->index);
+    return copy(v, len, buf);
+}
+
+nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t d, char *v, unsigned int len) {
+    char buf[32];
+    maybe_hang("nvmlDeviceGetSerial", d->index);
+    snprintf(buf, sizeof buf, "%lld", 1654000000000LL + d->index);
     return copy(v, len, buf);
 }
 
@@ -372,13 +383,21 @@ typedef struct {
 } nvmlFieldValue_t;
 
 #define NVML_FI_DEV_MEMORY_TEMP 82
+#define NVML_FI_DEV_GET_GPU_RECOVERY_ACTION 230
 
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t d, int count, nvmlFieldValue_t *values) {
     maybe_hang("nvmlDeviceGetFieldValues", d->index);
     for (int i = 0; i < count; i++) {
         values[i].latencyUsec = 0;
         values[i].timestamp = 0;
-        if (values[i].fieldId == NVML_FI_DEV_MEMORY_TEMP) {
+        if (values[i].fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) {
+            int only = env_int("FAKE_NVML_RECOVERY_GPU", -1);
+            values[i].valueType = 1; /* unsigned int */
+            values[i].value.ull = 0;
+            values[i].value.ui = (only < 0 || only == d->index)
+                ? (unsigned int)env_int("FAKE_NVML_RECOVERY", 0) : 0;
+            values[i].nvmlReturn = NVML_SUCCESS;
+        } else if (values[i].fieldId == NVML_FI_DEV_MEMORY_TEMP) {
             values[i].valueType = 1; /* unsigned int */
             values[i].value.ull = 0;
             values[i].value.ui = (unsigned int)env_int("FAKE_NVML_MEM_TEMP", 35);

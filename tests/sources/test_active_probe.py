@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, gpuguard
+from tests.conftest import REPO, gpuguard, own_host
 
 PROBE_RULES = ("gpu.compute", "memory.pattern", "memory.bandwidth", "pcie.bandwidth",
                "nvlink.bandwidth")
@@ -36,7 +36,8 @@ def probe(fake_nvml: Path, fake_cuda: Path, tmp_path: Path) -> Run:
         env = {"LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}" if cuda else str(fake_nvml),
                "FAKE_NVML_GPUS": "2", "FAKE_NVML_MEM_TOTAL_MIB": "1000",
                **{k.upper(): str(v) for k, v in switches.items()}}
-        proc = gpuguard("check", "--format", "json", "--profile", str(profile),
+        proc = gpuguard("check", *own_host(tmp_path / "host"), "--format", "json",
+                        "--profile", str(profile),
                         *[a for rule in PROBE_RULES for a in ("--only", rule)], *args,
                         env=env)
         assert proc.stdout, proc.stderr
@@ -66,13 +67,14 @@ def test_check_active_passes_on_healthy_gpus_and_releases_everything(probe, tmp_
         assert lines.count(f"take {kind}") == lines.count(f"give {kind}") > 0, kind
 
 
-def test_without_active_the_probe_rules_are_skipped_and_export_nothing(fake_nvml, fake_cuda):
+def test_without_active_the_probe_rules_are_skipped_and_export_nothing(fake_nvml, fake_cuda,
+                                                                       host_args):
     env = {"LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}", "FAKE_NVML_MEM_TOTAL_MIB": "1000"}
-    proc = gpuguard("check", "--format", "json", env=env)
+    proc = gpuguard("check", *host_args, "--format", "json", env=env)
     results = [r for r in json.loads(proc.stdout)["results"] if r["rule"] in PROBE_RULES]
     assert len(results) == len(PROBE_RULES)
     assert all(r["status"] == "skipped" and "--active" in r["message"] for r in results)
-    prom = gpuguard("check", "--format", "prometheus", env=env).stdout
+    prom = gpuguard("check", *host_args, "--format", "prometheus", env=env).stdout
     assert not any(f'rule="{rule}"' in prom for rule in PROBE_RULES)
 
 
@@ -258,7 +260,8 @@ def test_a_check_that_gives_up_early_leaves_no_worker(fake_nvml, fake_cuda, tmp_
     procfs = _procfs_listing(tmp_path, "0000:10:00.0")
     env = {"LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}", "GPUGUARD_TEST_MARK": marker,
            "FAKE_CUDA_HANG": "cuInit"}
-    proc = gpuguard("check", "--active", "--path.procfs", str(procfs), "--only", "no.such",
+    proc = gpuguard("check", *own_host(tmp_path / "host"), "--active", "--path.procfs",
+                    str(procfs), "--only", "no.such",
                     env=env)
     assert proc.returncode == 3 and "no.such" in proc.stderr
     deadline = time.monotonic() + 5
@@ -297,7 +300,8 @@ def test_a_killed_check_takes_its_workers_with_it(fake_nvml, fake_cuda, tmp_path
            "FAKE_CUDA_HANG": "cuLaunchKernel", "FAKE_CUDA_FAULT_GPU": "1",
            "FAKE_CUDA_LOG": str(tmp_path / "cuda.log"), "GPUGUARD_TEST_MARK": marker}
     check = subprocess.Popen([sys.executable, "-m", "gpuguard", "check", "--active",
-                              *SMALL, "--active-deadline", "60"], env=env, cwd=REPO,
+                              *own_host(tmp_path / "host"), *SMALL, "--active-deadline",
+                              "60"], env=env, cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         # GPU 0's worker has released its context: GPU 1's hangs in its kernel launch

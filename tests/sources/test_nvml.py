@@ -23,8 +23,8 @@ def test_cuda_version():
     assert nvml_read.cuda_version(12080) == "12.8"
 
 
-def test_snapshot_through_fake_nvml(fake_env):
-    proc = gpuguard("snapshot", env=fake_env(gpus=3, temp=55, width=8))
+def test_snapshot_through_fake_nvml(fake_env, host_args):
+    proc = gpuguard("snapshot", *host_args, env=fake_env(gpus=3, temp=55, width=8))
     assert proc.returncode == 0, proc.stderr
     snap = json.loads(proc.stdout)
     assert snap["host"]["driver_version"] == "580.159.04"
@@ -41,8 +41,8 @@ def test_snapshot_through_fake_nvml(fake_env):
     assert snap["nvml"]["hung_call"] is None and snap["nvml"]["init_error"] is None
 
 
-def test_init_error_is_a_result(fake_env):
-    proc = gpuguard("snapshot", env=fake_env(init_error=9))
+def test_init_error_is_a_result(fake_env, host_args):
+    proc = gpuguard("snapshot", *host_args, env=fake_env(init_error=9))
     assert proc.returncode == 0, proc.stderr
     snap = json.loads(proc.stdout)
     assert snap["nvml"]["init_error_kind"] == "NVMLError_DriverNotLoaded"

@@ -2,15 +2,18 @@
 clocks, GSP, MIG) through the real nvidia-ml-py against the fake libnvidia-ml."""
 
 import json
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import gpuguard
+from tests.conftest import gpuguard, own_host
 
 
 def snapshot(env: dict[str, str]) -> dict[str, Any]:
-    proc = gpuguard("snapshot", env=env)
+    with tempfile.TemporaryDirectory() as root:  # a snapshot writes nothing there
+        proc = gpuguard("snapshot", *own_host(Path(root)), env=env)
     assert proc.returncode == 0, proc.stderr
     snap: dict[str, Any] = json.loads(proc.stdout)
     assert snap["nvml"]["sweep_error"] is None and snap["nvml"]["hung_call"] is None
@@ -90,11 +93,11 @@ def test_memory_temperature_clocks_gsp_and_mig(fake_env):
     assert (gpu["mig_mode_current"], gpu["mig_mode_pending"]) == (False, True)
 
 
-def test_an_nvlink_call_that_fails_names_itself(fake_env):
+def test_an_nvlink_call_that_fails_names_itself(fake_env, host_args):
     # A link that is up but whose counter call fails: the reading is an error naming the
     # call and the link, never a silent gap. The fake's GPU-lost switch covers calls it
     # routes through; here a hang past the deadline names the link call instead.
-    proc = gpuguard("snapshot", "--timeout", "2",
+    proc = gpuguard("snapshot", *host_args, "--timeout", "2",
                     env=fake_env(nvlinks=4, hang="nvmlDeviceGetNvLinkErrorCounter"))
     snap = json.loads(proc.stdout)
     assert "nvmlDeviceGetNvLinkErrorCounter (GPU 0, link 0)" in snap["nvml"]["hung_call"]

@@ -7,10 +7,13 @@ import signal
 from tests.conftest import gpuguard
 
 
-def test_a_segfault_in_nvml_is_unknown_naming_the_call(fake_env):
-    proc = gpuguard("check", "--format", "json", "--timeout", "5",
+def test_a_segfault_in_nvml_is_unknown_naming_the_call(fake_env, host_args):
+    proc = gpuguard("check", *host_args, "--format", "json", "--timeout", "5",
                     env=fake_env(gpus=2, crash="nvmlDeviceGetTemperature", crash_gpu=1))
-    assert proc.returncode in (1, 2), proc.stderr  # a verdict, not a signal or a traceback
+    # a verdict, not a signal or a traceback: unknown (3), as nothing else on this host of
+    # the test's own fails (it once read the machine's real kernel log, and passed only
+    # where that log held an Xid)
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
     results = {(r["rule"], (r["gpu"] or {}).get("index")): r
                for r in json.loads(proc.stdout)["results"]}
     responsive = results[("driver.responsive", None)]
@@ -25,8 +28,8 @@ def test_a_segfault_in_nvml_is_unknown_naming_the_call(fake_env):
                                                            if gpu == 1}
 
 
-def test_the_snapshot_keeps_what_answered_before_the_crash(fake_env):
-    proc = gpuguard("snapshot", env=fake_env(gpus=1, fabric="completed",
+def test_the_snapshot_keeps_what_answered_before_the_crash(fake_env, host_args):
+    proc = gpuguard("snapshot", *host_args, env=fake_env(gpus=1, fabric="completed",
                                              crash="nvmlDeviceGetGpuFabricInfoV"))
     assert proc.returncode == 0, proc.stderr
     snap = json.loads(proc.stdout)
