@@ -81,7 +81,7 @@ def test_in_process_the_defaults_are_refused_and_given_roots_are_not(monkeypatch
     paths = Paths(procfs=FIXTURES / "procfs-match")
     assert paths.procfs == FIXTURES / "procfs-match"  # given: never refused
     assert paths.boot_id_file == FIXTURES / "procfs-match" / "sys/kernel/random/boot_id"
-    with pytest.raises(HostPathForbidden, match="give --path.sysfs"):
+    with pytest.raises(HostPathForbidden, match=r"give --path\.sysfs"):
         _ = paths.sysfs
     monkeypatch.setenv(FORBID_ENV, "0")  # off: the host's own paths
     assert host_default("procfs") == Path("/proc")
