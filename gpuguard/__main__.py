@@ -1,3 +1,3 @@
-from gpuguard.entry import main
+from gpuguard.cli.entry import main
 
 main()

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuguard.snapshot import GPU_READING_FIELDS, HOST_READING_FIELDS, Reading
+from gpuguard.model.snapshot import GPU_READING_FIELDS, HOST_READING_FIELDS, Reading
 from gpuguard.sources import replay
 
 _MIB = 1024 * 1024

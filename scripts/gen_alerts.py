@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from gpuguard.ruleset import load_ruleset
+from gpuguard.config.ruleset import load_ruleset
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "packaging" / "prometheus" / "gpuguard-alerts.yaml"

@@ -15,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpuguard import yamlfile  # noqa: E402
+from gpuguard.config import yamlfile  # noqa: E402
 
 PACK = REPO / "rules"
 

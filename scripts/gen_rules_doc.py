@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpuguard.ruleset import load_ruleset
+from gpuguard.config.ruleset import load_ruleset
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "rules.md"
 
@@ -62,7 +62,7 @@ healthy state.
 ## What to do: `action`, `auto_clear`, `escalate`
 
 Every failing result suggests an action (`none`, `restart_app`, `reset_gpu`, `reboot`,
-`inspect_hardware`; `gpuguard/actions.py` decides, docs/events.md says how). A rule sets
+`inspect_hardware`; `gpuguard/judge/actions.py` decides, docs/events.md says how). A rule sets
 its own with `action:` only where its family's default is wrong; an override (rules.d,
 the profile's `rules:`) may change it. `auto_clear: 24h` acknowledges a failing status
 left unchanged that long (the status stays, the action becomes none); `escalate: {count:
@@ -146,7 +146,7 @@ may name fields as `$field`. `gpuguard rules fields` lists the names:
 
 ## The shape of rule files and of the profile
 
-Each is declared once, in `gpuguard/config_shapes.py` (msgspec Structs; the supervisor's
+Each is declared once, in `gpuguard/config/shapes.py` (msgspec Structs; the supervisor's
 services are in `gpuguard/supervisor/config.py`), and a file is checked whole when it is
 loaded: an unknown or misspelled key at any depth, a value of the wrong type, or a key
 written without a value is `file:line: what is wrong`, with the keys or the choices that

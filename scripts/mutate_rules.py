@@ -348,7 +348,7 @@ class Collector:
 def load_pack() -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Each pack rule's default thresholds and severity, read by gpuguard's own loader."""
     sys.path.insert(0, str(REPO))
-    from gpuguard.ruleset import load_ruleset
+    from gpuguard.config.ruleset import load_ruleset
 
     ruleset = load_ruleset(pack_dir=REPO / "rules")
     return ({r.id: dict(r.thresholds) for r in ruleset.rules.values()},

@@ -15,20 +15,20 @@ from typing import Any
 
 import pytest
 
-from gpuguard.engine import evaluate
-from gpuguard.paths import FORBID_ENV
-from gpuguard.profile import Profile
-from gpuguard.results import Result
-from gpuguard.rule import RuleSet
-from gpuguard.ruleset import load_ruleset
-from gpuguard.snapshot import Reading, Snapshot
+from gpuguard.config.profile import Profile
+from gpuguard.config.ruleset import load_ruleset
+from gpuguard.io.paths import FORBID_ENV
+from gpuguard.judge.engine import evaluate
+from gpuguard.model.results import Result
+from gpuguard.model.rule import RuleSet
+from gpuguard.model.snapshot import Reading, Snapshot
 from gpuguard.sources import nvidia_smi_xml
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 H200_XML = FIXTURES / "h200" / "nvidia-smi-q.xml"
 
-# The host is not an input (gpuguard/paths.py): gpuguard refuses every default host path,
+# The host is not an input (gpuguard/io/paths.py): gpuguard refuses every default host path,
 # in this process and in every command a test runs (exit 4 naming the path), so a test
 # that forgot its own --kmsg-file, --path.*, --state-dir or --no-udev fails on every
 # machine, not only on one whose kernel log happens to hold an Xid. /etc/gpuguard is

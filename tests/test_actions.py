@@ -1,15 +1,15 @@
-"""The suggested action (gpuguard/actions.py): one per failing result, from the rule's
+"""The suggested action (gpuguard/judge/actions.py): one per failing result, from the rule's
 `action:`, the Xid catalog, the driver's recovery field, else the family default."""
 
 import json
 
 import pytest
 
-from gpuguard import actions
-from gpuguard.actions import Action
-from gpuguard.results import Result, Status
-from gpuguard.ruleset import load_ruleset
-from gpuguard.yamlfile import ConfigError
+from gpuguard.config.ruleset import load_ruleset
+from gpuguard.config.yamlfile import ConfigError
+from gpuguard.judge import actions
+from gpuguard.judge.actions import Action
+from gpuguard.model.results import Result, Status
 from tests.checks.test_xid import host
 from tests.conftest import FIXTURES, gpuguard, set_gpu
 
@@ -17,7 +17,7 @@ from tests.conftest import FIXTURES, gpuguard, set_gpu
 def test_actions_are_ordered_by_severity_and_match_the_rule_file_words():
     from typing import get_args
 
-    from gpuguard.config_shapes import RuleAction
+    from gpuguard.config.shapes import RuleAction
 
     assert list(get_args(RuleAction)) == [a.value for a in Action]
     assert actions.worst([Action.REBOOT, Action.RESTART_APP]) is Action.REBOOT

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.atomic import write_text
+from gpuguard.io.atomic import write_text
 from tests.conftest import gpuguard
 from tests.daemon.conftest import LIVE
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.ruleset import load_ruleset
+from gpuguard.config.ruleset import load_ruleset
 from tests.conftest import FIXTURES, H200_XML, gpuguard
 
 V11 = FIXTURES / "nvidia-smi-v11-two-gpus.xml"

@@ -9,8 +9,8 @@ import os
 import time
 from pathlib import Path
 
-from gpuguard.results import GpuRef, Result, Status
-from gpuguard.ruleset import load_ruleset
+from gpuguard.config.ruleset import load_ruleset
+from gpuguard.model.results import GpuRef, Result, Status
 from gpuguard.supervisor import policy
 from tests.conftest import FIXTURES, gpuguard
 

@@ -1,4 +1,4 @@
-"""The guard that keeps tests off the host (gpuguard/paths.py, set by tests/conftest.py):
+"""The guard that keeps tests off the host (gpuguard/io/paths.py, set by tests/conftest.py):
 every default host path is refused with exit 4 naming it and the option to give instead,
 and the switch can replace a default with a file of the test's own."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.paths import FORBID_ENV, HostPathForbidden, Paths, host_default
+from gpuguard.io.paths import FORBID_ENV, HostPathForbidden, Paths, host_default
 from tests.conftest import FIXTURES, H200_XML, gpuguard, own_host
 
 XID_LINE = ("4,100,1000000000,-;NVRM: Xid (PCI:0000:10:00): 79, pid='<unknown>', "

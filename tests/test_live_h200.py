@@ -4,7 +4,7 @@ import re
 import subprocess
 import sys
 
-from gpuguard.results import Status
+from gpuguard.model.results import Status
 from gpuguard.sources import replay
 from tests.conftest import FIXTURES, REPO, gpuguard, set_gpu
 

@@ -1,4 +1,4 @@
-"""The profile is checked whole against its declared shape (gpuguard.config_shapes): an
+"""The profile is checked whole against its declared shape (gpuguard.config.shapes): an
 unknown key or a wrong type at any depth, its `rules:` overrides included, is
 `file:line: what is wrong` from load_profile itself, and exit 3 from `gpuguard check`."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.profile import load_profile
-from gpuguard.yamlfile import ConfigError
+from gpuguard.config.profile import load_profile
+from gpuguard.config.yamlfile import ConfigError
 from tests.conftest import FIXTURES, REPO
 
 
@@ -102,9 +102,9 @@ def test_an_empty_profile_expects_nothing(tmp_path):
 
 def test_the_choices_are_the_ones_the_code_knows():
     """The Literals of the shapes and the tables the code grades with say the same."""
-    from gpuguard.config_shapes import Severity, XidAction
-    from gpuguard.results import SEVERITIES
-    from gpuguard.xids import ACTION_WORDS
+    from gpuguard.config.shapes import Severity, XidAction
+    from gpuguard.judge.xids import ACTION_WORDS
+    from gpuguard.model.results import SEVERITIES
 
     assert set(typing.get_args(Severity)) == {s.value for s in SEVERITIES}
     assert set(typing.get_args(XidAction)) == set(ACTION_WORDS)
@@ -123,8 +123,8 @@ def test_check_with_a_misspelled_override_in_the_profile_exits_3(tmp_path):
 
 
 def test_importing_the_profile_model_does_not_load_msgspec():
-    """engine and the checks import gpuguard.profile; msgspec loads with the first file."""
-    code = "import sys, gpuguard.profile; print('msgspec' in sys.modules)"
+    """engine and the checks import gpuguard.config.profile; msgspec loads with the first file."""
+    code = "import sys, gpuguard.config.profile; print('msgspec' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, timeout=60, check=True).stdout
     assert out.strip() == "False"

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.engine import evaluate
-from gpuguard.profile import Profile, load_profile
-from gpuguard.results import Status
-from gpuguard.ruleset import load_ruleset
-from gpuguard.yamlfile import ConfigError
+from gpuguard.config.profile import Profile, load_profile
+from gpuguard.config.ruleset import load_ruleset
+from gpuguard.config.yamlfile import ConfigError
+from gpuguard.judge.engine import evaluate
+from gpuguard.model.results import Status
 from tests.conftest import set_gpu
 
 
@@ -281,7 +281,7 @@ def test_each_check_declares_exactly_the_thresholds_it_reads(default_rules):
 def test_a_pack_file_missing_a_threshold_its_check_reads_is_a_load_error(tmp_path):
     import shutil
 
-    from gpuguard.ruleset import default_pack_dir
+    from gpuguard.config.ruleset import default_pack_dir
 
     pack = tmp_path / "pack"
     shutil.copytree(default_pack_dir(), pack)
@@ -301,8 +301,8 @@ def test_the_compiled_pack_is_current_and_saves_the_yaml_import():
     check = subprocess.run([sys.executable, "scripts/gen_pack_cache.py", "--check"], cwd=REPO,
                            capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stderr
-    probe = ("import sys; from gpuguard.ruleset import load_ruleset; rules = load_ruleset(); "
-             "print(len(rules.rules), 'yaml' in sys.modules)")
+    probe = ("import sys; from gpuguard.config.ruleset import load_ruleset; "
+             "rules = load_ruleset(); print(len(rules.rules), 'yaml' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
                          text=True, check=True).stdout.split()
     assert out[1] == "False" and int(out[0]) == len(load_ruleset().rules)
@@ -311,7 +311,7 @@ def test_the_compiled_pack_is_current_and_saves_the_yaml_import():
 def test_an_edited_pack_file_is_read_from_its_yaml_not_the_cache(tmp_path):
     import shutil
 
-    from gpuguard.ruleset import default_pack_dir
+    from gpuguard.config.ruleset import default_pack_dir
 
     pack = tmp_path / "pack"
     shutil.copytree(default_pack_dir(), pack)

@@ -1,12 +1,12 @@
-"""gpuguard.schema: a YAML tree checked against msgspec Structs, each error at its line."""
+"""gpuguard.config.schema: a YAML tree checked against msgspec Structs, each error at its line."""
 
 from typing import Annotated
 
 import msgspec
 import pytest
 
-from gpuguard.schema import convert
-from gpuguard.yamlfile import ConfigError, load
+from gpuguard.config.schema import convert
+from gpuguard.config.yamlfile import ConfigError, load
 
 
 class Inner(msgspec.Struct, forbid_unknown_fields=True):

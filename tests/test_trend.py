@@ -1,10 +1,10 @@
-"""gpuguard/trend.py: the fitted slope and the leak judgement on known series."""
+"""gpuguard/judge/trend.py: the fitted slope and the leak judgement on known series."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuguard.trend import Limits, fit, judge
+from gpuguard.judge.trend import Limits, fit, judge
 
 MIB = 1024 * 1024
 LIMITS = Limits(warmup_s=60, min_samples=10, min_r2=0.8, recent_ratio=0.5, horizon_s=3600)

@@ -15,13 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpuguard.results import Status
+from gpuguard.model.results import Status
 
 if TYPE_CHECKING:
-    from gpuguard.history import History
-    from gpuguard.profile import Profile
-    from gpuguard.rule import Rule, RuleSet
-    from gpuguard.snapshot import GpuSnapshot, Snapshot
+    from gpuguard.config.profile import Profile
+    from gpuguard.model.rule import Rule, RuleSet
+    from gpuguard.model.samples import History
+    from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 
 FAMILIES = (
     "driver", "gpu", "vbios", "ecc", "memory", "pcie", "clocks", "power", "thermal",
@@ -43,7 +43,7 @@ class CheckContext:
     snapshot: Snapshot
     profile: Profile
     ruleset: RuleSet
-    # The daemon's short history (gpuguard.history.History); None in `gpuguard check`.
+    # The daemon's short history (gpuguard.model.samples.History); None in `gpuguard check`.
     history: History | None = None
 
     def threshold(self, name: str) -> Any:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuguard import clock_events
 from gpuguard.checks import CheckContext, Finding, gpu_check, ok
-from gpuguard.history import Sample
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.model import clock_events
+from gpuguard.model.samples import Sample
+from gpuguard.model.snapshot import GpuSnapshot
 
 
 @gpu_check("clocks.hw_slowdown", thresholds=("min_fraction", "window_s"))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, Finding, host_check, ok, skipped, unknown
-from gpuguard.profile import parse_version
+from gpuguard.config.profile import parse_version
 
 # What each NVML init error usually means on an inference host, in the words an SRE
 # searches for ("nvidia-smi has failed because it couldn't communicate ...").

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, Finding, gpu_check, ok
-from gpuguard.history import growth
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.model.samples import growth
+from gpuguard.model.snapshot import GpuSnapshot
 
 
 def _word(on: bool) -> str:

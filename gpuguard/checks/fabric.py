@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.checks import CheckContext, Finding, gpu_check, host_check, ok, skipped
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.model.snapshot import GpuSnapshot
 
 START_FM = "start nvidia-fabricmanager (systemctl start nvidia-fabricmanager)"
 

@@ -14,7 +14,7 @@ from gpuguard.checks import (
     ok,
     unknown,
 )
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.model.snapshot import GpuSnapshot
 
 
 @host_check("gpu.count")

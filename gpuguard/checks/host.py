@@ -19,8 +19,8 @@ from gpuguard.checks import (
     unknown,
     warning,
 )
-from gpuguard.results import Status
-from gpuguard.xids import Grade, select, span
+from gpuguard.judge.xids import Grade, select, span
+from gpuguard.model.results import Status
 
 GIB = 1024**3
 

@@ -14,7 +14,7 @@ from gpuguard.checks import (
     skipped,
     warning,
 )
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.model.snapshot import GpuSnapshot
 
 _GIB = 1024**3
 

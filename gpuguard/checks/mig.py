@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.model.snapshot import GpuSnapshot
 
 
 def _word(on: bool) -> str:

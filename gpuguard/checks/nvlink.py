@@ -20,8 +20,8 @@ from gpuguard.checks import (
     skipped,
     unknown,
 )
-from gpuguard.history import NVLINK_COUNTERS, nvlink_totals, window_growth
-from gpuguard.snapshot import GpuSnapshot, Snapshot
+from gpuguard.model.samples import NVLINK_COUNTERS, nvlink_totals, window_growth
+from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 
 NO_NVLINK = "no NVLink on this GPU (NVML: not supported): nothing to judge"
 LABELS = {"replay": "replay", "recovery": "recovery", "crc_flit": "CRC flit",

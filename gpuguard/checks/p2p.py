@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.checks import CheckContext, Finding, gpu_check, ok, unknown, warning
-from gpuguard.pci import normalise_pci
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.model.pci import normalise_pci
+from gpuguard.model.snapshot import GpuSnapshot
 
 KINDS = ("read", "write", "nvlink")
 

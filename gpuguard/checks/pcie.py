@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.checks import CheckContext, Finding, gpu_check, not_probed, ok, probe_floor, warning
-from gpuguard.history import Sample, growth
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.model.samples import Sample, growth
+from gpuguard.model.snapshot import GpuSnapshot
 
 
 def _busy(gpu: GpuSnapshot, ctx: CheckContext) -> bool:

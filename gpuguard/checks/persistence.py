@@ -9,7 +9,7 @@ images often run that way), so that host is healthy. A warning needs neither.
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, Finding, gpu_check, host_check, ok, skipped, unknown
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.model.snapshot import GpuSnapshot
 
 
 @gpu_check("persistence.mode")

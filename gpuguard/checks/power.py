@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuguard import clock_events
 from gpuguard.checks import CheckContext, Finding, gpu_check, ok
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.model import clock_events
+from gpuguard.model.snapshot import GpuSnapshot
 
 
 @gpu_check("power.limit", thresholds=("tolerance_w",))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.model.snapshot import GpuSnapshot
 
 WHAT_TO_DO = {
     "gpu_reset": "drain the GPU's work and reset it (nvidia-smi -r -i <index>)",

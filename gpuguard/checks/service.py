@@ -22,9 +22,9 @@ from gpuguard.checks import (
     skipped,
     unknown,
 )
-from gpuguard.results import Status
-from gpuguard.snapshot import GpuSnapshot, Process
-from gpuguard.trend import Limits, judge
+from gpuguard.judge.trend import Limits, judge
+from gpuguard.model.results import Status
+from gpuguard.model.snapshot import GpuSnapshot, Process
 
 MIB = 1024 * 1024
 

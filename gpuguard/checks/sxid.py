@@ -9,8 +9,8 @@ from collections import defaultdict
 from typing import Any
 
 from gpuguard.checks import CheckContext, Finding, host_check, ok, skipped, warning
-from gpuguard.sxids import grade
-from gpuguard.xids import select, span
+from gpuguard.judge.sxids import grade
+from gpuguard.judge.xids import select, span
 
 
 @host_check("sxid.recent")

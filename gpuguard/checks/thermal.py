@@ -8,7 +8,7 @@ the absolute slowdown threshold (older GPUs and drivers).
 from __future__ import annotations
 
 from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.model.snapshot import GpuSnapshot
 
 
 @gpu_check("thermal.margin", thresholds=("warn_margin_c",))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from gpuguard.checks import CheckContext, Finding, gpu_check, host_check, ok, skipped
-from gpuguard.snapshot import GpuSnapshot
+from gpuguard.model.snapshot import GpuSnapshot
 
 
 @host_check("vbios.consistent")

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from gpuguard.actions import of_xid
 from gpuguard.checks import CheckContext, Finding, host_check, ok, warning
-from gpuguard.pci import normalise_pci
-from gpuguard.xids import grade, select, span
+from gpuguard.judge.actions import of_xid
+from gpuguard.judge.xids import grade, select, span
+from gpuguard.model.pci import normalise_pci
 
 
 @host_check("xid.recent", thresholds=("repeat_for_vendor",))

@@ -11,12 +11,12 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from gpuguard.snapshot import Reading, Snapshot
+from gpuguard.model.snapshot import Reading, Snapshot
 from gpuguard.sources.active_probe import FIELDS, ActiveProbe, options
 
 if TYPE_CHECKING:
-    from gpuguard.profile import Profile
-    from gpuguard.rule import RuleSet
+    from gpuguard.config.profile import Profile
+    from gpuguard.model.rule import RuleSet
 
 KEPT = ("probe_skipped", *FIELDS)
 # One probe at a time in the daemon: the scheduled one and a supervisor's failback probe
@@ -78,8 +78,8 @@ def passes(snapshot: Snapshot, profile: Profile, ruleset: RuleSet,
            gpus: list[int] | None) -> tuple[bool, str]:
     """A fresh probe of `gpus` (every GPU: None): whether every probe rule is ok on
     each (nvlink.bandwidth may be skipped: no pair), and what stopped it if not."""
-    from gpuguard.engine import evaluate
-    from gpuguard.results import Status
+    from gpuguard.judge.engine import evaluate
+    from gpuguard.model.results import Status
 
     probed = probe(snapshot, profile, gpus)
     if not probed.gpus:

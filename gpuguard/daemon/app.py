@@ -24,33 +24,34 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
-from gpuguard import collect, eventstore
-from gpuguard.actions import of_xid
-from gpuguard.daemon import active, events, http, logs, notify
+from gpuguard.config.profile import Profile
+from gpuguard.config.ruleset import load_config
+from gpuguard.config.yamlfile import ConfigError
+from gpuguard.daemon import active, http, logs, notify
+from gpuguard.daemon import triggers as events
 from gpuguard.daemon.active import ProbeKeeper
+from gpuguard.daemon.latest import ResultStore
 from gpuguard.daemon.metrics import DaemonCollector, DaemonStats
 from gpuguard.daemon.recorder import EventRecorder
 from gpuguard.daemon.sampler import NvmlSampler
 from gpuguard.daemon.services import ServiceWatch
-from gpuguard.daemon.store import ResultStore
-from gpuguard.engine import evaluate
-from gpuguard.eventstore import Event
-from gpuguard.history import History
+from gpuguard.events import store as eventstore
+from gpuguard.events.recording import Board, boards, xid_event
+from gpuguard.events.store import Event
+from gpuguard.io.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden, state_dir_or_default
+from gpuguard.judge.actions import of_xid
+from gpuguard.judge.engine import evaluate
+from gpuguard.judge.xids import grade
+from gpuguard.model.pci import normalise_pci
+from gpuguard.model.results import Status, Verdict
+from gpuguard.model.rule import RuleSet
+from gpuguard.model.samples import History
+from gpuguard.model.snapshot import Snapshot
 from gpuguard.outputs import json_out
-from gpuguard.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden, state_dir_or_default
-from gpuguard.pci import normalise_pci
-from gpuguard.profile import Profile
-from gpuguard.recording import Board, boards, xid_event
-from gpuguard.results import Status, Verdict
-from gpuguard.rule import RuleSet
-from gpuguard.ruleset import load_config
-from gpuguard.snapshot import Snapshot
+from gpuguard.sources import collect, nvml, replay
 from gpuguard.sources import host as host_sources
-from gpuguard.sources import nvml, replay
 from gpuguard.supervisor.config import load_services
 from gpuguard.supervisor.service import Supervisor
-from gpuguard.xids import grade
-from gpuguard.yamlfile import ConfigError
 
 log = structlog.get_logger("gpuguard.daemon")
 
@@ -380,7 +381,7 @@ class Daemon:
             return 3
         try:
             # every default host path this configuration reads, looked up now: under the
-            # tests' guard (gpuguard/paths.py) a refused one stops the start, exit 4
+            # tests' guard (gpuguard/io/paths.py) a refused one stops the start, exit 4
             # A replay records history only into a state dir it was given: never into this
             # host's own (the replayed facts are not this host's).
             if self.cfg.input_path is not None and self.cfg.host.state_dir is None:

@@ -20,9 +20,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from gpuguard.daemon import service_metrics
-from gpuguard.daemon.store import ResultStore
+from gpuguard.daemon.latest import ResultStore
+from gpuguard.model.snapshot import Snapshot
 from gpuguard.outputs import families
-from gpuguard.snapshot import Snapshot
 
 
 @dataclass

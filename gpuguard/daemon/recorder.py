@@ -18,13 +18,13 @@ from typing import Any
 
 import structlog
 
-from gpuguard import eventstore
-from gpuguard.actions import FAILING
-from gpuguard.escalation import apply_history
-from gpuguard.eventstore import Event, EventWriter, StoreUnreadable, transition_key
-from gpuguard.recording import Board, rule_transitions
-from gpuguard.results import Result
-from gpuguard.rule import RuleSet
+from gpuguard.events import store as eventstore
+from gpuguard.events.escalation import apply_history
+from gpuguard.events.recording import Board, rule_transitions
+from gpuguard.events.store import Event, EventWriter, StoreUnreadable, transition_key
+from gpuguard.judge.actions import FAILING
+from gpuguard.model.results import Result
+from gpuguard.model.rule import RuleSet
 
 log = structlog.get_logger("gpuguard.events")
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import structlog
 
-from gpuguard.snapshot import Snapshot
+from gpuguard.model.snapshot import Snapshot
 from gpuguard.sources import nvml
 from gpuguard.sources.nvml_progress import Progress
 

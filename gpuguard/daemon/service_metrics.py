@@ -10,8 +10,8 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuguard.checks.service import held_by
-from gpuguard.snapshot import Snapshot
-from gpuguard.trend import fit
+from gpuguard.judge.trend import fit
+from gpuguard.model.snapshot import Snapshot
 
 
 def families(snapshot: Snapshot) -> Iterator[Metric]:

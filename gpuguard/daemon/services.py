@@ -24,8 +24,9 @@ from typing import Any
 import structlog
 
 from gpuguard.checks.service import held_by
-from gpuguard.snapshot import Reading, Snapshot
-from gpuguard.supervisor import probe, processes
+from gpuguard.model.snapshot import Reading, Snapshot
+from gpuguard.supervisor import processes
+from gpuguard.supervisor import readiness as probe
 from gpuguard.supervisor.service import Supervisor
 
 log = structlog.get_logger("gpuguard.services")

@@ -14,11 +14,12 @@ from prometheus_client.core import (
     Metric,
 )
 
-from gpuguard import __version__, clock_events
+from gpuguard import __version__
 from gpuguard.checks.nvlink import expected_links, links_up
-from gpuguard.history import NVLINK_COUNTERS, nvlink_totals
-from gpuguard.results import Result, Status
-from gpuguard.snapshot import GpuSnapshot, Snapshot
+from gpuguard.model import clock_events
+from gpuguard.model.results import Result, Status
+from gpuguard.model.samples import NVLINK_COUNTERS, nvlink_totals
+from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 
 GPU_LABELS = ["gpu", "uuid", "pci_bus_id"]
 # gpuguard_rule_status: Nagios order, and -1 for a rule that did not run.
@@ -60,8 +61,8 @@ def rule_status(results: Iterable[Result]) -> GaugeMetricFamily:
 
 def suggested_action(results: Iterable[Result]) -> GaugeMetricFamily:
     """One series per GPU (and one `host`): the most severe suggested action of its failing
-    results, `none` when all is well (gpuguard.actions decides it)."""
-    from gpuguard.actions import per_gpu
+    results, `none` when all is well (gpuguard.judge.actions decides it)."""
+    from gpuguard.judge.actions import per_gpu
 
     family = GaugeMetricFamily(
         "gpuguard_suggested_action",

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from gpuguard import __version__
-from gpuguard.results import Verdict
-from gpuguard.snapshot import Snapshot
+from gpuguard.model.results import Verdict
+from gpuguard.model.snapshot import Snapshot
 
 SCHEMA = 1
 

@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gpuguard.model.results import Verdict
+from gpuguard.model.snapshot import Snapshot
 from gpuguard.outputs import families
-from gpuguard.results import Verdict
-from gpuguard.snapshot import Snapshot
 
 
 class CheckCollector(Collector):

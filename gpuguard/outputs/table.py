@@ -6,8 +6,8 @@ import shutil
 import textwrap
 from collections import defaultdict
 
-from gpuguard.results import Result, Status, Verdict
-from gpuguard.snapshot import Snapshot
+from gpuguard.model.results import Result, Status, Verdict
+from gpuguard.model.snapshot import Snapshot
 
 _COLOURS = {
     Status.CRITICAL: "\033[1;31m",
@@ -69,7 +69,7 @@ def render(snapshot: Snapshot, verdict: Verdict, colour: bool, quiet: bool = Fal
             for i, fix in enumerate(textwrap.wrap(remediation, msg_w - 5)):
                 lines.append(" " * indent + ("fix: " if i == 0 else "     ") + fix)
         if action and s in (Status.CRITICAL, Status.WARNING):
-            # the suggested action (gpuguard.actions), and why it is that one
+            # the suggested action (gpuguard.judge.actions), and why it is that one
             for i, part in enumerate(textwrap.wrap(action, msg_w - 5)):
                 lines.append(" " * indent + ("do:  " if i == 0 else "     ") + part)
     counts = verdict.summary()

@@ -29,9 +29,9 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
-from gpuguard.pci import normalise_pci
+from gpuguard.io.pipe import exit_code, read_until
+from gpuguard.model.pci import normalise_pci
 from gpuguard.sources.nvml_progress import Progress
-from gpuguard.sources.pipe import exit_code, read_until
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any
 
-    from gpuguard.snapshot import GpuSnapshot, Snapshot
+    from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 
 MIB = 1 << 20
 # The compute phase's buffer: enough words to cover many thread blocks, little to check.
@@ -433,7 +433,7 @@ def _ending(pid: int, finished: bool) -> str | None:
         return f"died of signal {-code}"
 
 
-# The snapshot fields the probe fills for each GPU (gpuguard/snapshot.py).
+# The snapshot fields the probe fills for each GPU (gpuguard/model/snapshot.py).
 FIELDS = ("probe_compute", "probe_pattern", "probe_pcie", "probe_memory", "probe_peers")
 
 
@@ -443,7 +443,7 @@ def assemble(snapshot: Snapshot, opts: ProbeOptions, skipped: dict[int, str],
              stuck: dict[int, str] | None = None) -> None:
     """The workers' lines as readings: a value for what was measured; for what was not,
     an error naming why (the phase that hung, the CUDA error, the worker's death)."""
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
 
     by_gpu: dict[int, list[dict[str, Any]]] = {index: [] for index in ran}
     for msg in messages:
@@ -522,7 +522,7 @@ def _peer_readings(snapshot: Snapshot, ran: list[int], pairs: dict[tuple[int, in
                    ) -> None:
     """Each pair's copies on both GPUs' probe_peers (a slow pair may be either end's
     fault); a pair the lower GPU did not reach is an entry with the reason."""
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
 
     for gpu in snapshot.gpus:
         if gpu.index not in ran:

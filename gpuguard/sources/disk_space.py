@@ -3,7 +3,7 @@
 Docker's data root as the engine reports it (`DockerRootDir` of `docker info`, asked on
 the configured socket under the deadline), else /var/lib/docker where it exists, and the
 profile's `disk_paths` (the model cache, ...). Every statvfs runs under the source's
-deadline in a thread of its own (gpuguard/sources/deadline.py): a dead NFS mount makes
+deadline in a thread of its own (gpuguard/io/deadline.py): a dead NFS mount makes
 its own path unknown, never the cycle stuck. Paths are the host's, read under
 `--path.rootfs`.
 """
@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpuguard.snapshot import Reading
-from gpuguard.sources import deadline
+from gpuguard.io import deadline
+from gpuguard.model.snapshot import Reading
 
 DEFAULT_DOCKER_ROOT = "/var/lib/docker"
 

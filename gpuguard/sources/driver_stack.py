@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from gpuguard.snapshot import Reading
+from gpuguard.model.snapshot import Reading
 
 _NVRM = re.compile(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)?)\s")
 _MODULES = ("nvidia", "nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia_peermem", "nouveau")

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuguard.paths import Paths, host_default
-from gpuguard.snapshot import Reading, Snapshot, SourceRun
-from gpuguard.sources.pipe import read_until
+from gpuguard.io.paths import Paths, host_default
+from gpuguard.io.pipe import read_until
+from gpuguard.model.snapshot import Reading, Snapshot, SourceRun
 
 # The source modules are imported where they are used: `gpuguard check` runs them in a
 # forked child, and what the parent imports before that fork delays it.
@@ -61,7 +61,7 @@ class HostOptions:
 
     def look_up_host_paths(self) -> None:
         """Look up now every default host path these options will read, so that the
-        guard (gpuguard/paths.py) refuses in the parent, before any worker is forked,
+        guard (gpuguard/io/paths.py) refuses in the parent, before any worker is forked,
         rather than as an unknown reading inside one."""
         if self.kernel_log and _is_char_device(self.kmsg_path()) and self.state_dir is None:
             self.state_dir = host_default("state")  # where `xid ack` keeps its sequence
@@ -142,8 +142,8 @@ def _disk_space(opts: HostOptions) -> dict[str, Reading[Any]]:
         if opts.profile_path is None:
             paths = ()
         else:
-            from gpuguard.profile import load_profile
-            from gpuguard.yamlfile import ConfigError
+            from gpuguard.config.profile import load_profile
+            from gpuguard.config.yamlfile import ConfigError
 
             try:
                 paths = tuple(load_profile(opts.profile_path).disk_paths)
@@ -209,8 +209,8 @@ def _want_docker(opts: HostOptions) -> bool:
         return True
     if opts.docker == "off" or opts.profile_path is None:
         return False
-    from gpuguard.profile import load_profile
-    from gpuguard.yamlfile import ConfigError
+    from gpuguard.config.profile import load_profile
+    from gpuguard.config.yamlfile import ConfigError
 
     try:
         return load_profile(opts.profile_path).docker_required
@@ -353,7 +353,7 @@ def boot_id(paths: Paths) -> str | None:
 
 def read_xid_ack(state_dir: Path, paths: Paths) -> int | None:
     """The last acknowledged kmsg sequence number, if it was taken in this boot."""
-    from gpuguard.boundedio import read_text
+    from gpuguard.io.bounded import read_text
 
     try:
         raw = json.loads(read_text(state_dir / XID_ACK_FILE, 4096, 1.0))
@@ -366,7 +366,7 @@ def read_xid_ack(state_dir: Path, paths: Paths) -> int | None:
 
 
 def write_xid_ack(state_dir: Path, paths: Paths, seq: int) -> None:
-    from gpuguard.atomic import write_text
+    from gpuguard.io.atomic import write_text
 
     os.makedirs(state_dir, exist_ok=True)
     write_text(state_dir / XID_ACK_FILE,

@@ -14,8 +14,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from gpuguard.snapshot import Reading
-from gpuguard.sources import deadline
+from gpuguard.io import deadline
+from gpuguard.model.snapshot import Reading
 
 # PROCFS_PATH is one global of psutil: one read at a time changes it.
 _PROCFS_LOCK = threading.Lock()

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuguard.boundedio import MIB, BoundedReadError, read_bytes
-from gpuguard.pci import normalise_pci
-from gpuguard.snapshot import Reading
+from gpuguard.io.bounded import MIB, BoundedReadError, read_bytes
+from gpuguard.model.pci import normalise_pci
+from gpuguard.model.snapshot import Reading
 
 # The kernel's ring buffer is at most 32 MiB (log_buf_len); twice that is not a kernel log.
 MAX_LOG_BYTES = 64 * MIB

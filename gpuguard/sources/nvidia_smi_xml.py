@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gpuguard import clock_events
-from gpuguard.snapshot import GpuSnapshot, HostInfo, NvmlStatus, Process, Reading, Snapshot
+from gpuguard.model import clock_events
+from gpuguard.model.snapshot import GpuSnapshot, HostInfo, NvmlStatus, Process, Reading, Snapshot
 
 T = TypeVar("T")
 

@@ -27,15 +27,15 @@ import os
 import signal
 import time
 
+from gpuguard.io.pipe import exit_code, read_until
 from gpuguard.sources.nvml_progress import Progress
-from gpuguard.sources.pipe import exit_code, read_until
 
 # No `typing` or `pathlib` at run time: both cost milliseconds before the fork.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuguard.snapshot import Snapshot
+    from gpuguard.model.snapshot import Snapshot
 
 
 
@@ -121,7 +121,7 @@ _early: tuple[NvmlProbe, str, float] | None = None
 def start_early(procfs: str, deadline_s: float) -> None:
     """`gpuguard check`'s worker: without the NVLink error counters (check reports them
     never; they cost 2-3 ms a call, 72 calls per NVLink GPU on an H200)."""
-    """Fork the worker before the CLI framework loads (see gpuguard/entry.py)."""
+    """Fork the worker before the CLI framework loads (see gpuguard/cli/entry.py)."""
     global _early
     _early = (NvmlProbe(procfs, deadline_s, link_counters=False), procfs, deadline_s)
 
@@ -164,7 +164,7 @@ def _reap(pid: int) -> None:
 def assemble(messages: list[dict[str, Any]]) -> Snapshot:
     import socket
 
-    from gpuguard.snapshot import GpuSnapshot, HostInfo, NvmlStatus, Snapshot, from_json
+    from gpuguard.model.snapshot import GpuSnapshot, HostInfo, NvmlStatus, Snapshot, from_json
 
     snapshot = Snapshot(
         host=HostInfo(hostname=socket.gethostname(), collected_at=time.time(), source="nvml"),
@@ -192,7 +192,7 @@ def fill_unanswered(snapshot: Snapshot, known: list[Any] | None = None) -> None:
     """GPUs that NVML counted (or that `known`, the last sweep's GPUs, had) but did not
     answer for, because a call hung or the sweep stopped, are listed with every reading an
     error naming why: their rules are unknown, never missing from the results."""
-    from gpuguard.snapshot import GPU_READING_FIELDS, GpuSnapshot, Reading
+    from gpuguard.model.snapshot import GPU_READING_FIELDS, GpuSnapshot, Reading
 
     nvml = snapshot.nvml
     if nvml.hung_call is not None:

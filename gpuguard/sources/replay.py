@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpuguard.boundedio import MIB, BoundedReadError, read_text
-from gpuguard.snapshot import Snapshot
+from gpuguard.io.bounded import MIB, BoundedReadError, read_text
+from gpuguard.model.snapshot import Snapshot
 from gpuguard.sources import nvidia_smi_xml
 
 # An 8-GPU snapshot is ~200 KiB and an 8-GPU `nvidia-smi -q -x` ~400 KiB.

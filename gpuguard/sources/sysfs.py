@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from gpuguard.pci import normalise_pci
-from gpuguard.snapshot import Reading
+from gpuguard.model.pci import normalise_pci
+from gpuguard.model.snapshot import Reading
 
 PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 AER_KINDS = ("correctable", "fatal", "nonfatal")

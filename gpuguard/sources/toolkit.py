@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from gpuguard.snapshot import Reading
+from gpuguard.model.snapshot import Reading
 
 CDI_DIRS = ("etc/cdi", "var/run/cdi")
 _SO_VERSION = re.compile(r"\.so\.(\d+\.\d+(?:\.\d+)?)$")

@@ -32,7 +32,7 @@
                   gpu: "127.0.0.1:8001", cpu: "127.0.0.1:8002",
                   reload: [nginx, -s, reload], drain: 2}
 
-The whole file is checked when it is loaded, against the Structs below (gpuguard.schema):
+The whole file is checked when it is loaded, against the Structs below (gpuguard.config.schema):
 an unknown key at any depth or a value of the wrong type is `file:line: what is wrong`,
 before anything is stopped or started. The Structs are the file's shape; the dataclasses
 (Service, Probe, Nginx) are what the supervisor works with.
@@ -47,8 +47,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from gpuguard import schema
-from gpuguard.yamlfile import ConfigError, Mapping, load
+from gpuguard.config import schema
+from gpuguard.config.yamlfile import ConfigError, Mapping, load
 
 # --- the file's shape -------------------------------------------------------------------
 
@@ -296,7 +296,7 @@ def _request(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> Requ
     if probe.body is not None:
         body = msgspec.json.encode(probe.body)
     elif probe.body_file is not None:
-        from gpuguard import boundedio
+        from gpuguard.io import bounded as boundedio
 
         try:
             body = boundedio.read_bytes(probe.body_file, 1024 * 1024, 5.0)

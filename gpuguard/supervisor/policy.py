@@ -12,7 +12,7 @@ import fnmatch
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuguard.results import Result, Status
+from gpuguard.model.results import Result, Status
 
 Outcome = Literal["failed", "passed", "unknown"]
 Action = Literal["to_cpu", "to_gpu"] | None

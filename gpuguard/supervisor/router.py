@@ -7,7 +7,7 @@ import re
 import subprocess
 import time
 
-from gpuguard.atomic import write_text
+from gpuguard.io.atomic import write_text
 from gpuguard.supervisor.config import Nginx
 
 _SERVER = re.compile(r"^\s*server\s+(\S+?);", re.MULTILINE)

@@ -30,9 +30,10 @@ from typing import Any
 
 import structlog
 
-from gpuguard.actions import ACTIONS as ACTION_ORDER
-from gpuguard.results import Result
-from gpuguard.supervisor import policy, probe, router, state
+from gpuguard.judge.actions import ACTIONS as ACTION_ORDER
+from gpuguard.model.results import Result
+from gpuguard.supervisor import policy, router, state
+from gpuguard.supervisor import readiness as probe
 from gpuguard.supervisor.backends import Backend, BackendError, make
 from gpuguard.supervisor.config import Service
 
@@ -227,7 +228,7 @@ class Supervisor:
                             + (f" (GPU {r.gpu.index})" if r.gpu else "") + f": {r.message}"
                             for r in why[:3])
                   if to == "cpu" else f"{counts.healthy} healthy cycles")
-        # the most severe suggested action of the results that failed it (gpuguard.actions)
+        # the most severe suggested action of the results that failed it (gpuguard.judge.actions)
         suggested = max((r.action for r in why if r.action in ACTION_ORDER),
                          key=ACTION_ORDER.index, default="none") if to == "cpu" else "none"
         self.transition(to, reason, action=suggested)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 
-from gpuguard.atomic import write_text
+from gpuguard.io.atomic import write_text
 
 # A state file is a few hundred bytes; a request less. Anything bigger is not ours.
 MAX_FILE_BYTES = 64 * 1024

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpuguard.snapshot import Reading, Snapshot
+from gpuguard.model.snapshot import Reading, Snapshot
 from gpuguard.sources import nvidia_smi_xml
 
 # held in from /work/shared/fixtures/h200x2-2026-11-30 (its README says what each file is)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.snapshot import Snapshot
+from gpuguard.model.snapshot import Snapshot
 from tests.conftest import set_gpu
 
 PHASES = {"init": 497.0, "context": 127.6, "alloc": 174.1, "compute": 114.6, "pattern": 40.0,

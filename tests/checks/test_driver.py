@@ -1,6 +1,6 @@
-from gpuguard.profile import Profile
-from gpuguard.results import Status
-from gpuguard.snapshot import HostInfo, NvmlStatus, Snapshot
+from gpuguard.config.profile import Profile
+from gpuguard.model.results import Status
+from gpuguard.model.snapshot import HostInfo, NvmlStatus, Snapshot
 
 
 def test_loaded_ok_on_the_h200(h200, run_rule):
@@ -54,7 +54,7 @@ def test_version_against_profile(h200, run_rule):
 
 
 def stack(snap, procfs="procfs-match", log=None, sysfs_tree=None, rootfs=None):
-    from gpuguard.paths import Paths
+    from gpuguard.io.paths import Paths
     from gpuguard.sources.host import HostOptions, collect_host
     from tests.conftest import FIXTURES
 
@@ -124,7 +124,7 @@ def test_loaded_names_missing_device_nodes(run_rule, tmp_path):
 # -- causes, states and boundaries (scripts/mutate_rules.py survivors) -------------------
 
 def facts(snap, **readings):
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
 
     for name, value in readings.items():
         setattr(snap.host, name, value if isinstance(value, Reading) else Reading.ok(value))
@@ -137,7 +137,7 @@ def causes(run_rule, snap):
 
 
 def test_secure_boot_is_named_only_when_it_is_known_to_be_on(run_rule):
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
 
     on = facts(not_loaded(), kernel_modules=["i2c_core"], kernel_log={"xids": []},
                secure_boot=True)
@@ -168,7 +168,7 @@ def test_module_version_is_a_mismatch_cause_only_for_a_mismatch_error(run_rule):
 
 
 def test_a_hung_call_with_a_known_driver_version_is_still_loaded(h200, run_rule):
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
 
     h200.nvml = NvmlStatus(hung_call="nvmlDeviceGetPowerUsage (GPU 0)", deadline_s=9.0)
     assert run_rule("driver.loaded", h200)[0].status is Status.OK

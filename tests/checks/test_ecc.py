@@ -1,5 +1,5 @@
-from gpuguard.profile import Profile
-from gpuguard.results import Status
+from gpuguard.config.profile import Profile
+from gpuguard.model.results import Status
 from tests.conftest import overridden, set_gpu
 
 
@@ -42,7 +42,7 @@ def test_corrected_sram_threshold(h200, run_rule):
 
 
 def test_corrected_falls_back_to_total_without_split(h200, run_rule):
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
 
     set_gpu(h200, ecc_volatile_sram_corrected=Reading.not_supported(),
             ecc_volatile_dram_corrected=Reading.not_supported(),
@@ -53,7 +53,7 @@ def test_corrected_falls_back_to_total_without_split(h200, run_rule):
 
 
 def test_ecc_disabled_gpu_is_skipped_not_failed(h200, run_rule):
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
 
     set_gpu(h200, ecc_volatile_uncorrected=Reading.not_supported())
     [result] = run_rule("ecc.uncorrected", h200)
@@ -72,7 +72,7 @@ def test_uncorrected_limit_comes_from_the_rule(h200, run_rule, tmp_path):
 
 
 def test_corrected_limits_come_from_the_rule(h200, run_rule, tmp_path):
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
 
     rules = overridden(tmp_path, "ecc.corrected", max_sram=5, max_dram=7, max_total=10)
     set_gpu(h200, ecc_volatile_sram_corrected=6, ecc_volatile_dram_corrected=8)
@@ -88,7 +88,7 @@ def test_corrected_limits_come_from_the_rule(h200, run_rule, tmp_path):
 
 
 def test_corrected_total_at_the_default_limit_is_ok(h200, run_rule):
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
 
     set_gpu(h200, ecc_volatile_sram_corrected=Reading.not_supported(),
             ecc_volatile_dram_corrected=Reading.not_supported(),
@@ -97,7 +97,7 @@ def test_corrected_total_at_the_default_limit_is_ok(h200, run_rule):
 
 
 def test_dram_alone_is_judged_when_sram_is_not_reported(h200, run_rule):
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
 
     set_gpu(h200, ecc_volatile_sram_corrected=Reading.not_supported(),
             ecc_volatile_dram_corrected=20_000_001, ecc_volatile_corrected=0)
@@ -106,8 +106,8 @@ def test_dram_alone_is_judged_when_sram_is_not_reported(h200, run_rule):
 
 
 def test_daemon_fails_when_corrected_errors_grow(h200, default_rules):
-    from gpuguard.engine import evaluate
-    from gpuguard.history import History
+    from gpuguard.judge.engine import evaluate
+    from gpuguard.model.samples import History
 
     def judged(counts):
         history = History()

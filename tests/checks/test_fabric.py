@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuguard.results import Status
-from gpuguard.snapshot import Reading, Snapshot
+from gpuguard.model.results import Status
+from gpuguard.model.snapshot import Reading, Snapshot
 from tests.checks import h200x2
 from tests.conftest import set_gpu
 

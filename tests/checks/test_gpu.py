@@ -1,6 +1,6 @@
-from gpuguard.profile import Profile
-from gpuguard.results import Status
-from gpuguard.snapshot import Reading
+from gpuguard.config.profile import Profile
+from gpuguard.model.results import Status
+from gpuguard.model.snapshot import Reading
 from tests.conftest import set_gpu, with_gpus
 
 
@@ -52,7 +52,7 @@ def test_lost_says_what_it_saw(h200, run_rule):
 
 
 def test_empty_identities_are_not_a_clash_and_no_gpu_is_ok(h200, run_rule):
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
     from tests.conftest import with_gpus
 
     snap = with_gpus(h200, ["00000000:3B:00.0", "00000000:86:00.0"])

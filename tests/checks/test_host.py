@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpuguard.results import Status
-from gpuguard.snapshot import Reading, Snapshot
+from gpuguard.model.results import Status
+from gpuguard.model.snapshot import Reading, Snapshot
 from gpuguard.sources import kmsg
 from tests.conftest import FIXTURES, overridden
 

@@ -1,8 +1,8 @@
 import pytest
 
-from gpuguard.profile import Profile
-from gpuguard.results import Status
-from gpuguard.snapshot import Process, Reading
+from gpuguard.config.profile import Profile
+from gpuguard.model.results import Status
+from gpuguard.model.snapshot import Process, Reading
 from tests.conftest import overridden, set_gpu
 
 GIB = 1024**3

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuguard.profile import Profile
-from gpuguard.results import Status
-from gpuguard.snapshot import Reading
+from gpuguard.config.profile import Profile
+from gpuguard.model.results import Status
+from gpuguard.model.snapshot import Reading
 from tests.checks import h200x2
 from tests.conftest import set_gpu
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from gpuguard.engine import evaluate
-from gpuguard.history import History
-from gpuguard.profile import Profile
-from gpuguard.results import Status
-from gpuguard.snapshot import Reading, Snapshot
+from gpuguard.config.profile import Profile
+from gpuguard.judge.engine import evaluate
+from gpuguard.model.results import Status
+from gpuguard.model.samples import History
+from gpuguard.model.snapshot import Reading, Snapshot
 from tests.checks import h200x2
 from tests.checks.test_memory import overridden
 from tests.conftest import set_gpu
@@ -217,10 +217,10 @@ def test_the_daemon_ok_names_its_window_and_the_totals(pair, tmp_path):
 
 
 def test_the_daemon_with_no_counter_read_is_unknown_not_ok(run_rule):
-    from gpuguard.engine import evaluate
-    from gpuguard.history import History
-    from gpuguard.profile import Profile
-    from gpuguard.ruleset import load_ruleset
+    from gpuguard.config.profile import Profile
+    from gpuguard.config.ruleset import load_ruleset
+    from gpuguard.judge.engine import evaluate
+    from gpuguard.model.samples import History
     from tests.checks.h200x2 import snapshot
 
     snap = snapshot()

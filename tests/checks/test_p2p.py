@@ -7,9 +7,9 @@ import copy
 
 import pytest
 
-from gpuguard.profile import Profile
-from gpuguard.results import Status
-from gpuguard.snapshot import Reading, Snapshot
+from gpuguard.config.profile import Profile
+from gpuguard.model.results import Status
+from gpuguard.model.snapshot import Reading, Snapshot
 from tests.checks import h200x2
 from tests.conftest import set_gpu, with_gpus
 

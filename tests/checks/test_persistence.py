@@ -1,5 +1,5 @@
-from gpuguard.results import Status
-from gpuguard.snapshot import Reading, Snapshot
+from gpuguard.model.results import Status
+from gpuguard.model.snapshot import Reading, Snapshot
 from tests.conftest import set_gpu, with_gpus
 
 
@@ -54,7 +54,7 @@ def test_daemon_found_by_process_name(h200, run_rule, tmp_path):
 
 
 def test_daemon_not_judged_without_gpus(run_rule):
-    from gpuguard.snapshot import Reading, Snapshot
+    from gpuguard.model.snapshot import Reading, Snapshot
 
     snap = Snapshot()
     snap.host.gpu_count = Reading.ok(0)

@@ -1,4 +1,4 @@
-from gpuguard.results import Status
+from gpuguard.model.results import Status
 from tests.conftest import overridden, set_gpu
 
 

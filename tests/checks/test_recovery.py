@@ -1,5 +1,5 @@
-from gpuguard.results import Status
-from gpuguard.snapshot import Reading
+from gpuguard.model.results import Status
+from gpuguard.model.snapshot import Reading
 from tests.conftest import set_gpu
 
 

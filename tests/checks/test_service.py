@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.results import GpuRef, Result, Status
-from gpuguard.snapshot import Process, Reading, Snapshot
+from gpuguard.model.results import GpuRef, Result, Status
+from gpuguard.model.snapshot import Process, Reading, Snapshot
 from gpuguard.supervisor import policy
 from tests.conftest import overridden, set_gpu
 
@@ -39,7 +39,7 @@ def hold(snap: Snapshot, percent: float, pid: int = 4242) -> Snapshot:
 
 
 def severity(tmp_path, rule_id: str, level: str) -> Any:
-    from gpuguard.ruleset import load_ruleset
+    from gpuguard.config.ruleset import load_ruleset
 
     rules = tmp_path / "sev.d"
     rules.mkdir(exist_ok=True)

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from gpuguard.profile import Profile
-from gpuguard.results import Status
-from gpuguard.ruleset import load_ruleset
-from gpuguard.snapshot import Reading, Snapshot
-from gpuguard.sxids import line_says
+from gpuguard.config.profile import Profile
+from gpuguard.config.ruleset import load_ruleset
+from gpuguard.judge.sxids import line_says
+from gpuguard.model.results import Status
+from gpuguard.model.snapshot import Reading, Snapshot
 from tests.checks import h200x2
 
 NOW = 10_000 * 10**6
@@ -86,7 +86,7 @@ def test_the_catalog_is_data_a_user_regrades(run_rule, tmp_path):
 
 
 def test_a_new_catalog_entry_needs_all_three(tmp_path):
-    from gpuguard.yamlfile import ConfigError
+    from gpuguard.config.yamlfile import ConfigError
 
     rules_d = tmp_path / "rules.d"
     rules_d.mkdir()

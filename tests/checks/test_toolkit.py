@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from gpuguard.paths import Paths
-from gpuguard.profile import Profile
-from gpuguard.results import Status
-from gpuguard.snapshot import Reading
+from gpuguard.config.profile import Profile
+from gpuguard.io.paths import Paths
+from gpuguard.model.results import Status
+from gpuguard.model.snapshot import Reading
 from gpuguard.sources.host import HostOptions, collect_host
 from tests.conftest import FIXTURES, H200_XML, gpuguard, with_gpus
 
@@ -59,7 +59,7 @@ def test_cli_of_the_old_driver(h200, run_rule, monkeypatch):
 
 
 def test_spec_that_is_not_yaml_is_unknown_and_named(h200, run_rule, monkeypatch, default_rules):
-    from gpuguard.engine import evaluate
+    from gpuguard.judge.engine import evaluate
 
     snap = toolkit_host(h200, monkeypatch, "rootfs-cdi-bad")
     [result] = run_rule("toolkit.parity", snap)

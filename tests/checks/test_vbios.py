@@ -1,7 +1,7 @@
 import copy
 
-from gpuguard.profile import Profile
-from gpuguard.results import Status
+from gpuguard.config.profile import Profile
+from gpuguard.model.results import Status
 from tests.conftest import set_gpu
 
 
@@ -41,7 +41,7 @@ def test_allowlist(h200, run_rule):
 
 
 def test_gpus_without_a_readable_vbios_are_left_out_or_skipped(h200, run_rule):
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
 
     eight(h200)
     set_gpu(h200, 3, vbios_version=Reading.failed("GPU is lost"))

@@ -1,8 +1,8 @@
 from pathlib import Path
 
-from gpuguard.profile import Profile
-from gpuguard.results import Status
-from gpuguard.ruleset import load_ruleset
+from gpuguard.config.profile import Profile
+from gpuguard.config.ruleset import load_ruleset
+from gpuguard.model.results import Status
 from gpuguard.sources import kmsg
 from tests.conftest import FIXTURES, with_gpus
 
@@ -86,7 +86,7 @@ def test_a_user_regrades_an_xid_without_code(h200, run_rule, tmp_path):
 def test_bad_catalog_entry_names_file_and_line(tmp_path):
     import pytest
 
-    from gpuguard.yamlfile import ConfigError
+    from gpuguard.config.yamlfile import ConfigError
 
     rules = tmp_path / "rules.d"
     rules.mkdir()
@@ -118,7 +118,7 @@ def test_repeated_fatal_xid_says_contact_vendor(h200, run_rule, tmp_path):
 
 
 def test_unreadable_kernel_log_is_unknown_never_ok(h200, run_rule, tmp_path):
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
 
     snap = host(h200)
     snap.host.kernel_log = Reading.failed("cannot read /dev/kmsg: operation not permitted "
@@ -171,7 +171,7 @@ def xid_event(xid, pci="0000:00:06.0", usec=NOW - 10 * 10**6, seq=1000):
 
 
 def logged(h200, events, now=NOW, **extra):
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
 
     snap = with_gpus(h200, BUSES)
     snap.host.kernel_log = Reading.ok({"xids": events, "now_usec": now, "acked_seq": None,

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpuguard.atomic import write_text
+from gpuguard.io.atomic import write_text
 from tests.conftest import FIXTURES, REPO, own_host
 
 LIVE = FIXTURES / "h200-live" / "idle-snapshot.json"

@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+from gpuguard.config.profile import Profile
 from gpuguard.daemon.active import ProbeKeeper
-from gpuguard.profile import Profile
-from gpuguard.results import Status
+from gpuguard.model.results import Status
 from tests.conftest import REPO, set_gpu
 from tests.sources.test_active_probe import FAKE_FLOORS
 
@@ -55,8 +55,8 @@ def test_kept_results_turn_stale_after_two_intervals(h200):
     assert fresh.probe_skipped.get().startswith("busy")
     keeper.apply(h200, now=time.time() + 121)
     assert fresh.probe_compute.state == "error" and "stale" in (fresh.probe_compute.error or "")
-    from gpuguard.engine import evaluate
-    from gpuguard.ruleset import load_ruleset
+    from gpuguard.config.ruleset import load_ruleset
+    from gpuguard.judge.engine import evaluate
 
     [result] = evaluate(h200, load_ruleset(), Profile(), only=["gpu.compute"])
     assert result.status is Status.UNKNOWN and "stale" in result.message
@@ -66,9 +66,9 @@ FAILBACK = """
 import json, sys, time
 from pathlib import Path
 from gpuguard.daemon import active
-from gpuguard.profile import load_profile
-from gpuguard.results import GpuRef, Result, Status
-from gpuguard.ruleset import load_ruleset
+from gpuguard.config.profile import load_profile
+from gpuguard.model.results import GpuRef, Result, Status
+from gpuguard.config.ruleset import load_ruleset
 from gpuguard.sources import nvml
 from gpuguard.supervisor.config import load_services
 from gpuguard.supervisor.service import Supervisor
@@ -128,8 +128,8 @@ def test_one_probe_at_a_time_in_the_daemon(h200):
     second waits for the first (both would read each other's copies as low bandwidth)."""
     import threading
 
+    from gpuguard.config.profile import Profile
     from gpuguard.daemon import active
-    from gpuguard.profile import Profile
 
     h200.gpus[0].utilization_gpu_percent = type(h200.gpus[0].utilization_gpu_percent).ok(99)
     h200.gpus[0].__post_init__()  # busy: skipped, so no libcuda is needed

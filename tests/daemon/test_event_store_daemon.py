@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpuguard.eventstore import Event, EventWriter
+from gpuguard.events.store import Event, EventWriter
 from tests.conftest import FIXTURES, gpuguard
 from tests.daemon.conftest import host_snapshot, metric_lines, write_snapshot
 

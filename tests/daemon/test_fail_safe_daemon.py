@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuguard.daemon.app import Daemon, DaemonConfig, XidMarks
 from gpuguard.daemon.metrics import DaemonCollector
-from gpuguard.results import Status
+from gpuguard.model.results import Status
 from gpuguard.sources.host import HostOptions
 from tests.conftest import REPO
 from tests.daemon.conftest import LIVE, get, host_snapshot, metric_lines, write_snapshot

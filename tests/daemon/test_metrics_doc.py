@@ -77,7 +77,7 @@ def test_an_8_gpu_nvlink_host_stays_under_500_series(start_daemon, tmp_path):
     docs/metrics.md: 450 here, up to 490 with the daemon's active probe on)."""
     import copy
 
-    from gpuguard.snapshot import Reading
+    from gpuguard.model.snapshot import Reading
     from tests.checks.h200x2 import snapshot
 
     snap = snapshot()

@@ -5,11 +5,12 @@ import socket
 
 import pytest
 
-from gpuguard.daemon import events, notify
-from gpuguard.daemon.store import ResultStore
-from gpuguard.history import History
-from gpuguard.results import GpuRef, Result, Status
-from gpuguard.snapshot import Reading
+from gpuguard.daemon import notify
+from gpuguard.daemon import triggers as events
+from gpuguard.daemon.latest import ResultStore
+from gpuguard.model.results import GpuRef, Result, Status
+from gpuguard.model.samples import History
+from gpuguard.model.snapshot import Reading
 from tests.conftest import set_gpu
 
 
@@ -92,8 +93,8 @@ def history_of(h200, values, field, start=0.0, step=5.0):
 
 
 def run_with_history(rule, snapshot, history, default_rules):
-    from gpuguard.engine import evaluate
-    from gpuguard.profile import Profile
+    from gpuguard.config.profile import Profile
+    from gpuguard.judge.engine import evaluate
 
     [res] = evaluate(snapshot, default_rules, Profile(), only=[rule], history=history)
     return res

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.paths import Paths
+from gpuguard.io.paths import Paths
 from gpuguard.sources.host import read_xid_ack, write_xid_ack
 from tests.conftest import gpuguard, own_host
 from tests.daemon.conftest import host_snapshot, write_snapshot

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard import eventstore
-from gpuguard.eventstore import Event, EventWriter, StoreUnreadable
+from gpuguard.events import store as eventstore
+from gpuguard.events.store import Event, EventWriter, StoreUnreadable
 from tests.conftest import REPO
 
 ROOT = os.geteuid() == 0
@@ -127,7 +127,7 @@ def test_a_corrupt_store_is_moved_aside_and_a_new_one_started(tmp_path):
 WRITER = """
 import sys, time
 sys.path.insert(0, {repo!r})
-from gpuguard.eventstore import Event, EventWriter
+from gpuguard.events.store import Event, EventWriter
 w = EventWriter(__import__("pathlib").Path({path!r}), boot_id="b1")
 i = 0
 while True:
@@ -254,7 +254,7 @@ def test_a_cycle_never_waits_for_a_slow_disk(tmp_path, default_rules):
     import threading
 
     from gpuguard.daemon.recorder import EventRecorder
-    from gpuguard.results import GpuRef, Result, Status
+    from gpuguard.model.results import GpuRef, Result, Status
 
     recorder = EventRecorder(tmp_path / "events.db", "b1", flush_every_s=0.05)
     slow = threading.Event()
@@ -284,7 +284,7 @@ def test_history_verdicts_of_one_cadence_survive_the_other_cadence(tmp_path, def
     """The daemon's fast and slow cycles judge different rules: an ack worked out for a
     fast rule holds while a slow cycle (nothing failing) is recorded in between."""
     from gpuguard.daemon.recorder import EventRecorder
-    from gpuguard.results import GpuRef, Result, Status
+    from gpuguard.model.results import GpuRef, Result, Status
 
     gpu = GpuRef(0, "GPU-0", "00000000:18:00.0")
     bad = [Result("recovery.action", Status.CRITICAL, Status.CRITICAL, "m", gpu,
@@ -307,7 +307,7 @@ def test_history_verdicts_of_one_cadence_survive_the_other_cadence(tmp_path, def
 
 
 def test_a_probe_result_is_recorded_with_its_board(tmp_path):
-    from gpuguard.recording import Board, probe_event
+    from gpuguard.events.recording import Board, probe_event
 
     writer = EventWriter(tmp_path / "events.db", boot_id="b1")
     writer.record(probe_event("gpu.compute", "critical", Board(2, "GPU-2", "S2", "0:2"),
@@ -336,8 +336,8 @@ def test_any_user_may_read_the_store_whatever_the_umask(tmp_path):
 
 
 def test_an_ack_by_index_ends_when_that_slot_changes(tmp_path, default_rules):
-    from gpuguard.escalation import apply_history
-    from gpuguard.results import GpuRef, Result, Status
+    from gpuguard.events.escalation import apply_history
+    from gpuguard.model.results import GpuRef, Result, Status
 
     path = tmp_path / "events.db"
     writer = EventWriter(path, boot_id="b1")
@@ -367,8 +367,8 @@ def _ack_then_reboot(tmp_path, default_rules, ack_boot: str):
     """ecc.uncorrected critical on a board in boot A, acked for 30 days (in `ack_boot`);
     then boot B, the same fault: what the daemon's recorder makes of it."""
     from gpuguard.daemon.recorder import EventRecorder
-    from gpuguard.recording import Board
-    from gpuguard.results import GpuRef, Result, Status
+    from gpuguard.events.recording import Board
+    from gpuguard.model.results import GpuRef, Result, Status
 
     path = tmp_path / "events.db"
     board = {0: Board(0, "GPU-aaaa", "S123", "00000000:01:00.0")}
@@ -411,8 +411,8 @@ def test_an_escalation_wins_over_an_ack_of_this_boot(tmp_path, default_rules):
 def test_an_ack_ends_when_the_boot_changes(tmp_path, default_rules):
     """No escalation (a board without a lasting identity): an ack of boot A holds in
     boot A and not in boot B."""
-    from gpuguard.escalation import apply_history
-    from gpuguard.results import GpuRef, Result, Status
+    from gpuguard.events.escalation import apply_history
+    from gpuguard.model.results import GpuRef, Result, Status
 
     path = tmp_path / "events.db"
     writer = EventWriter(path, "boot-A")

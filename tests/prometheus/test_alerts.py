@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from gpuguard.ruleset import load_ruleset
+from gpuguard.config.ruleset import load_ruleset
 from tests.conftest import REPO
 
 ALERTS = REPO / "packaging" / "prometheus" / "gpuguard-alerts.yaml"

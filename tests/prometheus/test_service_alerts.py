@@ -1,7 +1,7 @@
 """The alerts of the service.* rules (generated like every rule's, scripts/gen_alerts.py),
 tested with promtool: host-level series (no GPU labels), as the daemon exports them."""
 
-from gpuguard.ruleset import load_ruleset
+from gpuguard.config.ruleset import load_ruleset
 from tests.prometheus.test_alerts import H, run_promtool
 
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.profile import Profile
-from gpuguard.results import Status
-from gpuguard.snapshot import Snapshot
-from gpuguard.sources import deadline, host_memory
+from gpuguard.config.profile import Profile
+from gpuguard.io import deadline
+from gpuguard.model.results import Status
+from gpuguard.model.snapshot import Snapshot
+from gpuguard.sources import host_memory
 from gpuguard.sources.host import HostOptions, collect_host
 from tests.conftest import FIXTURES
 
@@ -68,7 +69,7 @@ def test_a_missing_procfs_is_an_error(tmp_path):
 
 
 def _paths(**roots: Path):
-    from gpuguard.paths import Paths
+    from gpuguard.io.paths import Paths
 
     return Paths(**roots)
 

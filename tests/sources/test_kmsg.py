@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.pci import normalise_pci
+from gpuguard.model.pci import normalise_pci
 from gpuguard.sources import kmsg
 from tests.conftest import FIXTURES
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from gpuguard.snapshot import Reading, Snapshot
+from gpuguard.model.snapshot import Reading, Snapshot
 from gpuguard.sources import replay
 from tests.conftest import FIXTURES, H200_XML
 

@@ -3,8 +3,8 @@ value of the wrong type is `file:line: what is wrong`, before anything is stoppe
 
 import pytest
 
+from gpuguard.config.yamlfile import ConfigError
 from gpuguard.supervisor.config import load_services
-from gpuguard.yamlfile import ConfigError
 
 GOOD = """\
 services:

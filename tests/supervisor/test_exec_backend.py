@@ -4,7 +4,7 @@ user's start/stop commands launch and kill; the supervisor runs in-process."""
 import sys
 import time
 
-from gpuguard.results import GpuRef, Result, Status
+from gpuguard.model.results import GpuRef, Result, Status
 from gpuguard.supervisor.config import load_services
 from gpuguard.supervisor.service import Supervisor
 from tests.daemon.conftest import free_port

@@ -10,7 +10,7 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from gpuguard.results import GpuRef, Result, Status
+from gpuguard.model.results import GpuRef, Result, Status
 from gpuguard.supervisor import policy, state
 from gpuguard.supervisor.config import load_services
 from gpuguard.supervisor.service import Supervisor

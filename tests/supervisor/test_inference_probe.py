@@ -15,9 +15,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from gpuguard.supervisor import probe
+from gpuguard.config.yamlfile import ConfigError
+from gpuguard.supervisor import readiness as probe
 from gpuguard.supervisor.config import Request, load_services
-from gpuguard.yamlfile import ConfigError
 
 SERVICE = """\
 services:

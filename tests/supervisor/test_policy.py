@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpuguard.results import GpuRef, Result, Status
+from gpuguard.model.results import GpuRef, Result, Status
 from gpuguard.supervisor.policy import Counts, decide, outcome
 
 TAGGED = {"memory.row_remap", "driver.responsive", "xid.recent"}
@@ -105,8 +105,8 @@ def test_service_results_do_not_count_while_on_cpu():
      "services[0].fallback: unknown key"),
 ])
 def test_bad_service_config_names_file_and_line(tmp_path, text, line, words):
+    from gpuguard.config.yamlfile import ConfigError
     from gpuguard.supervisor.config import load_services
-    from gpuguard.yamlfile import ConfigError
 
     path = tmp_path / "gpuguard.yaml"
     path.write_text(text)

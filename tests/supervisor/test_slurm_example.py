@@ -5,7 +5,7 @@ asked and keep the node's state in a file, as Slurm would."""
 import os
 import time
 
-from gpuguard.results import GpuRef, Result, Status
+from gpuguard.model.results import GpuRef, Result, Status
 from gpuguard.supervisor.config import load_services
 from gpuguard.supervisor.service import Supervisor
 from tests.conftest import REPO

@@ -17,7 +17,7 @@ class ExecBackend:
 
     def note(self, to: str, reason: str, action: str = "none") -> None:
         """The commands of a transition see where it goes, why (a Slurm drain reason) and
-        the suggested action (gpuguard.actions: a drain script tells a reboot from an
+        the suggested action (gpuguard.judge.actions: a drain script tells a reboot from an
         inspection)."""
         self.env.update({"GPUGUARD_VARIANT": to, "GPUGUARD_REASON": reason,
                          "GPUGUARD_ACTION": action})

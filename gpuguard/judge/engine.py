@@ -8,13 +8,13 @@ from string import Template
 from typing import Any
 
 from gpuguard import checks
-from gpuguard.actions import suggest
 from gpuguard.checks import CheckContext, Finding
-from gpuguard.history import History
-from gpuguard.profile import Profile
-from gpuguard.results import Result, Status
-from gpuguard.rule import Rule, RuleSet
-from gpuguard.snapshot import (
+from gpuguard.config.profile import Profile
+from gpuguard.judge.actions import suggest
+from gpuguard.model.results import Result, Status
+from gpuguard.model.rule import Rule, RuleSet
+from gpuguard.model.samples import History
+from gpuguard.model.snapshot import (
     GPU_READING_FIELDS,
     HOST_READING_FIELDS,
     GpuSnapshot,
@@ -112,7 +112,7 @@ def condition_names(snapshot: Snapshot, gpu: GpuSnapshot | None) -> dict[str, Re
 
 
 def _condition(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Finding:
-    from gpuguard.expr import ConditionError
+    from gpuguard.judge.expr import ConditionError
 
     assert rule.when is not None
     readings = condition_names(ctx.snapshot, gpu)

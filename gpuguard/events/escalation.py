@@ -25,11 +25,11 @@ import sqlite3
 import time
 from typing import Any
 
-from gpuguard.actions import FAILING, Action, with_action
-from gpuguard.eventstore import transition_key
-from gpuguard.recording import Board, board_of
-from gpuguard.results import Result, Status
-from gpuguard.rule import RuleSet
+from gpuguard.events.recording import Board, board_of
+from gpuguard.events.store import transition_key
+from gpuguard.judge.actions import FAILING, Action, with_action
+from gpuguard.model.results import Result, Status
+from gpuguard.model.rule import RuleSet
 
 
 def apply_history(results: list[Result], conn: sqlite3.Connection, boot_id: str | None,
@@ -125,7 +125,7 @@ def _escalate_xids(r: Result, conn: sqlite3.Connection, boot_id: str | None,
 
 
 def _span(seconds: float) -> str:
-    from gpuguard.xids import span
+    from gpuguard.judge.xids import span
 
     return span(seconds)
 

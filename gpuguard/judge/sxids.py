@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from gpuguard.xids import ACTION_WORDS, Grade
+from gpuguard.judge.xids import ACTION_WORDS, Grade
 
 if TYPE_CHECKING:
-    from gpuguard.rule import XidEntry
+    from gpuguard.model.rule import XidEntry
 
 # "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20034, Fatal, Link 14 LTSSM Fault Up"
 _FATAL = re.compile(r"(?:^|[\s,:])(non-fatal|fatal)\b", re.IGNORECASE)

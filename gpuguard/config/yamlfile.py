@@ -94,7 +94,7 @@ MAX_VALUES = 100_000
 
 def load(path: Path) -> Any:
     """Parse one YAML file; any failure is a ConfigError naming the file and line."""
-    from gpuguard.boundedio import BoundedReadError, read_bytes
+    from gpuguard.io.bounded import BoundedReadError, read_bytes
 
     try:
         raw = read_bytes(path, MAX_FILE_BYTES, 5.0)

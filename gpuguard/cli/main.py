@@ -19,12 +19,12 @@ import click
 from gpuguard import __version__
 
 if TYPE_CHECKING:
-    from gpuguard.collect import Collection
-    from gpuguard.paths import Paths
-    from gpuguard.profile import Profile
-    from gpuguard.rule import RuleSet
-    from gpuguard.snapshot import Snapshot
+    from gpuguard.config.profile import Profile
+    from gpuguard.io.paths import Paths
+    from gpuguard.model.rule import RuleSet
+    from gpuguard.model.snapshot import Snapshot
     from gpuguard.sources.active_probe import EarlyStart
+    from gpuguard.sources.collect import Collection
     from gpuguard.sources.host import HostOptions
 
 EXIT_UNKNOWN = 3
@@ -172,8 +172,8 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
         raise
 
     # Everything imported from here to the result overlaps with the NVML worker.
-    from gpuguard.engine import evaluate
-    from gpuguard.results import Verdict
+    from gpuguard.judge.engine import evaluate
+    from gpuguard.model.results import Verdict
 
     render = _renderer(fmt)
     waiting = time.monotonic()
@@ -185,17 +185,17 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     results = evaluate(snapshot, ruleset, profile, only, skip)
     notes: list[str] = []
     if input_path is None:
-        from gpuguard.paths import state_dir_or_default
+        from gpuguard.io.paths import state_dir_or_default
 
         state = state_dir_or_default(state_dir)
         if record or (state / "events.db").is_file():
-            from gpuguard.history_cli import with_history
+            from gpuguard.events.commands import with_history
 
             results = with_history(results, snapshot, ruleset, state, paths, record)
     elif state_dir is not None:
         # A replay is judged as it was: this host's acks do not apply to it. Said only when
         # the state dir was named (a replay reads no host path it was not given).
-        from gpuguard.history_cli import acks_in_force
+        from gpuguard.events.commands import acks_in_force
 
         acks = acks_in_force(state_dir)
         if acks:
@@ -251,7 +251,7 @@ def xid() -> None:
 @_kmsg_device_option()
 def xid_ack(state_dir: Path | None, path_procfs: Path | None, kmsg_device: Path | None) -> None:
     """Stop the Xids logged so far (this boot) from counting in xid.recent."""
-    from gpuguard.paths import host_default, state_dir_or_default
+    from gpuguard.io.paths import host_default, state_dir_or_default
     from gpuguard.sources import host as host_sources
     from gpuguard.sources import kmsg
 
@@ -269,7 +269,7 @@ def xid_ack(state_dir: Path | None, path_procfs: Path | None, kmsg_device: Path 
     except OSError as exc:
         raise ConfigProblem(f"cannot write {state_dir}: {exc.strerror or exc}") from exc
     click.echo(f"acknowledged {len(seqs)} Xid line(s) up to kmsg sequence {max(seqs)}")
-    from gpuguard.history_cli import record_xid_ack
+    from gpuguard.events.commands import record_xid_ack
 
     record_xid_ack(state_dir, paths, max(seqs), len(seqs))
 
@@ -290,8 +290,8 @@ def xid_ack(state_dir: Path | None, path_procfs: Path | None, kmsg_device: Path 
 def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[str, ...],
                fmt: str, limit: int, state_dir: Path | None) -> None:
     """What happened: rule transitions, Xids, failovers, acks (any user may read)."""
-    from gpuguard.history_cli import CannotRead, list_events
-    from gpuguard.paths import state_dir_or_default
+    from gpuguard.events.commands import CannotRead, list_events
+    from gpuguard.io.paths import state_dir_or_default
 
     state_dir = state_dir_or_default(state_dir)
 
@@ -320,7 +320,7 @@ def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Pa
         rules_dirs: tuple[Path, ...]) -> None:
     """Acknowledge RULE's finding: its suggested action becomes none (its status stays)
     until the finding changes or the time is up; recorded in the event store."""
-    from gpuguard.history_cli import CannotRead, record_ack
+    from gpuguard.events.commands import CannotRead, record_ack
 
     _, ruleset = _load_config(profile_path, rules_dirs)
     if rule_id not in ruleset.rules:
@@ -332,7 +332,7 @@ def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Pa
     if scope == "host" and gpu is not None:
         raise ConfigProblem(f"{rule_id} is a host rule: it takes no --gpu")
     seconds = _span_option(duration, "--for")
-    from gpuguard.paths import host_default, state_dir_or_default
+    from gpuguard.io.paths import host_default, state_dir_or_default
 
     # `ack xid.recent` also acknowledges the kernel log's lines (as `xid ack` does)
     kmsg = kmsg_device if kmsg_device is not None or rule_id not in (
@@ -388,7 +388,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
            path_procfs: Path | None, path_rootfs: Path | None) -> None:
     """Run the checks on a schedule and serve them to Prometheus (systemd Type=notify)."""
     from gpuguard.daemon.app import Daemon, DaemonConfig
-    from gpuguard.paths import (
+    from gpuguard.io.paths import (
         config_or_default,
         forbidden,
         profile_or_default,
@@ -396,7 +396,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
     )
 
     if udev and forbidden():
-        from gpuguard.paths import HostPathForbidden
+        from gpuguard.io.paths import HostPathForbidden
 
         raise HostPathForbidden("udev")
     paths = _paths(path_sysfs, path_procfs, path_rootfs)
@@ -423,7 +423,7 @@ def failover() -> None:
 @_state_dir_option()
 def failover_status(state_dir: Path | None) -> None:
     """Which variant of each service serves, since when and why."""
-    from gpuguard.paths import state_dir_or_default
+    from gpuguard.io.paths import state_dir_or_default
     from gpuguard.supervisor import state
 
     state_dir = state_dir_or_default(state_dir)
@@ -433,7 +433,7 @@ def failover_status(state_dir: Path | None) -> None:
         raise ConfigProblem(str(exc)) from exc
     for line in lines:
         click.echo(line)
-    from gpuguard.history_cli import last_transitions
+    from gpuguard.events.commands import last_transitions
 
     for line in last_transitions(state_dir):
         click.echo(line)
@@ -453,7 +453,7 @@ def failover_to(variant: str, service: str, reason: str, state_dir: Path | None,
     """Ask the daemon to move SERVICE to its VARIANT now (and wait until it has)."""
     import time as _time
 
-    from gpuguard.paths import state_dir_or_default
+    from gpuguard.io.paths import state_dir_or_default
     from gpuguard.supervisor import state
 
     state_dir = state_dir_or_default(state_dir)
@@ -513,8 +513,8 @@ def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Pat
     for where in rule.overrides:
         click.echo(f"  changed at:  {where}")
     click.echo(f"  remediation: {rule.remediation or '-'}")
-    from gpuguard.actions import WRONG_DATA, suggest
-    from gpuguard.results import Status
+    from gpuguard.judge.actions import WRONG_DATA, suggest
+    from gpuguard.model.results import Status
 
     prefix = "inspect_hardware when the GPU read back wrong data, else " \
         if rule.id in WRONG_DATA else ""
@@ -531,7 +531,7 @@ def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Pat
 @rules.command("fields")
 def rules_fields() -> None:
     """Names that a rule's `when:` condition can use."""
-    from gpuguard.ruleset import GPU_CONDITION_NAMES, HOST_CONDITION_NAMES
+    from gpuguard.config.ruleset import GPU_CONDITION_NAMES, HOST_CONDITION_NAMES
 
     click.echo("gpu scope:  " + ", ".join(GPU_CONDITION_NAMES))
     click.echo("host scope: " + ", ".join(HOST_CONDITION_NAMES))
@@ -543,7 +543,7 @@ def rules_fields() -> None:
 def _print_timing(waiting: float, gathered: float, snapshot: Snapshot) -> None:
     """Where `check`'s time went (GPUGUARD_TIMING=1; docs/benchmarks.md): ms since main()
     when the parent was ready to wait, when the sources were in, when it was done."""
-    from gpuguard.entry import STARTED
+    from gpuguard.cli.entry import STARTED
 
     def ms(t: float) -> float:
         return round((t - STARTED) * 1000, 1)
@@ -587,7 +587,7 @@ def _host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,
                   state_dir: Path | None, probe_image: str | None, timeout: float,
                   docker: bool | None, docker_default: str,
                   profile_path: Path | None, host_resources: bool = False) -> HostOptions:
-    from gpuguard.paths import profile_or_default
+    from gpuguard.io.paths import profile_or_default
     from gpuguard.sources.host import HostOptions
 
     profile_path = profile_or_default(profile_path)
@@ -615,7 +615,7 @@ def _given_options() -> set[str]:
 
 
 def _span_option(text: str, option: str) -> float:
-    from gpuguard.profile import parse_window
+    from gpuguard.config.profile import parse_window
 
     try:
         seconds = parse_window(text)
@@ -628,7 +628,7 @@ def _span_option(text: str, option: str) -> float:
 
 
 def _window(text: str) -> float | None:
-    from gpuguard.profile import parse_window
+    from gpuguard.config.profile import parse_window
 
     try:
         return parse_window(text)
@@ -653,16 +653,16 @@ def _renderer(fmt: str) -> Callable[..., str]:
 
 
 def _paths(sysfs: Path | None, procfs: Path | None, rootfs: Path | None) -> Paths:
-    from gpuguard.paths import Paths
+    from gpuguard.io.paths import Paths
 
     return Paths(sysfs=sysfs, procfs=procfs, rootfs=rootfs)
 
 
 def _load_config(profile_path: Path | None,
                  rules_dirs: tuple[Path, ...]) -> tuple[Profile, RuleSet]:
-    from gpuguard.paths import profile_or_default, rules_dirs_or_default
-    from gpuguard.ruleset import load_config
-    from gpuguard.yamlfile import ConfigError
+    from gpuguard.config.ruleset import load_config
+    from gpuguard.config.yamlfile import ConfigError
+    from gpuguard.io.paths import profile_or_default, rules_dirs_or_default
 
     try:
         return load_config(profile_or_default(profile_path), rules_dirs_or_default(rules_dirs))
@@ -672,7 +672,7 @@ def _load_config(profile_path: Path | None,
 
 def _collection(opts: HostOptions, input_path: Path | None, timeout: float,
                 link_counters: bool = True) -> Collection:
-    from gpuguard.collect import Collection
+    from gpuguard.sources.collect import Collection
     from gpuguard.sources.replay import InputError
 
     try:
@@ -686,7 +686,7 @@ def _emit(text: str, output: Path | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    from gpuguard.atomic import write_text
+    from gpuguard.io.atomic import write_text
 
     try:
         write_text(output, text)

@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from gpuguard import readings
-from gpuguard.results import GpuRef
+from gpuguard.model import readings
+from gpuguard.model.results import GpuRef
 
 SCHEMA_VERSION = 1
 SNAPSHOT_KIND = "gpuguard-snapshot"
@@ -416,7 +416,7 @@ HOST_READING_FIELDS: tuple[str, ...] = tuple(
 
 def _name_readings(obj: Any, scope: str) -> None:
     """Name every reading after its field and turn a value that is not valid for the
-    field (gpuguard/readings.py) into an error reading: checked wherever a snapshot is
+    field (gpuguard/model/readings.py) into an error reading: checked wherever a snapshot is
     built, so no source, replay or worker line can hand a rule a wrong value. A reading
     already named after the field was checked for it when it was named: sources call
     this after each field they set, and a kernel log of 2,000 Xids is checked once."""

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpuguard.rule import XidEntry
+    from gpuguard.model.rule import XidEntry
 
 ACTION_WORDS = {
     "restart_app": "restart the application",

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuguard.results import Status
+from gpuguard.model.results import Status
 
 if TYPE_CHECKING:
-    from gpuguard.expr import Condition
+    from gpuguard.judge.expr import Condition
 
 
 @dataclass
@@ -32,14 +32,14 @@ class Rule:
     cadence: str = "fast"
     # What is wrong when the rule fails (alert texts); `summary` states what it checks.
     problem: str | None = None
-    # The suggested action when it fails, where gpuguard.actions' default is wrong, and
+    # The suggested action when it fails, where gpuguard.judge.actions' default is wrong, and
     # the file:line that set it.
     action: str | None = None
     action_origin: str | None = None
     # An unchanged failing finding older than this is acknowledged on its own (events.md)
     auto_clear_s: float | None = None
     # Escalate to inspect_hardware when the same fatal finding (one Xid kind on one board)
-    # was recorded this many times within this window (gpuguard.escalation)
+    # was recorded this many times within this window (gpuguard.events.escalation)
     escalate_count: int | None = None
     escalate_window_s: float | None = None
 

@@ -24,10 +24,10 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from gpuguard.results import Result, Status
+from gpuguard.model.results import Result, Status
 
 if TYPE_CHECKING:
-    from gpuguard.rule import Rule, RuleSet, XidEntry
+    from gpuguard.model.rule import Rule, RuleSet, XidEntry
 
 
 class Action(StrEnum):

@@ -57,7 +57,7 @@ class Result:
     gpu: GpuRef | None = None
     remediation: str | None = None
     observed: dict[str, Any] = field(default_factory=dict)
-    # What to do (gpuguard.actions owns the words: none .. inspect_hardware) and why;
+    # What to do (gpuguard.judge.actions owns the words: none .. inspect_hardware) and why;
     # `none` for a result that is not failing.
     action: str = "none"
     action_reason: str | None = None

@@ -12,22 +12,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpuguard import checks, schema
-from gpuguard.config_shapes import OverrideSpec, RulesFile, RuleSpec, XidSpec, given
-from gpuguard.profile import Profile, load_profile
-from gpuguard.results import Status
-from gpuguard.rule import Rule, RuleSet, XidEntry
-from gpuguard.snapshot import GPU_READING_FIELDS, HOST_READING_FIELDS
-from gpuguard.yamlfile import ConfigError, Mapping, load, short
+from gpuguard import checks
+from gpuguard.config import schema
+from gpuguard.config.profile import Profile, load_profile
+from gpuguard.config.shapes import OverrideSpec, RulesFile, RuleSpec, XidSpec, given
+from gpuguard.config.yamlfile import ConfigError, Mapping, load, short
+from gpuguard.model.results import Status
+from gpuguard.model.rule import Rule, RuleSet, XidEntry
+from gpuguard.model.snapshot import GPU_READING_FIELDS, HOST_READING_FIELDS
 
 GPU_CONDITION_NAMES = (*GPU_READING_FIELDS, "index", *HOST_READING_FIELDS)
 HOST_CONDITION_NAMES = HOST_READING_FIELDS
 
 
 def default_pack_dir() -> Path:
-    here = Path(__file__).resolve().parent
-    shipped = here / "_rules"  # inside an installed wheel
-    return shipped if shipped.is_dir() else here.parent / "rules"
+    package = Path(__file__).resolve().parent.parent  # gpuguard/
+    shipped = package / "_rules"  # inside an installed wheel
+    return shipped if shipped.is_dir() else package.parent / "rules"
 
 
 def load_ruleset(
@@ -158,7 +159,7 @@ def _rule(path: Path, spec: RuleSpec, entry: Mapping, default_pack: bool) -> Rul
         if rule_id in registered or rule_id in other:
             raise fail("when", f"{rule_id}: has Python logic already; it takes no `when:`")
         # simpleeval is imported only when some rule has a condition (none in the pack).
-        from gpuguard.expr import Condition, ConditionError
+        from gpuguard.judge.expr import Condition, ConditionError
 
         names = GPU_CONDITION_NAMES if spec.scope == "gpu" else HOST_CONDITION_NAMES
         try:
@@ -203,7 +204,7 @@ def _rule(path: Path, spec: RuleSpec, entry: Mapping, default_pack: bool) -> Rul
 
 
 def _span(text: str, error: ConfigError) -> float:
-    from gpuguard.profile import parse_window
+    from gpuguard.config.profile import parse_window
 
     try:
         seconds = parse_window(text)

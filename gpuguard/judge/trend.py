@@ -1,7 +1,7 @@
 """Is a quantity growing towards a limit? A least-squares line through a window of samples.
 
 Pure arithmetic, no I/O: service.memory_growth (host RSS and GPU memory of a supervised
-service) is judged here, once. gpuguard/history.py has only the growth between two
+service) is judged here, once. gpuguard/model/samples.py has only the growth between two
 samples or across a window (counters); a leak needs a fitted slope, since one sample
 taken during a burst would make two-point growth say anything.
 

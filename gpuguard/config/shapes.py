@@ -1,12 +1,12 @@
-"""The shapes of the profile and of rule files, declared once (checked by gpuguard.schema).
+"""The shapes of the profile and of rule files, declared once (checked by gpuguard.config.schema).
 
 Each Struct forbids unknown fields, so a misspelled key at any depth is an error; each
 field has its type, and where a bare type name would not tell a user what to write, a
-description in words (gpuguard.schema puts it in the message). What spans keys (a
+description in words (gpuguard.config.schema puts it in the message). What spans keys (a
 `when:` rule needs a `message`, an override's threshold must exist and keep its kind)
-is checked in code, in gpuguard.profile and gpuguard.ruleset, on these parsed values.
+is checked in code, in gpuguard.config.profile and gpuguard.config.ruleset, on these parsed values.
 
-Apart from gpuguard.profile so that importing the Profile model stays cheap: msgspec
+Apart from gpuguard.config.profile so that importing the Profile model stays cheap: msgspec
 loads only when a file is read, after `gpuguard check` has forked its NVML worker.
 """
 
@@ -18,13 +18,13 @@ import msgspec
 
 RULE_ID_PATTERN = r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$"
 
-# gpuguard.results.SEVERITIES as values (a test holds the two together)
+# gpuguard.model.results.SEVERITIES as values (a test holds the two together)
 Severity = Literal["warning", "critical"]
 XidSeverity = Literal["critical", "warning", "ignore"]
 XidAction = Literal["restart_app", "reset_gpu", "reboot", "contact_vendor", "ignore",
                     "follow_text"]
 
-# gpuguard.actions.Action, by severity (a test holds the two together)
+# gpuguard.judge.actions.Action, by severity (a test holds the two together)
 RuleAction = Literal["none", "restart_app", "reset_gpu", "reboot", "inspect_hardware"]
 Span = Annotated[str, msgspec.Meta(pattern=r"^[0-9]+(\.[0-9]+)?[smhd]$",
                                    description="a span such as 90s, 15m, 24h, 7d")]

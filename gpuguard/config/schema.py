@@ -3,7 +3,7 @@
 A config kind declares its shape once, as Structs with `forbid_unknown_fields=True`
 (a misspelled key is an error, never silently ignored), and calls `convert`. msgspec
 names the failing place by a path (`$.services[0].probe.timeot`); the YAML tree from
-gpuguard.yamlfile remembers the line of every key, so the path is walked back to the
+gpuguard.config.yamlfile remembers the line of every key, so the path is walked back to the
 line the user has to fix.
 
 A field may say in words what it takes, `Annotated[str, msgspec.Meta(description="a
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
-from gpuguard.yamlfile import ConfigError, Mapping, short
+from gpuguard.config.yamlfile import ConfigError, Mapping, short
 
 if TYPE_CHECKING:
     from msgspec.inspect import Type
@@ -55,7 +55,7 @@ Step = str | int | DictKey | None
 
 
 def convert(doc: Any, type_: type[T], path: str | Path) -> T:
-    """`doc` (a gpuguard.yamlfile tree) as `type_`; any mismatch is a ConfigError that
+    """`doc` (a gpuguard.config.yamlfile tree) as `type_`; any mismatch is a ConfigError that
     names the file, the line of the offending key and what is wrong with it."""
     try:
         return msgspec.convert(doc, type_)

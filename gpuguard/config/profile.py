@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuguard.yamlfile import ConfigError, Mapping, load, short
+from gpuguard.config.yamlfile import ConfigError, Mapping, load, short
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Profile:
     # max_utilization_percent) and GB/s floors by GPU model: {"pcie"|"memory"|"nvlink": x}
     probe_settings: dict[str, float] = field(default_factory=dict)
     probe_floors_gbps: dict[str, dict[str, float]] = field(default_factory=dict)
-    # as written (each key knows its line): gpuguard.ruleset applies them, naming the line
+    # as written (each key knows its line): gpuguard.config.ruleset applies them, naming the line
     rule_overrides: Mapping | None = None
 
 
@@ -61,8 +61,8 @@ def load_profile(path: Path) -> Profile:
     """The profile in `path`, checked whole against config_shapes.ProfileFile (an unknown
     key or a wrong type at any depth is `file:line: what is wrong`), then the values."""
     # msgspec and the shapes load here, not with the Profile model (see config_shapes)
-    from gpuguard import schema
-    from gpuguard.config_shapes import ProfileFile, given
+    from gpuguard.config import schema
+    from gpuguard.config.shapes import ProfileFile, given
 
     doc = load(path)
     profile = Profile(path=path)

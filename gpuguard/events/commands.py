@@ -13,17 +13,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuguard import eventstore
-from gpuguard.actions import of_xid
-from gpuguard.escalation import apply_history
-from gpuguard.eventstore import Event, EventWriter, StoreUnreadable
-from gpuguard.paths import Paths
-from gpuguard.recording import boards, kernel_log_xids, rule_transitions
-from gpuguard.results import Result
-from gpuguard.rule import RuleSet
-from gpuguard.snapshot import Snapshot
+from gpuguard.events import store as eventstore
+from gpuguard.events.escalation import apply_history
+from gpuguard.events.recording import boards, kernel_log_xids, rule_transitions
+from gpuguard.events.store import Event, EventWriter, StoreUnreadable
+from gpuguard.io.paths import Paths
+from gpuguard.judge.actions import of_xid
+from gpuguard.judge.xids import grade
+from gpuguard.model.results import Result
+from gpuguard.model.rule import RuleSet
+from gpuguard.model.snapshot import Snapshot
 from gpuguard.sources.host import boot_id
-from gpuguard.xids import grade
 
 # The longest message `events` prints in its table (JSON has it whole).
 MAX_MESSAGE = 1000

@@ -37,7 +37,7 @@ def _start_worker_early(args: list[str]) -> None:
         return  # click will explain the bad value
     if timeout < 0.2:
         return
-    from gpuguard.paths import host_default
+    from gpuguard.io.paths import host_default
     from gpuguard.sources import nvml
 
     procfs = _option(args, "--path.procfs") or str(host_default("procfs"))
@@ -48,7 +48,7 @@ def _start_worker_early(args: list[str]) -> None:
 def main() -> None:
     global STARTED
     STARTED = time.monotonic()
-    from gpuguard.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden
+    from gpuguard.io.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden
 
     try:
         _run()
@@ -65,7 +65,7 @@ def _run() -> None:
     _start_worker_early(sys.argv[1:])
     import click
 
-    from gpuguard.cli import main as cli_main
+    from gpuguard.cli.main import main as cli_main
 
     # click exits 2 on a usage error, which a Nagios-style caller reads as CRITICAL;
     # nothing was checked, so it is UNKNOWN (3).

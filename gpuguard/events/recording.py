@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.eventstore import Event, transition_key
-from gpuguard.pci import normalise_pci
-from gpuguard.results import GpuRef, Result, Status
-from gpuguard.snapshot import Snapshot
+from gpuguard.events.store import Event, transition_key
+from gpuguard.model.pci import normalise_pci
+from gpuguard.model.results import GpuRef, Result, Status
+from gpuguard.model.snapshot import Snapshot
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gpuguard.snapshot import Snapshot
+from gpuguard.model.snapshot import Snapshot
 from gpuguard.sources import host as host_sources
 from gpuguard.sources import nvml
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from gpuguard import clock_events
-from gpuguard.snapshot import GpuSnapshot, Snapshot
+from gpuguard.model import clock_events
+from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 
 
 @dataclass(frozen=True)

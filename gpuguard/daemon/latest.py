@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from gpuguard.results import Result, Status
+from gpuguard.model.results import Result, Status
 
 log = structlog.get_logger("gpuguard.results")
 

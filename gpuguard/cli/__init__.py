@@ -1,0 +1,1 @@
+"""The `gpuguard` command line."""

@@ -1,0 +1,1 @@
+"""Configuration files: YAML with positions, schemas, the profile, the rule pack."""

@@ -1,0 +1,2 @@
+"""The event store: what happened on this host, recording, escalation, the `events`
+and `ack` commands."""
