@@ -196,7 +196,7 @@ class Collector:
     def collect(self) -> list[Mutant]:
         tree = ast.parse(self.source)
         for node in tree.body:
-            if isinstance(node, ast.ImportFrom) and node.module == "gpuguard.checks":
+            if isinstance(node, ast.ImportFrom) and node.module == "gpuguard.judge.registry":
                 self.imported_helpers |= {a.asname or a.name for a in node.names}
         for node in tree.body:
             self.walk(node, None, None)
@@ -368,7 +368,7 @@ def mutants_of(family: str, thresholds: dict[str, dict[str, Any]],
 
 def mutated_source(original: bytes, mutant: Mutant) -> bytes:
     spliced = original[: mutant.start] + mutant.replacement.encode() + original[mutant.end:]
-    return spliced + f"\n\nimport gpuguard.checks as {HELPERS_ALIAS}  # noqa\n".encode()
+    return spliced + f"\n\nimport gpuguard.judge.registry as {HELPERS_ALIAS}  # noqa\n".encode()
 
 
 def tests_for(family: str, override: list[str] | None) -> list[str]:

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from gpuguard.config.profile import Profile
 from gpuguard.config.ruleset import load_ruleset
 from gpuguard.io.paths import FORBID_ENV
 from gpuguard.judge.engine import evaluate
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Result
 from gpuguard.model.rule import RuleSet
 from gpuguard.model.snapshot import Reading, Snapshot

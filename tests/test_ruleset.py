@@ -4,10 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.config.profile import Profile, load_profile
+from gpuguard.config.profile import load_profile
 from gpuguard.config.ruleset import load_ruleset
 from gpuguard.config.yamlfile import ConfigError
 from gpuguard.judge.engine import evaluate
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from tests.conftest import set_gpu
 
@@ -22,9 +23,9 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def test_every_rule_in_the_pack_has_its_check_and_its_tests(default_rules):
     """The registry is the list: each pack rule has a registered check in
     gpuguard/checks/<family>.py and is named by tests/checks/test_<family>.py."""
-    from gpuguard import checks
+    from gpuguard.judge import registry
 
-    registered = {**checks.HOST_CHECKS, **checks.GPU_CHECKS}
+    registered = {**registry.HOST_CHECKS, **registry.GPU_CHECKS}
     assert set(default_rules.rules) == set(registered)
     root = Path(__file__).resolve().parent
     for rule_id, fn in registered.items():
@@ -270,10 +271,10 @@ def _thresholds_read(fn, seen=None) -> set[str]:
 
 
 def test_each_check_declares_exactly_the_thresholds_it_reads(default_rules):
-    from gpuguard import checks
+    from gpuguard.judge import registry
 
-    for rule_id, fn in {**checks.HOST_CHECKS, **checks.GPU_CHECKS}.items():
-        declared = set(checks.THRESHOLDS[rule_id])
+    for rule_id, fn in {**registry.HOST_CHECKS, **registry.GPU_CHECKS}.items():
+        declared = set(registry.THRESHOLDS[rule_id])
         assert _thresholds_read(fn) == declared, rule_id
         assert set(default_rules.rules[rule_id].thresholds) == declared, rule_id
 

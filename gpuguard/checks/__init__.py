@@ -1,80 +1,16 @@
-"""Checks with real logic, registered by rule id; one module per rule family.
-
-A check is a plain function. Host-scope checks take `(ctx)`, GPU-scope checks
-take `(gpu, ctx)`; both return a `Finding`. A check reads only the snapshot
-(through `ctx` and `gpu`) and its rule's thresholds, never the host itself.
-Calling `.get()` on a reading that is not available raises `Unavailable`, which
-the engine turns into `skipped` (not supported) or `unknown` (read error), so a
-check only spells out the cases it judges.
-"""
+"""Checks with real logic, one module per rule family, each registering its checks in
+gpuguard.judge.registry by rule id. A check reads only the snapshot and its rule's
+thresholds, never the host itself (see the registry for the contract). Below: helpers
+that several families share."""
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from gpuguard.model.results import Status
+from gpuguard.judge.registry import CheckContext, Finding, skipped
 
 if TYPE_CHECKING:
-    from gpuguard.config.profile import Profile
-    from gpuguard.model.rule import Rule, RuleSet
-    from gpuguard.model.samples import History
-    from gpuguard.model.snapshot import GpuSnapshot, Snapshot
-
-FAMILIES = (
-    "driver", "gpu", "vbios", "ecc", "memory", "pcie", "clocks", "power", "thermal",
-    "persistence", "recovery", "xid", "toolkit", "nvlink", "fabric", "p2p", "mig", "sxid",
-    "host", "service",
-)
-
-
-@dataclass
-class Finding:
-    status: Status
-    message: str
-    observed: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class CheckContext:
-    rule: Rule
-    snapshot: Snapshot
-    profile: Profile
-    ruleset: RuleSet
-    # The daemon's short history (gpuguard.model.samples.History); None in `gpuguard check`.
-    history: History | None = None
-
-    def threshold(self, name: str) -> Any:
-        if name not in THRESHOLDS.get(self.rule.id, ()) or name not in self.rule.thresholds:
-            raise KeyError(f"{self.rule.id} reads threshold {name!r}, which it does not "
-                           "declare")  # the engine reports it unknown; the tests catch it
-        return self.rule.thresholds[name]
-
-    def fail(self, message: str, **observed: Any) -> Finding:
-        """The rule's own severity (what the YAML or an override says)."""
-        return Finding(self.rule.severity, message, observed)
-
-
-def ok(message: str, **observed: Any) -> Finding:
-    return Finding(Status.OK, message, observed)
-
-
-def warning(message: str, **observed: Any) -> Finding:
-    return Finding(Status.WARNING, message, observed)
-
-
-def critical(message: str, **observed: Any) -> Finding:
-    return Finding(Status.CRITICAL, message, observed)
-
-
-def skipped(reason: str, **observed: Any) -> Finding:
-    return Finding(Status.SKIPPED, reason, observed)
-
-
-def unknown(reason: str, **observed: Any) -> Finding:
-    return Finding(Status.UNKNOWN, reason, observed)
+    from gpuguard.model.snapshot import GpuSnapshot
 
 
 def not_probed(gpu: GpuSnapshot, measured: str) -> Finding | None:
@@ -95,39 +31,3 @@ def probe_floor(ctx: CheckContext, gpu: GpuSnapshot, kind: str) -> float | None:
     model = gpu.name.get_or(None)
     floors = ctx.profile.probe_floors_gbps.get(model, {}) if isinstance(model, str) else {}
     return floors.get(kind)
-
-
-HostCheck = Callable[[CheckContext], Finding]
-GpuCheck = Callable[["GpuSnapshot", CheckContext], Finding]
-
-HOST_CHECKS: dict[str, HostCheck] = {}
-GPU_CHECKS: dict[str, GpuCheck] = {}
-# The threshold names each check reads: their values and defaults live once, in the rule
-# file; the loader refuses a pack whose file does not declare exactly these
-# (tests/test_ruleset.py proves each list is what the check's code reads).
-THRESHOLDS: dict[str, tuple[str, ...]] = {}
-
-
-def host_check(rule_id: str, thresholds: tuple[str, ...] = ()
-               ) -> Callable[[HostCheck], HostCheck]:
-    def register(fn: HostCheck) -> HostCheck:
-        HOST_CHECKS[rule_id] = fn
-        THRESHOLDS[rule_id] = thresholds
-        return fn
-
-    return register
-
-
-def gpu_check(rule_id: str, thresholds: tuple[str, ...] = ()
-              ) -> Callable[[GpuCheck], GpuCheck]:
-    def register(fn: GpuCheck) -> GpuCheck:
-        GPU_CHECKS[rule_id] = fn
-        THRESHOLDS[rule_id] = thresholds
-        return fn
-
-    return register
-
-
-def load_all() -> None:
-    for family in FAMILIES:
-        importlib.import_module(f"gpuguard.checks.{family}")

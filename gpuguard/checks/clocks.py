@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, ok
+from gpuguard.judge.registry import CheckContext, Finding, gpu_check, ok
 from gpuguard.model import clock_events
 from gpuguard.model.samples import Sample
 from gpuguard.model.snapshot import GpuSnapshot

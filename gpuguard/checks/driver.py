@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckContext, Finding, host_check, ok, skipped, unknown
 from gpuguard.config.profile import parse_version
+from gpuguard.judge.registry import CheckContext, Finding, host_check, ok, skipped, unknown
 
 # What each NVML init error usually means on an inference host, in the words an SRE
 # searches for ("nvidia-smi has failed because it couldn't communicate ...").

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, ok
+from gpuguard.judge.registry import CheckContext, Finding, gpu_check, ok
 from gpuguard.model.samples import growth
 from gpuguard.model.snapshot import GpuSnapshot
 

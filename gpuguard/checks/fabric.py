@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, host_check, ok, skipped
+from gpuguard.judge.registry import CheckContext, Finding, gpu_check, host_check, ok, skipped
 from gpuguard.model.snapshot import GpuSnapshot
 
 START_FM = "start nvidia-fabricmanager (systemctl start nvidia-fabricmanager)"

@@ -5,15 +5,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from gpuguard.checks import (
-    CheckContext,
-    Finding,
-    gpu_check,
-    host_check,
-    not_probed,
-    ok,
-    unknown,
-)
+from gpuguard.checks import not_probed
+from gpuguard.judge.registry import CheckContext, Finding, gpu_check, host_check, ok, unknown
 from gpuguard.model.snapshot import GpuSnapshot
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.checks import (
+from gpuguard.judge.registry import (
     CheckContext,
     Finding,
     critical,

@@ -3,17 +3,8 @@ temperature."""
 
 from __future__ import annotations
 
-from gpuguard.checks import (
-    CheckContext,
-    Finding,
-    critical,
-    gpu_check,
-    not_probed,
-    ok,
-    probe_floor,
-    skipped,
-    warning,
-)
+from gpuguard.checks import not_probed, probe_floor
+from gpuguard.judge.registry import CheckContext, Finding, critical, gpu_check, ok, skipped, warning
 from gpuguard.model.snapshot import GpuSnapshot
 
 _GIB = 1024**3

@@ -10,16 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.checks import (
-    CheckContext,
-    Finding,
-    gpu_check,
-    not_probed,
-    ok,
-    probe_floor,
-    skipped,
-    unknown,
-)
+from gpuguard.checks import not_probed, probe_floor
+from gpuguard.judge.registry import CheckContext, Finding, gpu_check, ok, skipped, unknown
 from gpuguard.model.samples import NVLINK_COUNTERS, nvlink_totals, window_growth
 from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, ok, unknown, warning
+from gpuguard.judge.registry import CheckContext, Finding, gpu_check, ok, unknown, warning
 from gpuguard.model.pci import normalise_pci
 from gpuguard.model.snapshot import GpuSnapshot
 

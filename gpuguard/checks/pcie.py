@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, not_probed, ok, probe_floor, warning
+from gpuguard.checks import not_probed, probe_floor
+from gpuguard.judge.registry import CheckContext, Finding, gpu_check, ok, warning
 from gpuguard.model.samples import Sample, growth
 from gpuguard.model.snapshot import GpuSnapshot
 

@@ -8,7 +8,15 @@ images often run that way), so that host is healthy. A warning needs neither.
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, host_check, ok, skipped, unknown
+from gpuguard.judge.registry import (
+    CheckContext,
+    Finding,
+    gpu_check,
+    host_check,
+    ok,
+    skipped,
+    unknown,
+)
 from gpuguard.model.snapshot import GpuSnapshot
 
 

@@ -14,14 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpuguard.checks import (
-    CheckContext,
-    Finding,
-    host_check,
-    ok,
-    skipped,
-    unknown,
-)
+from gpuguard.judge.registry import CheckContext, Finding, host_check, ok, skipped, unknown
 from gpuguard.judge.trend import Limits, judge
 from gpuguard.model.results import Status
 from gpuguard.model.snapshot import GpuSnapshot, Process

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from gpuguard.checks import CheckContext, Finding, host_check, ok, skipped, warning
+from gpuguard.judge.registry import CheckContext, Finding, host_check, ok, skipped, warning
 from gpuguard.judge.sxids import grade
 from gpuguard.judge.xids import select, span
 

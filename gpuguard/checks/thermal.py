@@ -7,7 +7,7 @@ the absolute slowdown threshold (older GPUs and drivers).
 
 from __future__ import annotations
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, ok, warning
+from gpuguard.judge.registry import CheckContext, Finding, gpu_check, ok, warning
 from gpuguard.model.snapshot import GpuSnapshot
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.checks import CheckContext, Finding, host_check, ok, skipped, unknown, warning
+from gpuguard.judge.registry import CheckContext, Finding, host_check, ok, skipped, unknown, warning
 
 
 def _gpu_device_count(devices: list[Any]) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from gpuguard.checks import CheckContext, Finding, gpu_check, host_check, ok, skipped
+from gpuguard.judge.registry import CheckContext, Finding, gpu_check, host_check, ok, skipped
 from gpuguard.model.snapshot import GpuSnapshot
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from gpuguard.checks import CheckContext, Finding, host_check, ok, warning
 from gpuguard.judge.actions import of_xid
+from gpuguard.judge.registry import CheckContext, Finding, host_check, ok, warning
 from gpuguard.judge.xids import grade, select, span
 from gpuguard.model.pci import normalise_pci
 

@@ -9,10 +9,8 @@ whole command line, and a worker started with other settings is discarded.
 from __future__ import annotations
 
 import sys
-import time
 
-# When main() began (monotonic): GPUGUARD_TIMING=1 prints each phase of `check` from here.
-STARTED = 0.0
+from gpuguard.cli import timing
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -46,8 +44,7 @@ def _start_worker_early(args: list[str]) -> None:
 
 
 def main() -> None:
-    global STARTED
-    STARTED = time.monotonic()
+    timing.start()  # GPUGUARD_TIMING=1 prints each phase of `check` from here
     from gpuguard.io.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden
 
     try:

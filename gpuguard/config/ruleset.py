@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpuguard import checks
 from gpuguard.config import schema
-from gpuguard.config.profile import Profile, load_profile
+from gpuguard.config.profile import load_profile
 from gpuguard.config.shapes import OverrideSpec, RulesFile, RuleSpec, XidSpec, given
 from gpuguard.config.yamlfile import ConfigError, Mapping, load, short
+from gpuguard.judge import registry
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from gpuguard.model.rule import Rule, RuleSet, XidEntry
 from gpuguard.model.snapshot import GPU_READING_FIELDS, HOST_READING_FIELDS
@@ -36,11 +37,11 @@ def load_ruleset(
     profile_overrides: tuple[Path, Mapping] | None = None,
     pack_dir: Path | None = None,
 ) -> RuleSet:
-    checks.load_all()
+    registry.load_all()
     ruleset = RuleSet()
     for path in _yaml_files(pack_dir or default_pack_dir()):
         _load_file(ruleset, path, default_pack=True)
-    missing = (set(checks.HOST_CHECKS) | set(checks.GPU_CHECKS)) - set(ruleset.rules)
+    missing = (set(registry.HOST_CHECKS) | set(registry.GPU_CHECKS)) - set(ruleset.rules)
     if missing:
         raise ConfigError(pack_dir or default_pack_dir(), None,
                           f"checks without a rule in the pack: {', '.join(sorted(missing))}")
@@ -60,7 +61,7 @@ def load_ruleset(
 def _check_declared_thresholds(rule: Rule) -> None:
     """The pack's file declares exactly the thresholds its check reads: one it reads but the
     file lacks would fail at run time, one it declares but never reads misleads."""
-    wanted = set(checks.THRESHOLDS.get(rule.id, ()))
+    wanted = set(registry.THRESHOLDS.get(rule.id, ()))
     have = set(rule.thresholds)
     path, _, line = rule.origin.rpartition(":")
     if wanted - have:
@@ -152,14 +153,14 @@ def _rule(path: Path, spec: RuleSpec, entry: Mapping, default_pack: bool) -> Rul
     def fail(key: str, problem: str) -> ConfigError:
         return ConfigError(path, entry.line_of(key), problem)
 
-    registered = checks.GPU_CHECKS if spec.scope == "gpu" else checks.HOST_CHECKS
-    other = checks.HOST_CHECKS if spec.scope == "gpu" else checks.GPU_CHECKS
+    registered = registry.GPU_CHECKS if spec.scope == "gpu" else registry.HOST_CHECKS
+    other = registry.HOST_CHECKS if spec.scope == "gpu" else registry.GPU_CHECKS
     condition = None
     if (when := given(spec.when)) is not None:
         if rule_id in registered or rule_id in other:
             raise fail("when", f"{rule_id}: has Python logic already; it takes no `when:`")
         # simpleeval is imported only when some rule has a condition (none in the pack).
-        from gpuguard.judge.expr import Condition, ConditionError
+        from gpuguard.model.expr import Condition, ConditionError
 
         names = GPU_CONDITION_NAMES if spec.scope == "gpu" else HOST_CONDITION_NAMES
         try:

@@ -15,7 +15,7 @@ from gpuguard.model.snapshot import Reading, Snapshot
 from gpuguard.sources.active_probe import FIELDS, ActiveProbe, options
 
 if TYPE_CHECKING:
-    from gpuguard.config.profile import Profile
+    from gpuguard.model.profile import Profile
     from gpuguard.model.rule import RuleSet
 
 KEPT = ("probe_skipped", *FIELDS)

@@ -24,7 +24,6 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
-from gpuguard.config.profile import Profile
 from gpuguard.config.ruleset import load_config
 from gpuguard.config.yamlfile import ConfigError
 from gpuguard.daemon import active, http, logs, notify
@@ -43,6 +42,7 @@ from gpuguard.judge.actions import of_xid
 from gpuguard.judge.engine import evaluate
 from gpuguard.judge.xids import grade
 from gpuguard.model.pci import normalise_pci
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status, Verdict
 from gpuguard.model.rule import RuleSet
 from gpuguard.model.samples import History

@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from string import Template
 from typing import Any
 
-from gpuguard import checks
-from gpuguard.checks import CheckContext, Finding
-from gpuguard.config.profile import Profile
+from gpuguard.judge import registry
 from gpuguard.judge.actions import suggest
+from gpuguard.judge.registry import CheckContext, Finding
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Result, Status
 from gpuguard.model.rule import Rule, RuleSet
 from gpuguard.model.samples import History
@@ -80,8 +80,8 @@ def _finding(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Finding:
     if rule.when is not None:
         return _condition(rule, ctx, gpu)
     if gpu is None:
-        return checks.HOST_CHECKS[rule.id](ctx)
-    return checks.GPU_CHECKS[rule.id](gpu, ctx)
+        return registry.HOST_CHECKS[rule.id](ctx)
+    return registry.GPU_CHECKS[rule.id](gpu, ctx)
 
 
 def _unavailable(exc: Unavailable, snapshot: Snapshot) -> Finding:
@@ -112,7 +112,7 @@ def condition_names(snapshot: Snapshot, gpu: GpuSnapshot | None) -> dict[str, Re
 
 
 def _condition(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Finding:
-    from gpuguard.judge.expr import ConditionError
+    from gpuguard.model.expr import ConditionError
 
     assert rule.when is not None
     readings = condition_names(ctx.snapshot, gpu)

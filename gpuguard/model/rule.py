@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from gpuguard.model.results import Status
 
 if TYPE_CHECKING:
-    from gpuguard.judge.expr import Condition
+    from gpuguard.model.expr import Condition
 
 
 @dataclass

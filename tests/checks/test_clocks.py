@@ -105,8 +105,8 @@ def history_of(h200, t_and_values):
 
 
 def run_with_history(h200, default_rules, history):
-    from gpuguard.config.profile import Profile
     from gpuguard.judge.engine import evaluate
+    from gpuguard.model.profile import Profile
 
     [result] = evaluate(h200, default_rules, Profile(), only=["clocks.power_cap"],
                         history=history)
@@ -170,8 +170,8 @@ def test_daemon_counts_only_capped_samples(h200, default_rules):
 
 
 def slowdown_result(h200, rules, t_and_reasons, keep_s=660.0, rule="clocks.hw_slowdown"):
-    from gpuguard.config.profile import Profile
     from gpuguard.judge.engine import evaluate
+    from gpuguard.model.profile import Profile
 
     history = History(keep_s=keep_s)
     for t, reasons in t_and_reasons:
@@ -216,8 +216,8 @@ def test_daemon_window_edge_and_first_cycle(h200, default_rules):
     result = slowdown_result(h200, default_rules, [(t, 0x1) for t in range(0, 600, 10)])
     assert result.status is Status.OK and result.observed["minutes_with_slowdown"] == 0
     # the daemon's first cycle, before any sample: nothing counted yet
-    from gpuguard.config.profile import Profile
     from gpuguard.judge.engine import evaluate
+    from gpuguard.model.profile import Profile
 
     set_gpu(h200, clock_event_reasons=0x8)
     [result] = evaluate(h200, default_rules, Profile(), only=["clocks.hw_slowdown"],
@@ -236,8 +236,8 @@ def test_hw_slowdown_window_comes_from_the_rule(h200, tmp_path):
 
 
 def test_power_cap_window_and_floors_come_from_the_rule(h200, tmp_path):
-    from gpuguard.config.profile import Profile
     from gpuguard.judge.engine import evaluate
+    from gpuguard.model.profile import Profile
 
     rules = overridden(tmp_path, "clocks.power_cap", window_s=3000, min_fraction=0.1,
                        low_draw_ratio=0.9, min_sm_clock_ratio=0.8)

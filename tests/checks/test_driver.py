@@ -1,4 +1,4 @@
-from gpuguard.config.profile import Profile
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from gpuguard.model.snapshot import HostInfo, NvmlStatus, Snapshot
 

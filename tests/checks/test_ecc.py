@@ -1,4 +1,4 @@
-from gpuguard.config.profile import Profile
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from tests.conftest import overridden, set_gpu
 

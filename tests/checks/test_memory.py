@@ -1,6 +1,6 @@
 import pytest
 
-from gpuguard.config.profile import Profile
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from gpuguard.model.snapshot import Process, Reading
 from tests.conftest import overridden, set_gpu

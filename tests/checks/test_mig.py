@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuguard.config.profile import Profile
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from gpuguard.model.snapshot import Reading
 from tests.checks import h200x2

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpuguard.config.profile import Profile
 from gpuguard.judge.engine import evaluate
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from gpuguard.model.samples import History
 from gpuguard.model.snapshot import Reading, Snapshot
@@ -217,9 +217,9 @@ def test_the_daemon_ok_names_its_window_and_the_totals(pair, tmp_path):
 
 
 def test_the_daemon_with_no_counter_read_is_unknown_not_ok(run_rule):
-    from gpuguard.config.profile import Profile
     from gpuguard.config.ruleset import load_ruleset
     from gpuguard.judge.engine import evaluate
+    from gpuguard.model.profile import Profile
     from gpuguard.model.samples import History
     from tests.checks.h200x2 import snapshot
 

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from gpuguard.config.profile import Profile
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from gpuguard.model.snapshot import Reading, Snapshot
 from tests.checks import h200x2

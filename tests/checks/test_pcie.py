@@ -130,8 +130,8 @@ def replay_history(h200, counts):
 
 
 def run_replays(h200, default_rules, counts, **gpu):
-    from gpuguard.config.profile import Profile
     from gpuguard.judge.engine import evaluate
+    from gpuguard.model.profile import Profile
 
     set_gpu(h200, **gpu) if gpu else None
     history = replay_history(h200, counts)
@@ -186,8 +186,8 @@ def test_an_unread_replay_counter_is_left_out_of_the_rate(h200, default_rules):
     from gpuguard.model.snapshot import Reading
 
     history = replay_history(h200, [(0, 10), (30, Reading.failed("busy")), (90, 10)])
-    from gpuguard.config.profile import Profile
     from gpuguard.judge.engine import evaluate
+    from gpuguard.model.profile import Profile
 
     [result] = evaluate(h200, default_rules, Profile(), only=["pcie.replays"], history=history)
     assert result.status is Status.OK and result.observed["over_s"] == 90
@@ -236,8 +236,8 @@ def test_correctable_limit_comes_from_the_rule(h200, run_rule, tmp_path):
 
 
 def test_daemon_warns_when_correctable_errors_grow(h200, default_rules):
-    from gpuguard.config.profile import Profile
     from gpuguard.judge.engine import evaluate
+    from gpuguard.model.profile import Profile
     from gpuguard.model.samples import History
 
     def judged(counts):
@@ -275,7 +275,7 @@ def test_pcie_bandwidth_floor_is_70_percent_of_the_gen5_x16_link(h200, run_rule)
 
 def test_pcie_bandwidth_floor_follows_the_link_the_rule_and_the_profile(h200, run_rule,
                                                                         tmp_path):
-    from gpuguard.config.profile import Profile
+    from gpuguard.model.profile import Profile
     from tests.checks.probed import probed
     from tests.checks.test_memory import overridden
 
@@ -292,7 +292,7 @@ def test_pcie_bandwidth_floor_follows_the_link_the_rule_and_the_profile(h200, ru
 
 def test_pcie_bandwidth_at_the_floor_is_ok_and_an_unknown_generation_not_judged(h200,
                                                                               run_rule):
-    from gpuguard.config.profile import Profile
+    from gpuguard.model.profile import Profile
     from tests.checks.probed import probed
 
     probed(h200, probe_pcie={"h2d_gbps": 40.0, "d2h_gbps": 41.0})

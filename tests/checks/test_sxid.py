@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gpuguard.config.profile import Profile
 from gpuguard.config.ruleset import load_ruleset
 from gpuguard.judge.sxids import line_says
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from gpuguard.model.snapshot import Reading, Snapshot
 from tests.checks import h200x2

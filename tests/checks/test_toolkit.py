@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from gpuguard.config.profile import Profile
 from gpuguard.io.paths import Paths
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from gpuguard.model.snapshot import Reading
 from gpuguard.sources.host import HostOptions, collect_host

@@ -1,6 +1,6 @@
 import copy
 
-from gpuguard.config.profile import Profile
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from tests.conftest import set_gpu
 

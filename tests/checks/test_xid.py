@@ -1,7 +1,7 @@
 from pathlib import Path
 
-from gpuguard.config.profile import Profile
 from gpuguard.config.ruleset import load_ruleset
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from gpuguard.sources import kmsg
 from tests.conftest import FIXTURES, with_gpus

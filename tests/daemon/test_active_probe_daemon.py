@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpuguard.config.profile import Profile
 from gpuguard.daemon.active import ProbeKeeper
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from tests.conftest import REPO, set_gpu
 from tests.sources.test_active_probe import FAKE_FLOORS
@@ -128,8 +128,8 @@ def test_one_probe_at_a_time_in_the_daemon(h200):
     second waits for the first (both would read each other's copies as low bandwidth)."""
     import threading
 
-    from gpuguard.config.profile import Profile
     from gpuguard.daemon import active
+    from gpuguard.model.profile import Profile
 
     h200.gpus[0].utilization_gpu_percent = type(h200.gpus[0].utilization_gpu_percent).ok(99)
     h200.gpus[0].__post_init__()  # busy: skipped, so no libcuda is needed

@@ -93,8 +93,8 @@ def history_of(h200, values, field, start=0.0, step=5.0):
 
 
 def run_with_history(rule, snapshot, history, default_rules):
-    from gpuguard.config.profile import Profile
     from gpuguard.judge.engine import evaluate
+    from gpuguard.model.profile import Profile
 
     [res] = evaluate(snapshot, default_rules, Profile(), only=[rule], history=history)
     return res

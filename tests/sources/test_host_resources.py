@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuguard.config.profile import Profile
 from gpuguard.io import deadline
+from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from gpuguard.model.snapshot import Snapshot
 from gpuguard.sources import host_memory

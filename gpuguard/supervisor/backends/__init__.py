@@ -5,20 +5,10 @@ nothing, so a transition can be run again from its first step after a crash."""
 
 from __future__ import annotations
 
-from typing import Protocol
-
+from gpuguard.supervisor.backends.base import Backend, BackendError
 from gpuguard.supervisor.config import Service
 
-
-class BackendError(Exception):
-    pass
-
-
-class Backend(Protocol):
-    def start(self, variant: str) -> None: ...
-    def stop(self, variant: str) -> None: ...
-    def running(self, variant: str) -> bool: ...
-    def healthy(self, variant: str) -> bool: ...
+__all__ = ["Backend", "BackendError", "make"]
 
 
 def make(service: Service) -> Backend:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.supervisor.backends import BackendError
+from gpuguard.supervisor.backends.base import BackendError
 from gpuguard.supervisor.config import Service
 
 LABEL = "io.gpuguard.service"

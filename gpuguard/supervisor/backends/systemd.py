@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from gpuguard.supervisor.backends import BackendError
+from gpuguard.supervisor.backends.base import BackendError
 from gpuguard.supervisor.config import Service
 
 

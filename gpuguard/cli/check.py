@@ -1,0 +1,242 @@
+"""`gpuguard check` and `gpuguard snapshot`: this host (or a saved dump), judged or recorded.
+
+Imports are local: `gpuguard check --format table` must not pay for docker,
+prometheus_client or apscheduler, and the NVML child is forked (gpuguard/cli/entry.py)
+before the rules are loaded so that both run at once."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from gpuguard.cli import timing
+from gpuguard.cli.options import (
+    ConfigProblem,
+    emit,
+    host_options,
+    host_source_options,
+    load_rules,
+    path_options,
+    paths_from,
+    rule_options,
+    start_collection,
+)
+
+if TYPE_CHECKING:
+    from gpuguard.model.profile import Profile
+    from gpuguard.model.snapshot import Snapshot
+    from gpuguard.sources.active_probe import EarlyStart
+
+
+@click.command()
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]),
+              default="table", show_default=True)
+@click.option("--output", "-o", type=click.Path(path_type=Path),
+              help="Write here (atomically) instead of stdout.")
+@click.option("--only", multiple=True, metavar="RULE",
+              help="Run only these rules (ids or globs such as 'pcie.*'; repeatable).")
+@click.option("--skip", multiple=True, metavar="RULE", help="Do not run these rules (repeatable).")
+@click.option("--input", "input_path", type=click.Path(path_type=Path),
+              help="Check a saved snapshot or an `nvidia-smi -q -x` dump instead of this host.")
+@click.option("--timeout", type=click.FloatRange(min=0.2), default=10.0, show_default=True,
+              help="Seconds before a hung driver is reported (driver.responsive).")
+@click.option("--quiet", "-q", is_flag=True, help="Print only problems; nothing when all is well.")
+@click.option("--fail-on", type=click.Choice(["unknown", "warning", "critical"]),
+              default="unknown", show_default=True,
+              help="Lowest status that gives a non-zero exit: `critical` for ExecStartPre= "
+                   "(warnings and unknowns then exit 0); the default keeps Nagios codes.")
+@click.option("--xid-window", metavar="SPAN",
+              help="Count Xids of the last SPAN (90s, 15m, 2h, 1d) or `boot` "
+                   "[default: the profile's xid_window, else boot].")
+@click.option("--active", type=click.Choice(["on", "force"]), is_flag=False, flag_value="on",
+              default=None, help="Also run the active probe (docs/active-probe.md): a kernel, "
+                                 "a memory pattern and PCIe, HBM and NVLink copies on every "
+                                 "idle GPU; `--active=force` probes busy GPUs too.")
+@click.option("--active-deadline", type=click.FloatRange(min=0.5, max=600), metavar="S",
+              help="Seconds the active probe may take [default: the profile's "
+                   "active_probe.deadline_s, else 10].")
+@click.option("--active-buffer-mib", type=click.IntRange(min=1, max=16384), metavar="MIB",
+              help="Size of the bandwidth copies [default: profile, else 256].")
+@click.option("--active-pattern-mib", type=click.IntRange(min=1, max=16384), metavar="MIB",
+              help="Device memory memory.pattern writes and reads back [default: profile, "
+                   "else 64].")
+@click.option("--record", is_flag=True,
+              help="Write this run's rule transitions and Xids to the event store in "
+                   "--state-dir (docs/events.md); history escalates the suggested actions.")
+@rule_options
+@host_source_options
+@path_options
+def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str, ...],
+          input_path: Path | None, timeout: float, quiet: bool, fail_on: str,
+          xid_window: str | None, active: str | None, active_deadline: float | None,
+          active_buffer_mib: int | None, active_pattern_mib: int | None, record: bool,
+          profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
+          state_dir: Path | None, docker: bool | None, host_resources: bool | None,
+          probe_image: str | None, path_sysfs: Path | None,
+          path_procfs: Path | None, path_rootfs: Path | None) -> None:
+    """Check this host (or a saved dump) and exit 0 ok, 1 warning, 2 critical, 3 unknown."""
+    started = time.monotonic()
+    if record and input_path is not None:
+        # A replay is another moment, often another host: its Xids and transitions under
+        # this host's boot, aged from now, would feed this host's escalation.
+        raise ConfigProblem("--record writes this host's history; it cannot record a "
+                            "replayed --input (check it without --record)")
+    paths = paths_from(path_sysfs, path_procfs, path_rootfs)
+    host_opts = host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
+                              docker, "auto", profile_path, host_resources is True)
+    # check never judges the NVLink error counters (the daemon does, by growth): left out
+    collection = start_collection(host_opts, input_path, timeout, link_counters=False)
+    early = _early_probe(paths.procfs) if active is not None and input_path is None else None
+    try:
+        profile, ruleset = load_rules(profile_path, rules_dirs)
+        _check_filters(only, skip, list(ruleset.rules))
+        if xid_window is not None:
+            profile.xid_window_s = _window(xid_window)
+        if active is not None and input_path is not None:
+            raise ConfigProblem("--active probes this host's GPUs; it cannot check a saved "
+                                "--input (a snapshot saved after a probe keeps its results)")
+    except click.ClickException:
+        collection.abandon()  # do not leave the worker behind
+        if early is not None:
+            early.abandon()
+        raise
+
+    # Everything imported from here to the result overlaps with the NVML worker.
+    from gpuguard.judge.engine import evaluate
+    from gpuguard.model.results import Verdict
+
+    render = _renderer(fmt)
+    waiting = time.monotonic()
+    snapshot = collection.result()
+    if active is not None:
+        _active_probe(snapshot, profile, active == "force", active_deadline,
+                      active_buffer_mib, active_pattern_mib, early)
+    gathered = time.monotonic()
+    results = evaluate(snapshot, ruleset, profile, only, skip)
+    notes: list[str] = []
+    if input_path is None:
+        from gpuguard.io.paths import state_dir_or_default
+
+        state = state_dir_or_default(state_dir)
+        if record or (state / "events.db").is_file():
+            from gpuguard.events.commands import with_history
+
+            results = with_history(results, snapshot, ruleset, state, paths, record)
+    elif state_dir is not None:
+        # A replay is judged as it was: this host's acks do not apply to it. Said only when
+        # the state dir was named (a replay reads no host path it was not given).
+        from gpuguard.events.commands import acks_in_force
+
+        acks = acks_in_force(state_dir)
+        if acks:
+            notes.append(f"{acks} ack(s) in {state_dir} do not apply to a replayed --input: "
+                         "its actions are shown unacknowledged")
+    verdict = Verdict(results, fail_on, tuple(notes))
+    if fmt == "table" and quiet and verdict.nagios_code == 0:
+        text = ""
+    else:
+        colour = output is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+        text = render(snapshot, verdict, duration_s=time.monotonic() - started, colour=colour,
+                      quiet=quiet)
+    emit(text, output)
+    if os.environ.get("GPUGUARD_TIMING"):
+        _print_timing(waiting, gathered, snapshot)
+    # Everything is written: exit now rather than tear the interpreter down (msgspec, click,
+    # the rules: 15-20 ms on the H200 host, a fifth of the whole check; docs/benchmarks.md).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(verdict.code)
+
+
+@click.command()
+@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here (atomically).")
+@click.option("--input", "input_path", type=click.Path(path_type=Path),
+              help="Convert an `nvidia-smi -q -x` dump into a snapshot instead of reading NVML.")
+@click.option("--timeout", type=click.FloatRange(min=0.2), default=10.0, show_default=True)
+@host_source_options
+@path_options
+def snapshot(output: Path | None, input_path: Path | None, timeout: float,
+             kmsg_file: Path | None, state_dir: Path | None, docker: bool | None,
+             host_resources: bool | None, probe_image: str | None, path_sysfs: Path | None,
+             path_procfs: Path | None, path_rootfs: Path | None) -> None:
+    """Record this host's snapshot as JSON (replay it with `check --input`)."""
+    import json
+
+    paths = paths_from(path_sysfs, path_procfs, path_rootfs)
+    host_opts = host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
+                              docker, "on", None, host_resources is not False)
+    snap = start_collection(host_opts, input_path, timeout).result()
+    emit(json.dumps(snap.to_json(), indent=2) + "\n", output)
+
+
+# --- helpers -----------------------------------------------------------------------
+
+
+def _print_timing(waiting: float, gathered: float, snapshot: Snapshot) -> None:
+    """Where `check`'s time went (GPUGUARD_TIMING=1; docs/benchmarks.md): ms since main()
+    when the parent was ready to wait, when the sources were in, when it was done."""
+    ms = timing.ms_since_start
+    click.echo(f"gpuguard timing: parent ready {ms(waiting)} ms, sources in {ms(gathered)} ms, "
+               f"done {ms(time.monotonic())} ms; NVML worker {snapshot.nvml.elapsed_s} s "
+               "from its fork", err=True)
+
+
+def _early_probe(procfs: Path) -> EarlyStart:
+    """The probe's workers started beside the NVML sweep, each running cuInit while the
+    sweep runs (docs/active-probe.md)."""
+    from gpuguard.sources.active_probe import EarlyStart
+
+    return EarlyStart(procfs)
+
+
+def _active_probe(snapshot: Snapshot, profile: Profile, force: bool, deadline_s: float | None,
+                  buffer_mib: int | None, pattern_mib: int | None,
+                  early: EarlyStart | None) -> None:
+    """The active probe on the GPUs the NVML sweep found (it needs their bus ids and how
+    busy they are): its results become the snapshot's probe_* readings."""
+    from gpuguard.sources.active_probe import ActiveProbe, options
+
+    opts = options(profile.probe_settings, force, deadline_s, buffer_mib, pattern_mib)
+    ActiveProbe(snapshot, opts, early).finish(snapshot)
+
+
+def _check_filters(only: tuple[str, ...], skip: tuple[str, ...], rule_ids: list[str]) -> None:
+    """A filter that names no rule is a typo: say so rather than pass on nothing checked."""
+    import fnmatch
+
+    for option, patterns in (("--only", only), ("--skip", skip)):
+        for pattern in patterns:
+            if not any(fnmatch.fnmatchcase(rule_id, pattern) for rule_id in rule_ids):
+                raise ConfigProblem(f"{option} {pattern!r} matches no rule; see "
+                                    "`gpuguard rules list`")
+
+
+def _window(text: str) -> float | None:
+    from gpuguard.config.profile import parse_window
+
+    try:
+        return parse_window(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--xid-window") from exc
+
+
+def _renderer(fmt: str) -> Callable[..., str]:
+    if fmt == "json":
+        from gpuguard.outputs import json_out
+
+        return lambda snapshot, verdict, **_: json_out.render(snapshot, verdict)
+    if fmt == "prometheus":
+        from gpuguard.outputs import prometheus
+
+        return lambda snapshot, verdict, duration_s, **_: prometheus.render(
+            snapshot, verdict, duration_s)
+    from gpuguard.outputs import table
+
+    return lambda snapshot, verdict, colour, quiet, **_: table.render(
+        snapshot, verdict, colour, quiet)

@@ -1,0 +1,86 @@
+"""`gpuguard daemon`: its options, turned into the daemon's configuration."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from gpuguard.cli.options import (
+    host_options,
+    host_source_options,
+    path_options,
+    paths_from,
+    rule_options,
+)
+
+
+@click.command()
+@click.option("--listen", default="127.0.0.1:9412", show_default=True,
+              help="HOST:PORT for /metrics, /healthz and /status (9412: clashes with neither "
+                   "node_exporter 9100 nor dcgm-exporter 9400).")
+@click.option("--fast-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds between fast cycles (clocks, ECC, Xid, PCIe, ...).")
+@click.option("--slow-interval", type=click.FloatRange(min=0.1), default=60.0,
+              show_default=True, help="Seconds between slow cycles (versions, VBIOS, toolkit).")
+@click.option("--timeout", type=click.FloatRange(min=0.2), default=4.0, show_default=True,
+              help="Deadline of one NVML sweep; past it driver.responsive is critical.")
+@click.option("--input", "input_path", type=click.Path(path_type=Path),
+              help="Replay this snapshot or nvidia-smi XML, read again every cycle.")
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto",
+              show_default=True, help="auto: JSON lines unless stderr is a terminal.")
+@click.option("--udev/--no-udev", default=True, show_default=True,
+              help="React to PCI add/remove events of NVIDIA devices at once.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path),
+              help="Services the supervisor fails over to CPU (docs/supervisor.md) "
+                   "[default: /etc/gpuguard/gpuguard.yaml if present].")
+@click.option("--dry-run", is_flag=True,
+              help="Supervisor: log the transitions it would make, change nothing.")
+@click.option("--active-probe-interval", type=click.FloatRange(min=0), default=0.0,
+              show_default=True, metavar="S",
+              help="Run the active probe (docs/active-probe.md) on idle GPUs every S seconds "
+                   "(0: never); its results are stale after 2 intervals.")
+@click.option("--event-store/--no-event-store", default=True, show_default=True,
+              help="Record rule transitions, Xids and failovers in STATE_DIR/events.db "
+                   "(docs/events.md); history escalates the suggested actions.")
+@click.option("--events-file", type=click.Path(path_type=Path),
+              help="Also read udev-style events as JSON lines appended to this file "
+                   "({\"action\": \"remove\", \"properties\": {...}}): a replay of a udev log.")
+@rule_options
+@host_source_options
+@path_options
+def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: float,
+           input_path: Path | None, log_format: str, udev: bool, config_path: Path | None,
+           dry_run: bool, active_probe_interval: float, event_store: bool,
+           events_file: Path | None,
+           profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
+           state_dir: Path | None, docker: bool | None, host_resources: bool | None,
+           probe_image: str | None, path_sysfs: Path | None,
+           path_procfs: Path | None, path_rootfs: Path | None) -> None:
+    """Run the checks on a schedule and serve them to Prometheus (systemd Type=notify)."""
+    from gpuguard.daemon.app import Daemon, DaemonConfig
+    from gpuguard.io.paths import (
+        config_or_default,
+        forbidden,
+        profile_or_default,
+        rules_dirs_or_default,
+    )
+
+    if udev and forbidden():
+        from gpuguard.io.paths import HostPathForbidden
+
+        raise HostPathForbidden("udev")
+    paths = paths_from(path_sysfs, path_procfs, path_rootfs)
+    profile_path = profile_or_default(profile_path)
+    dirs = rules_dirs_or_default(rules_dirs)
+    cfg = DaemonConfig(
+        listen=listen, fast_interval=fast_interval, slow_interval=slow_interval,
+        timeout=timeout, input_path=input_path,
+        host=host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
+                           docker, "on", profile_path, host_resources is not False),
+        profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
+        log_format=log_format, dry_run=dry_run, active_probe_interval=active_probe_interval,
+        event_store=event_store,
+        config_path=config_or_default(config_path))
+    sys.exit(Daemon(cfg).run())

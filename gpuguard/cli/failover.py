@@ -1,0 +1,68 @@
+"""`gpuguard failover`: where the supervisor's services run, and moving them by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from gpuguard.cli.options import ConfigProblem, state_dir_option
+
+
+@click.group()
+def failover() -> None:
+    """The supervisor's services: where they run, and moving them by hand."""
+
+
+@failover.command("status")
+@state_dir_option()
+def failover_status(state_dir: Path | None) -> None:
+    """Which variant of each service serves, since when and why."""
+    from gpuguard.io.paths import state_dir_or_default
+    from gpuguard.supervisor import state
+
+    state_dir = state_dir_or_default(state_dir)
+    try:
+        lines, unreadable = state.describe_all(state_dir)
+    except state.CannotAccess as exc:
+        raise ConfigProblem(str(exc)) from exc
+    for line in lines:
+        click.echo(line)
+    from gpuguard.events.commands import last_transitions
+
+    for line in last_transitions(state_dir):
+        click.echo(line)
+    if unreadable:
+        raise ConfigProblem(f"{unreadable} state file(s) in {state_dir} could not be read")
+
+
+@failover.command("to")
+@click.argument("variant", type=click.Choice(["cpu", "gpu"]))
+@click.argument("service")
+@click.option("--reason", required=True, help="Why, for the log and `failover status`.")
+@state_dir_option()
+@click.option("--wait", type=float, default=120.0, show_default=True,
+              help="Seconds to wait for the daemon to finish the move (0: do not wait).")
+def failover_to(variant: str, service: str, reason: str, state_dir: Path | None,
+                wait: float) -> None:
+    """Ask the daemon to move SERVICE to its VARIANT now (and wait until it has)."""
+    import time as _time
+
+    from gpuguard.io.paths import state_dir_or_default
+    from gpuguard.supervisor import state
+
+    state_dir = state_dir_or_default(state_dir)
+    try:
+        state.write_request(state_dir, service, variant, reason)
+    except (state.NoSuchService, state.CannotAccess) as exc:
+        raise ConfigProblem(str(exc)) from exc
+    click.echo(f"asked the daemon to move {service} to {variant}")
+    end = _time.monotonic() + wait
+    while _time.monotonic() < end:
+        if state.move_done(state_dir, service, variant):
+            click.echo(f"{service} now runs on {variant.upper()}")
+            return
+        _time.sleep(0.2)
+    if wait:
+        raise ConfigProblem(f"{service} is not on {variant} after {wait:g} s: see the "
+                            "daemon's log (failover_failed) and `gpuguard failover status`")

@@ -1,0 +1,123 @@
+"""`gpuguard events`, `gpuguard ack` and `gpuguard xid ack`: the event store from the
+command line (gpuguard/events/commands.py does the work)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from gpuguard.cli.options import (
+    ConfigProblem,
+    kmsg_device_option,
+    load_rules,
+    paths_from,
+    rule_options,
+    span_option,
+    state_dir_option,
+)
+
+
+@click.group()
+def xid() -> None:
+    """Kernel-log Xids."""
+
+
+@xid.command("ack")
+@state_dir_option()
+@click.option("--path.procfs", "path_procfs", show_default="/proc",
+              type=click.Path(path_type=Path), help="procfs mount point (for the boot id).")
+@kmsg_device_option()
+def xid_ack(state_dir: Path | None, path_procfs: Path | None, kmsg_device: Path | None) -> None:
+    """Stop the Xids logged so far (this boot) from counting in xid.recent."""
+    from gpuguard.io.paths import host_default, state_dir_or_default
+    from gpuguard.sources import host as host_sources
+    from gpuguard.sources import kmsg
+
+    state_dir = state_dir_or_default(state_dir)
+    paths = paths_from(None, path_procfs, None)
+    log = kmsg.read_device(kmsg_device or host_default("kmsg"))
+    if not log.is_ok or log.value is None:
+        raise ConfigProblem(log.describe())
+    seqs = [e["seq"] for e in log.value["xids"] if e.get("seq") is not None]
+    if not seqs:
+        click.echo("no Xid in the kernel log: nothing to acknowledge")
+        return
+    try:
+        host_sources.write_xid_ack(state_dir, paths, max(seqs))
+    except OSError as exc:
+        raise ConfigProblem(f"cannot write {state_dir}: {exc.strerror or exc}") from exc
+    click.echo(f"acknowledged {len(seqs)} Xid line(s) up to kmsg sequence {max(seqs)}")
+    from gpuguard.events.commands import record_xid_ack
+
+    record_xid_ack(state_dir, paths, max(seqs), len(seqs))
+
+
+@click.command("events")
+@click.option("--since", default="24h", show_default=True, metavar="SPAN",
+              help="Events of the last SPAN (90s, 15m, 24h, 30d).")
+@click.option("--gpu", metavar="N|UUID|SERIAL", help="Only this GPU (by index, UUID or serial).")
+@click.option("--rule", "rule_id", metavar="ID", help="Only this rule (xid.recent for Xids).")
+@click.option("--kind", "kinds", multiple=True,
+              type=click.Choice(["rule", "xid", "supervisor", "ack", "probe"]),
+              help="Only these kinds (repeatable).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)
+@click.option("--limit", type=click.IntRange(min=1, max=100_000), default=200,
+              show_default=True, help="At most this many, newest first.")
+@state_dir_option()
+def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[str, ...],
+               fmt: str, limit: int, state_dir: Path | None) -> None:
+    """What happened: rule transitions, Xids, failovers, acks (any user may read)."""
+    from gpuguard.events.commands import CannotRead, list_events
+    from gpuguard.io.paths import state_dir_or_default
+
+    state_dir = state_dir_or_default(state_dir)
+
+    try:
+        click.echo(list_events(state_dir, span_option(since, "--since"), gpu, rule_id,
+                               kinds, fmt, limit), nl=False)
+    except CannotRead as exc:
+        raise ConfigProblem(str(exc)) from exc
+
+
+@click.command("ack")
+@click.argument("rule_id", metavar="RULE")
+@click.option("--gpu", metavar="N|UUID|SERIAL",
+              help="The GPU (required for a GPU rule: an ack names one board).")
+@click.option("--reason", required=True, help="Why, for `gpuguard events`.")
+@click.option("--for", "duration", default="24h", show_default=True, metavar="SPAN",
+              help="How long the ack holds at most (it ends earlier when the finding "
+                   "changes).")
+@state_dir_option()
+@click.option("--path.procfs", "path_procfs", show_default="/proc",
+              type=click.Path(path_type=Path), help="procfs mount point (for the boot id).")
+@kmsg_device_option()
+@rule_options
+def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Path | None,
+        path_procfs: Path | None, kmsg_device: Path | None, profile_path: Path | None,
+        rules_dirs: tuple[Path, ...]) -> None:
+    """Acknowledge RULE's finding: its suggested action becomes none (its status stays)
+    until the finding changes or the time is up; recorded in the event store."""
+    from gpuguard.events.commands import CannotRead, record_ack
+
+    _, ruleset = load_rules(profile_path, rules_dirs)
+    if rule_id not in ruleset.rules:
+        raise ConfigProblem(f"no rule {rule_id!r}; see `gpuguard rules list`")
+    scope = ruleset.rules[rule_id].scope
+    if scope == "gpu" and gpu is None:
+        raise ConfigProblem(f"{rule_id} is a GPU rule: name the GPU with --gpu (an ack "
+                            "covers one board's finding)")
+    if scope == "host" and gpu is not None:
+        raise ConfigProblem(f"{rule_id} is a host rule: it takes no --gpu")
+    seconds = span_option(duration, "--for")
+    from gpuguard.io.paths import host_default, state_dir_or_default
+
+    # `ack xid.recent` also acknowledges the kernel log's lines (as `xid ack` does)
+    kmsg = kmsg_device if kmsg_device is not None or rule_id not in (
+        "xid.recent", "sxid.recent") else host_default("kmsg")
+    try:
+        click.echo(record_ack(state_dir_or_default(state_dir), paths_from(None, path_procfs, None),
+                              kmsg, rule_id, gpu, reason, seconds))
+    except CannotRead as exc:
+        raise ConfigProblem(str(exc)) from exc

@@ -1,0 +1,178 @@
+"""What the commands share: their options (the host's roots, the state dir, the profile
+and rules), building the host options from them, loading the configuration, writing the
+output, and the usage error every command gives (exit 3, `gpuguard: ...`)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from gpuguard.io.paths import Paths
+    from gpuguard.model.profile import Profile
+    from gpuguard.model.rule import RuleSet
+    from gpuguard.sources.collect import Collection
+    from gpuguard.sources.host import HostOptions
+
+EXIT_UNKNOWN = 3
+
+
+def path_options(fn: Any) -> Any:
+    for option in reversed([
+        click.option("--path.sysfs", "path_sysfs", show_default="/sys",
+                     type=click.Path(path_type=Path), help="sysfs mount point."),
+        click.option("--path.procfs", "path_procfs", show_default="/proc",
+                     type=click.Path(path_type=Path), help="procfs mount point."),
+        click.option("--path.rootfs", "path_rootfs", show_default="/",
+                     type=click.Path(path_type=Path), help="Host root filesystem (for /etc)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+STATE_DIR_HELP = ("Where gpuguard keeps its state: the event store (events.db), acks, the "
+                  "kernel-log ack and the supervisor's failover state.")
+
+
+def state_dir_option() -> Callable[[Any], Any]:
+    return click.option("--state-dir", type=click.Path(path_type=Path),
+                        show_default="/var/lib/gpuguard", help=STATE_DIR_HELP)
+
+
+def kmsg_device_option() -> Callable[[Any], Any]:
+    return click.option("--kmsg-file", "kmsg_device", type=click.Path(path_type=Path),
+                        help="The live kernel log device to acknowledge [default: /dev/kmsg; "
+                             "e.g. the host's, mounted into a container].")
+
+
+def host_source_options(fn: Any) -> Any:
+    for option in reversed([
+        click.option("--kmsg-file", type=click.Path(path_type=Path),
+                     help="Read the kernel log from this file (dmesg, dmesg -r or /dev/kmsg "
+                          "records) instead of /dev/kmsg."),
+        state_dir_option(),
+        click.option("--docker/--no-docker", "docker", default=None,
+                     help="Check the Docker daemon (toolkit.docker). Default: the daemon "
+                          "always does; `check` only with --probe-image or when the profile "
+                          "says `docker: required` (the docker SDK costs ~200 ms to import)."),
+        click.option("--host-resources/--no-host-resources", "host_resources", default=None,
+                     help="Read host memory and disk space (host.memory, host.disk). Default: the "
+                          "daemon and `snapshot` always do; `check` only when asked (psutil's "
+                          "import and the Docker API stay off its path)."),
+        click.option("--probe-image", metavar="IMAGE",
+                     help="Also run nvidia-smi in a throwaway container of IMAGE with all GPUs "
+                          "and compare its driver version with the host's (off by default)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def rule_options(fn: Any) -> Any:
+    for option in reversed([
+        click.option("--profile", "profile_path", type=click.Path(path_type=Path),
+                     help="Host profile [default: /etc/gpuguard/profile.yaml if present]."),
+        click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path),
+                     help="Directory of extra rule files (repeatable) "
+                          "[default: /etc/gpuguard/rules.d if present]."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,
+                  state_dir: Path | None, probe_image: str | None, timeout: float,
+                  docker: bool | None, docker_default: str,
+                  profile_path: Path | None, host_resources: bool = False) -> HostOptions:
+    from gpuguard.io.paths import profile_or_default
+    from gpuguard.sources.host import HostOptions
+
+    profile_path = profile_or_default(profile_path)
+    mode = docker_default if docker is None else ("on" if docker else "off")
+    opts = HostOptions(paths=paths, kmsg_file=kmsg_file, state_dir=state_dir,
+                       probe_image=probe_image, probe_timeout=max(timeout, 5.0),
+                       read_timeout=min(5.0, 0.75 * timeout), docker=mode,
+                       profile_path=profile_path, host_resources=host_resources)
+    if input_path is not None:
+        # A replay reads only the host sources the user pointed at.
+        given = given_options()
+        opts.kernel_log = kmsg_file is not None
+        opts.procfs = "path_procfs" in given
+        opts.sysfs = "path_sysfs" in given
+        opts.rootfs = "path_rootfs" in given or probe_image is not None
+    return opts
+
+
+def given_options() -> set[str]:
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    return {name for name in ctx.params
+            if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
+
+
+def span_option(text: str, option: str) -> float:
+    from gpuguard.config.profile import parse_window
+
+    try:
+        seconds = parse_window(text)
+    except ValueError:
+        seconds = None
+    if seconds is None:
+        raise click.BadParameter(f"a span such as 90s, 15m, 24h, 30d, not {text!r}",
+                                 param_hint=option)
+    return seconds
+
+
+def paths_from(sysfs: Path | None, procfs: Path | None, rootfs: Path | None) -> Paths:
+    from gpuguard.io.paths import Paths
+
+    return Paths(sysfs=sysfs, procfs=procfs, rootfs=rootfs)
+
+
+def load_rules(profile_path: Path | None,
+                 rules_dirs: tuple[Path, ...]) -> tuple[Profile, RuleSet]:
+    from gpuguard.config.ruleset import load_config
+    from gpuguard.config.yamlfile import ConfigError
+    from gpuguard.io.paths import profile_or_default, rules_dirs_or_default
+
+    try:
+        return load_config(profile_or_default(profile_path), rules_dirs_or_default(rules_dirs))
+    except ConfigError as exc:
+        raise ConfigProblem(str(exc)) from exc
+
+
+def start_collection(opts: HostOptions, input_path: Path | None, timeout: float,
+                link_counters: bool = True) -> Collection:
+    from gpuguard.sources.collect import Collection
+    from gpuguard.sources.replay import InputError
+
+    try:
+        return Collection(opts, input_path, timeout, link_counters)
+    except InputError as exc:
+        raise ConfigProblem(str(exc)) from exc
+
+
+def emit(text: str, output: Path | None) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    from gpuguard.io.atomic import write_text
+
+    try:
+        write_text(output, text)
+    except OSError as exc:
+        raise ConfigProblem(f"cannot write {output}: {exc.strerror or exc}") from exc
+
+
+class ConfigProblem(click.ClickException):
+    """Bad input or configuration: nothing was checked, so the verdict is UNKNOWN (3)."""
+
+    exit_code = EXIT_UNKNOWN
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"gpuguard: {self.format_message()}", err=True)

@@ -1,0 +1,73 @@
+"""`gpuguard rules`: the rules in force, what each checks and what to do when it fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from gpuguard.cli.options import ConfigProblem, load_rules, rule_options
+
+
+@click.group()
+def rules() -> None:
+    """Inspect the rules in force."""
+
+
+@rules.command("list")
+@rule_options
+def rules_list(profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
+    """List every rule with its scope, severity and whether it is enabled."""
+    _, ruleset = load_rules(profile_path, rules_dirs)
+    rows = ruleset.ordered()
+    width = max(len(r.id) for r in rows)
+    click.echo(f"{'RULE':<{width}}  SCOPE  SEVERITY  ENABLED  SUMMARY")
+    for r in rows:
+        click.echo(f"{r.id:<{width}}  {r.scope:<5}  {r.severity.value:<8}  "
+                   f"{'yes' if r.enabled else 'no':<7}  {r.summary}")
+
+
+@rules.command("explain")
+@click.argument("rule_id")
+@rule_options
+def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
+    """What RULE_ID checks, the thresholds in force, and what to do when it fails."""
+    _, ruleset = load_rules(profile_path, rules_dirs)
+    rule = ruleset.rules.get(rule_id)
+    if rule is None:
+        raise ConfigProblem(f"no rule {rule_id!r}; see `gpuguard rules list`")
+    click.echo(f"{rule.id}  ({rule.scope} rule, severity {rule.severity.value}, "
+               f"{'enabled' if rule.enabled else 'disabled'})")
+    click.echo(f"  checks:      {rule.summary}")
+    if rule.when is not None:
+        click.echo(f"  when:        {rule.when.source}")
+    if rule.thresholds:
+        click.echo("  thresholds:  " + ", ".join(f"{k}={v}" for k, v in rule.thresholds.items()))
+    if rule.tags:
+        click.echo(f"  tags:        {', '.join(rule.tags)}")
+    click.echo(f"  defined at:  {rule.origin}")
+    for where in rule.overrides:
+        click.echo(f"  changed at:  {where}")
+    click.echo(f"  remediation: {rule.remediation or '-'}")
+    from gpuguard.judge.actions import WRONG_DATA, suggest
+    from gpuguard.model.results import Status
+
+    prefix = "inspect_hardware when the GPU read back wrong data, else " \
+        if rule.id in WRONG_DATA else ""
+    source = {"xid.recent": "the Xid catalog per event, else ",
+              "sxid.recent": "the SXid catalog per event, else ",
+              "recovery.action": "the driver's recovery action field, else "}
+    whats = [f"{status.value} {action.value} ({why})" for status in
+             (Status.CRITICAL, Status.WARNING)
+             for action, why in [suggest(rule, status, {}, ruleset)]]
+    click.echo(f"  action:      {prefix}"
+               f"{source.get(rule.id, '') if rule.action is None else ''}" + "; ".join(whats))
+
+
+@rules.command("fields")
+def rules_fields() -> None:
+    """Names that a rule's `when:` condition can use."""
+    from gpuguard.config.ruleset import GPU_CONDITION_NAMES, HOST_CONDITION_NAMES
+
+    click.echo("gpu scope:  " + ", ".join(GPU_CONDITION_NAMES))
+    click.echo("host scope: " + ", ".join(HOST_CONDITION_NAMES))
