@@ -120,8 +120,8 @@ def test_json_and_table_carry_the_action(tmp_path):
     assert by_rule["thermal.margin"]["action"] == "none"
     table = gpuguard("check", "--input", snap, "--rules", str(rules)).stdout
     assert "do:  reboot (the rule's action: key, site.yaml:8)" in table
-    # the README's sample is what the recorded snapshot prints (no failing row: no action)
-    readme = (FIXTURES.parent.parent / "README.md").read_text()
+    # docs/check.md's sample is what the recorded snapshot prints (no failing row: no action)
+    readme = (FIXTURES.parent.parent / "docs" / "check.md").read_text()
     plain = gpuguard("check", "--input", snap).stdout
     assert plain.strip() in readme
 
