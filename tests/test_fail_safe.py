@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from gpuguard.config.ruleset import load_ruleset
-from gpuguard.model.results import GpuRef, Result, Status
+from gpuguard.model.identity import GpuId
+from gpuguard.model.results import Result, Status
 from gpuguard.supervisor import policy
 from tests.conftest import FIXTURES, gpuguard
 
@@ -63,7 +64,7 @@ def test_a_lost_gpu_is_critical_and_counted_by_the_supervisor(tmp_path, fake_env
     # The supervisor's policy sees the same results and fails the cycle.
     tagged = {r.id for r in load_ruleset().rules.values() if "failover" in r.tags}
     as_results = [Result(r["rule"], Status(r["status"]), Status(r["severity"]), r["message"],
-                         GpuRef(**r["gpu"]) if r["gpu"] else None)
+                         GpuId(**r["gpu"]) if r["gpu"] else None)
                   for r in json.loads(proc.stdout)["results"]]
     outcome, why = policy.outcome(as_results, None, tagged, None)
     assert outcome == "failed" and [r.rule for r in why] == ["gpu.lost"]

@@ -13,7 +13,6 @@ from typing import Any
 from gpuguard.judge.actions import of_xid
 from gpuguard.judge.registry import CheckContext, Finding, host_check, ok, warning
 from gpuguard.judge.xids import grade, select, span
-from gpuguard.model.pci import normalise_pci
 
 
 @host_check("xid.recent", thresholds=("repeat_for_vendor",))
@@ -21,12 +20,10 @@ def recent(ctx: CheckContext) -> Finding:
     log = ctx.snapshot.host.kernel_log.get()
     window_s = ctx.profile.xid_window_s
     acked = log.get("acked_seq")
-    gpu_by_pci = {normalise_pci(g.pci_bus_id.get()): g.index
-                  for g in ctx.snapshot.gpus if g.pci_bus_id.is_ok}
     catalog = ctx.ruleset.xid_catalog
     chosen = select(log["xids"], log, window_s,
                     lambda event: grade(event["xid"], event.get("text"), catalog))
-    counted = [{**e, "gpu": gpu_by_pci.get(e["pci"]) if e.get("pci") else None,
+    counted = [{**e, "gpu": _index_at(ctx, e.get("pci")),
                 "suggested": of_xid(e["xid"], e.get("text"), catalog).value}
                for e in chosen.counted]
     aged, ignored, acknowledged = chosen.aged, chosen.ignored, chosen.acknowledged
@@ -74,3 +71,8 @@ def recent(ctx: CheckContext) -> Finding:
     if any(e["severity"] == "critical" for e in counted):
         return ctx.fail(message, **observed)
     return warning(message, **observed)
+
+
+def _index_at(ctx: CheckContext, bus_id: str | None) -> int | None:
+    gpu = ctx.snapshot.gpu_at(bus_id)
+    return None if gpu is None else gpu.index

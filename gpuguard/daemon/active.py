@@ -50,7 +50,7 @@ class ProbeKeeper:
         now = time.time()
         with self._lock:
             for gpu in probed.gpus:
-                self._kept[gpu.ref().key] = (now, {name: getattr(gpu, name) for name in KEPT})
+                self._kept[gpu.identity().key] = (now, {name: getattr(gpu, name) for name in KEPT})
 
     def apply(self, snapshot: Snapshot, now: float) -> None:
         """The kept results onto a fresh sweep's GPUs; none kept yet: absent (the rules
@@ -58,7 +58,7 @@ class ProbeKeeper:
         with self._lock:
             kept = dict(self._kept)
         for gpu in snapshot.gpus:
-            found = kept.get(gpu.ref().key)
+            found = kept.get(gpu.identity().key)
             if found is None:
                 continue
             when, readings = found

@@ -35,7 +35,7 @@ from gpuguard.daemon.recorder import EventRecorder
 from gpuguard.daemon.sampler import NvmlSampler
 from gpuguard.daemon.services import ServiceWatch
 from gpuguard.events import store as eventstore
-from gpuguard.events.recording import Board, boards, xid_event
+from gpuguard.events.recording import xid_event
 from gpuguard.events.store import Event
 from gpuguard.io.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden, state_dir_or_default
 from gpuguard.judge.actions import of_xid
@@ -233,7 +233,7 @@ class Daemon:
         self.service_watch.sample(snap, time.time())
         results = evaluate(snap, ruleset, profile, cadence="fast", history=self.history)
         if self.recorder is not None:
-            results = self.recorder.on_cycle(results, boards(snap), ruleset)
+            results = self.recorder.on_cycle(results, snap.gpu_ids(), ruleset)
         self._count_xids(snap, ruleset)
         self._last = snap
         self.store.update(results, "fast", source_failed=_source_failure(snap))
@@ -252,7 +252,7 @@ class Daemon:
         host_sources.merge(snap, facts)
         results = evaluate(snap, ruleset, profile, cadence="slow")
         if self.recorder is not None:
-            results = self.recorder.on_cycle(results, boards(snap), ruleset)
+            results = self.recorder.on_cycle(results, snap.gpu_ids(), ruleset)
         self.store.update(results, "slow")
 
     def probe_cycle(self) -> None:
@@ -274,28 +274,25 @@ class Daemon:
     def _count_xids(self, snap: Snapshot, ruleset: RuleSet) -> None:
         if not snap.host.kernel_log.is_ok:
             return
-        by_pci = {normalise_pci(g.pci_bus_id.get()): g for g in snap.gpus if g.pci_bus_id.is_ok}
         log_ = snap.host.kernel_log.get()
         now_usec, now = log_.get("now_usec"), time.time()
         for event in self._xid_marks.new_events(log_["xids"]):
             # the kernel log's clock (time since boot) turned into wall time
             usec = event.get("usec")
             when = now - (now_usec - usec) / 1e6 if usec is not None and now_usec else now
-            self._add_xid(event["xid"], event.get("pci"), event.get("text"), ruleset, by_pci,
+            self._add_xid(event["xid"], event.get("pci"), event.get("text"), ruleset, snap,
                           when, event.get("seq"), "kmsg")
 
     def _add_xid(self, xid: int, pci: str | None, text: str | None, ruleset: RuleSet,
-                 by_pci: dict[str, Any], when: float, seq: int | None = None,
+                 snap: Snapshot, when: float, seq: int | None = None,
                  source: str = "nvml") -> None:
         severity = grade(xid, text, ruleset.xid_catalog).severity
-        gpu = by_pci.get(pci or "")
+        gpu = snap.gpu_at(pci)
         if self.recorder is not None and severity != "ignore":
-            board = None if gpu is None else Board(
-                gpu.index, gpu.uuid.value if gpu.uuid.is_ok else None,
-                gpu.serial.value if gpu.serial.is_ok else None, gpu.pci_bus_id.get())
             self.recorder.record(xid_event(xid, severity,
                                            of_xid(xid, text, ruleset.xid_catalog).value,
-                                           board, source, when, seq, text, pci))
+                                           None if gpu is None else gpu.identity(), source,
+                                           when, seq, text, pci))
         label = (str(xid), severity, "" if gpu is None else str(gpu.index),
                  "" if gpu is None else gpu.pci_bus_id.get())
         with self.stats.lock:
@@ -306,11 +303,9 @@ class Daemon:
         """An Xid from NVML's event set, as it happens: counted, and a cycle starts."""
         log.warning("nvml_xid_event", xid=event.get("xid"), pci=event.get("pci"))
         if self._config is not None:
-            snap = self._last or Snapshot()
-            by_pci = {normalise_pci(g.pci_bus_id.get()): g for g in snap.gpus
-                      if g.pci_bus_id.is_ok}
             pci = normalise_pci(event["pci"]) if event.get("pci") else None
-            self._add_xid(int(event["xid"]), pci, None, self._config[1], by_pci,
+            self._add_xid(int(event["xid"]), pci, None, self._config[1],
+                          self._last or Snapshot(),
                           float(event.get("time") or time.time()), None, "nvml")
         self.run_now("nvml xid event")
 

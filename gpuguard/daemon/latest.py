@@ -18,7 +18,8 @@ from gpuguard.model.results import Result, Status
 
 log = structlog.get_logger("gpuguard.results")
 
-Key = tuple[str, str]  # (rule, gpu uuid or "" for host rules)
+# (rule, the GPU's live key (model.identity.GpuId.key), or "" for a host rule)
+Key = tuple[str, str]
 FAILED = (Status.WARNING, Status.CRITICAL)
 
 

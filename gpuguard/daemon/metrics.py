@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from gpuguard.daemon import service_metrics
 from gpuguard.daemon.latest import ResultStore
+from gpuguard.model.identity import labels_of
 from gpuguard.model.snapshot import Snapshot
 from gpuguard.outputs import families
 
@@ -127,7 +128,7 @@ class DaemonCollector(Collector):
             labels=["rule", *families.GPU_LABELS])
         for entry in entries:
             if entry.failed_cycles:
-                failed.add_metric([entry.result.rule, *families.result_labels(entry.result)],
+                failed.add_metric([entry.result.rule, *labels_of(entry.result.gpu)],
                                   entry.failed_cycles)
         yield families.rule_status(e.result for e in entries)
         yield failed

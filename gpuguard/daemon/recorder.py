@@ -20,9 +20,10 @@ import structlog
 
 from gpuguard.events import store as eventstore
 from gpuguard.events.escalation import apply_history
-from gpuguard.events.recording import Board, rule_transitions
-from gpuguard.events.store import Event, EventWriter, StoreUnreadable, transition_key
+from gpuguard.events.recording import rule_transitions
+from gpuguard.events.store import Event, EventWriter, StoreUnreadable
 from gpuguard.judge.actions import FAILING
+from gpuguard.model.identity import GpuId, finding_key
 from gpuguard.model.results import Result
 from gpuguard.model.rule import RuleSet
 
@@ -42,7 +43,7 @@ class Verdict:
 
 
 def _key(r: Result) -> tuple[str, str]:
-    return transition_key(r.rule, r.gpu.uuid if r.gpu else None, r.gpu.index if r.gpu else None)
+    return finding_key(r.rule, r.gpu)
 
 
 class EventRecorder:
@@ -52,7 +53,7 @@ class EventRecorder:
         self.boot_id = boot_id
         self.flush_every_s = flush_every_s
         self.cycles_dropped = 0
-        self._cycles: deque[tuple[list[Result], dict[int, Board], RuleSet, float]] = deque()
+        self._cycles: deque[tuple[list[Result], dict[int, GpuId], RuleSet, float]] = deque()
         self._overlay: dict[tuple[str, str], Verdict] = {}
         self._last: dict[tuple[str, str], str] | None = None
         self._lock = threading.Lock()
@@ -64,7 +65,7 @@ class EventRecorder:
 
     # --- in the cycle: memory only ----------------------------------------------------
 
-    def on_cycle(self, results: list[Result], known: dict[int, Board],
+    def on_cycle(self, results: list[Result], known: dict[int, GpuId],
                  ruleset: RuleSet) -> list[Result]:
         """The results with the history's last verdicts applied; queued for recording."""
         with self._lock:
@@ -126,11 +127,11 @@ class EventRecorder:
             self._cycles.clear()
         for results, known, ruleset, when in cycles:
             applied = self._history(results, known, ruleset, when)
-            self.writer.record_all(rule_transitions(applied, self._last, known, "daemon",
+            self.writer.record_all(rule_transitions(applied, self._last, "daemon",
                                                     when))
         self.writer.flush()
 
-    def _history(self, results: list[Result], known: dict[int, Board], ruleset: RuleSet,
+    def _history(self, results: list[Result], known: dict[int, GpuId], ruleset: RuleSet,
                  when: float) -> list[Result]:
         applied = results
         if any(r.status in FAILING for r in results):

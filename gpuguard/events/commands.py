@@ -15,11 +15,12 @@ from typing import Any
 
 from gpuguard.events import store as eventstore
 from gpuguard.events.escalation import apply_history
-from gpuguard.events.recording import boards, kernel_log_xids, rule_transitions
+from gpuguard.events.recording import kernel_log_xids, rule_transitions
 from gpuguard.events.store import Event, EventWriter, StoreUnreadable
 from gpuguard.io.paths import Paths
 from gpuguard.judge.actions import of_xid
 from gpuguard.judge.xids import grade
+from gpuguard.model.identity import finding_key, stored
 from gpuguard.model.results import Result
 from gpuguard.model.rule import RuleSet
 from gpuguard.model.snapshot import Snapshot
@@ -53,7 +54,7 @@ def with_history(results: list[Result], snapshot: Snapshot, ruleset: RuleSet,
     run's Xids and rule transitions written first (Xids) and after (transitions). A store
     that cannot be read or written changes nothing and says so on stderr."""
     boot = boot_id(paths)
-    known = boards(snapshot)
+    known = snapshot.gpu_ids()
     path = eventstore.path_in(state_dir)
     writer = EventWriter(path, boot, integrity_check=False) if record else None
     if writer is not None:
@@ -75,7 +76,7 @@ def with_history(results: list[Result], snapshot: Snapshot, ruleset: RuleSet,
             results = apply_history(results, conn, boot, ruleset, known)
         conn.close()
     if writer is not None:
-        writer.record_all(rule_transitions(results, last, known, "check"))
+        writer.record_all(rule_transitions(results, last, "check"))
         if not _flush_within(writer, CLI_WRITE_WAIT_S):
             dropped = sum(writer.stats.dropped.values()) + writer.stats.queued
             print(f"gpuguard: event store {path}: {dropped} event(s) not written "
@@ -146,8 +147,8 @@ def record_ack(state_dir: Path, paths: Paths, kmsg: Path | None, rule: str, gpu:
             with conn:
                 last = eventstore.last_statuses(conn)
             conn.close()
-            status = last.get(eventstore.transition_key(rule, identity.get("gpu_uuid"),
-                                                          identity.get("gpu_index")))
+            status = last.get(finding_key(rule, stored(identity.get("gpu_uuid"),
+                                                       identity.get("gpu_index"))))
         except (StoreUnreadable, sqlite3.Error):
             status = None
     writer = EventWriter(path, boot_id(paths), integrity_check=False)

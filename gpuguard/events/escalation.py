@@ -25,15 +25,14 @@ import sqlite3
 import time
 from typing import Any
 
-from gpuguard.events.recording import Board, board_of
-from gpuguard.events.store import transition_key
 from gpuguard.judge.actions import FAILING, Action, with_action
+from gpuguard.model.identity import GpuId, finding_key, stored
 from gpuguard.model.results import Result, Status
 from gpuguard.model.rule import RuleSet
 
 
 def apply_history(results: list[Result], conn: sqlite3.Connection, boot_id: str | None,
-                  ruleset: RuleSet, known: dict[int, Board],
+                  ruleset: RuleSet, known: dict[int, GpuId],
                   now: float | None = None) -> list[Result]:
     """The results with their actions changed by history; a store that cannot be read
     changes nothing (the actions stand as the rules gave them)."""
@@ -58,13 +57,13 @@ def _when(t: float) -> str:
 
 
 def _escalate(r: Result, conn: sqlite3.Connection, boot_id: str | None, ruleset: RuleSet,
-              known: dict[int, Board], now: float) -> Result:
+              known: dict[int, GpuId], now: float) -> Result:
     if r.rule == "xid.recent":
         return _escalate_xids(r, conn, boot_id, ruleset, known, now)
     if r.status is not Status.CRITICAL or r.gpu is None or boot_id is None:
         return r
-    board = board_of(r.gpu, known)
-    if board is None or not (board.uuid or board.serial):
+    board = r.gpu
+    if not (board.uuid or board.serial):
         return r  # no lasting identity: an index says nothing about the board
     row = conn.execute(
         "SELECT boot_id, time FROM events WHERE rule = ? AND kind = 'rule' AND "
@@ -79,7 +78,7 @@ def _escalate(r: Result, conn: sqlite3.Connection, boot_id: str | None, ruleset:
 
 
 def _escalate_xids(r: Result, conn: sqlite3.Connection, boot_id: str | None,
-                   ruleset: RuleSet, known: dict[int, Board], now: float) -> Result:
+                   ruleset: RuleSet, known: dict[int, GpuId], now: float) -> Result:
     rule = ruleset.rules.get(r.rule)
     reasons: list[str] = []
     events = [e for e in r.observed.get("events") or [] if isinstance(e, dict)
@@ -169,7 +168,7 @@ def _active_acks(conn: sqlite3.Connection, boot_id: str | None,
                 (rule, ack_id, uuid)).fetchone()
         if changed is not None:
             continue
-        out[transition_key(rule, uuid, index)] = Ack(ack_id, when, until, status,
+        out[finding_key(rule, stored(uuid, index))] = Ack(ack_id, when, until, status,
                                                      str(info.get("reason") or ""),
                                                      str(info.get("by") or ""))
     return out
@@ -177,9 +176,9 @@ def _active_acks(conn: sqlite3.Connection, boot_id: str | None,
 
 def _acknowledged(r: Result, conn: sqlite3.Connection, acks: dict[tuple[str, str], Ack],
                   ruleset: RuleSet, now: float) -> Result:
-    key = transition_key(r.rule, r.gpu.uuid if r.gpu else None, r.gpu.index if r.gpu else None)
+    key = finding_key(r.rule, r.gpu)
     # an ack given by index (no UUID in the store for it yet) finds its GPU by index
-    ack = acks.get(key) or (acks.get(transition_key(r.rule, None, r.gpu.index))
+    ack = acks.get(key) or (acks.get(finding_key(r.rule, GpuId(r.gpu.index)))
                             if r.gpu else None)
     if ack is not None and (ack.status is None or ack.status == r.status.value):
         why = (f"acknowledged at {_when(ack.time)} until {_when(ack.until)}"

@@ -5,44 +5,15 @@ lasting identity. `gpuguard check --record` and the daemon both build their even
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.events.store import Event, transition_key
-from gpuguard.model.pci import normalise_pci
-from gpuguard.model.results import GpuRef, Result, Status
+from gpuguard.events.store import Event
+from gpuguard.model.identity import GpuId, finding_key
+from gpuguard.model.results import Result, Status
 from gpuguard.model.snapshot import Snapshot
 
 
-@dataclass(frozen=True)
-class Board:
-    index: int
-    uuid: str | None
-    serial: str | None
-    bus_id: str | None
-
-
-def boards(snapshot: Snapshot) -> dict[int, Board]:
-    """Each GPU's lasting identity by index (serial and UUID where they were read)."""
-    out = {}
-    for g in snapshot.gpus:
-        out[g.index] = Board(g.index, g.uuid.value if g.uuid.is_ok else None,
-                             g.serial.value if g.serial.is_ok else None,
-                             g.pci_bus_id.value if g.pci_bus_id.is_ok else None)
-    return out
-
-
-def board_of(ref: GpuRef | None, known: dict[int, Board]) -> Board | None:
-    if ref is None:
-        return None
-    board = known.get(ref.index)
-    if board is not None and board.uuid == ref.uuid:
-        return board
-    return Board(ref.index, ref.uuid, None, ref.pci_bus_id)
-
-
-def rule_transitions(results: list[Result], last: dict[tuple[str, str], str],
-                     known: dict[int, Board], source: str,
+def rule_transitions(results: list[Result], last: dict[tuple[str, str], str], source: str,
                      now: float | None = None) -> list[Event]:
     """The results whose status differs from the last recorded one; `last` is updated.
     Skipped results say nothing about the GPU and are not recorded; a rule seen first as
@@ -52,21 +23,20 @@ def rule_transitions(results: list[Result], last: dict[tuple[str, str], str],
     for r in results:
         if r.status is Status.SKIPPED:
             continue
-        key = transition_key(r.rule, r.gpu.uuid if r.gpu else None,
-                             r.gpu.index if r.gpu else None)
+        key = finding_key(r.rule, r.gpu)
         old = last.get(key)
         last[key] = r.status.value
         if old == r.status.value or (old is None and r.status is Status.OK):
             continue
         events.append(Event(kind="rule", source=source, time=now, rule=r.rule,
                             old_status=old, status=r.status.value, action=r.action,
-                            message=r.message, **_gpu_columns(board_of(r.gpu, known)),
+                            message=r.message, **_gpu_columns(r.gpu),
                             data={"action_reason": r.action_reason}
                             if r.action_reason else {}))
     return events
 
 
-def xid_event(xid: int, severity: str, action: str, board: Board | None, source: str,
+def xid_event(xid: int, severity: str, action: str, board: GpuId | None, source: str,
               when: float, seq: int | None = None, text: str | None = None,
               bus_id: str | None = None) -> Event:
     columns = _gpu_columns(board)
@@ -82,7 +52,6 @@ def kernel_log_xids(snapshot: Snapshot, source: str, grade: Any) -> list[Event]:
     if not snapshot.host.kernel_log.is_ok:
         return []
     log = snapshot.host.kernel_log.get()
-    by_bus = {normalise_pci(b.bus_id): b for b in boards(snapshot).values() if b.bus_id}
     now, now_usec = time.time(), log.get("now_usec")
     events = []
     for e in log.get("xids") or []:
@@ -92,19 +61,21 @@ def kernel_log_xids(snapshot: Snapshot, source: str, grade: Any) -> list[Event]:
         if severity == "ignore":
             continue
         pci = e.get("pci")
-        events.append(xid_event(e["xid"], severity, action, by_bus.get(pci or ""), source,
-                                when, e.get("seq"), e.get("text"), pci))
+        gpu = snapshot.gpu_at(pci)
+        events.append(xid_event(e["xid"], severity, action,
+                                None if gpu is None else gpu.identity(), source, when,
+                                e.get("seq"), e.get("text"), pci))
     return events
 
 
-def _gpu_columns(board: Board | None) -> dict[str, Any]:
-    if board is None:
+def _gpu_columns(gpu: GpuId | None) -> dict[str, Any]:
+    if gpu is None:
         return {}
-    return {"gpu_index": board.index, "gpu_uuid": board.uuid, "gpu_serial": board.serial,
-            "gpu_bus_id": board.bus_id}
+    return {"gpu_index": gpu.index, "gpu_uuid": gpu.uuid, "gpu_serial": gpu.serial,
+            "gpu_bus_id": gpu.pci_bus_id}
 
 
-def probe_event(rule: str, status: str, board: Board | None, message: str = "",
+def probe_event(rule: str, status: str, board: GpuId | None, message: str = "",
                 action: str | None = None, data: dict[str, Any] | None = None,
                 source: str = "probe", when: float | None = None) -> Event:
     """One active-probe result (issue 12) as an event, kind `probe`: hand it to

@@ -33,6 +33,8 @@ from typing import Any
 
 import structlog
 
+from gpuguard.model.identity import finding_key, stored
+
 log = structlog.get_logger("gpuguard.events")
 
 FILENAME = "events.db"
@@ -303,7 +305,7 @@ class EventWriter:
             self._conn = None
 
     def last_statuses(self) -> dict[tuple[str, str], str]:
-        """The last recorded status of each rule and GPU (transition_key), to compare a
+        """The last recorded status of each rule and GPU (identity.finding_key), to compare a
         run with; {} when the store cannot be read (every non-ok result is then news)."""
         try:
             conn = self._connection()
@@ -418,19 +420,11 @@ def open_reader(path: Path) -> sqlite3.Connection:
     raise StoreUnreadable(f"{path}: {last}")
 
 
-def transition_key(rule: str, gpu_uuid: str | None, gpu_index: int | None) -> tuple[str, str]:
-    """A rule on one board: by UUID (history follows the board), by index where the UUID
-    was not read, "" for host rules."""
-    if gpu_uuid:
-        return (rule, gpu_uuid)
-    return (rule, "" if gpu_index is None else f"index:{gpu_index}")
-
-
 def last_statuses(conn: sqlite3.Connection) -> dict[tuple[str, str], str]:
     rows = conn.execute(
         "SELECT rule, gpu_uuid, gpu_index, status FROM events WHERE id IN "
         "(SELECT max(id) FROM events WHERE kind = 'rule' GROUP BY rule, gpu_uuid, gpu_index)")
-    return {transition_key(r, u, i): s for r, u, i, s in rows}
+    return {finding_key(r, stored(u, i)): s for r, u, i, s in rows}
 
 
 def query(conn: sqlite3.Connection, since: float | None = None, kinds: Iterable[str] = (),

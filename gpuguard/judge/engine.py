@@ -55,7 +55,7 @@ def evaluate(
 
 
 def _run(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Result:
-    ref = gpu.ref() if gpu is not None else None
+    ref = gpu.identity() if gpu is not None else None
     if not rule.enabled:
         where = rule.overrides[-1] if rule.overrides else rule.origin
         return Result(rule.id, Status.SKIPPED, rule.severity, f"disabled ({where})", ref)

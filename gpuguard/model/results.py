@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from gpuguard.model.identity import GpuId
+
 
 class Status(StrEnum):
     OK = "ok"
@@ -31,30 +33,13 @@ _RANK = {
 SEVERITIES = (Status.WARNING, Status.CRITICAL)
 
 
-@dataclass(frozen=True)
-class GpuRef:
-    index: int
-    uuid: str | None
-    pci_bus_id: str | None
-
-    @property
-    def key(self) -> str:
-        """The one identity of a GPU in the daemon's results and history. Index, UUID and
-        bus id together: two GPUs that report the same UUID (itself a finding, see
-        gpu.identity) stay two, neither hiding the other."""
-        return f"{self.index}/{self.uuid or '-'}/{self.pci_bus_id or '-'}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "uuid": self.uuid, "pci_bus_id": self.pci_bus_id}
-
-
 @dataclass
 class Result:
     rule: str
     status: Status
     severity: Status
     message: str
-    gpu: GpuRef | None = None
+    gpu: GpuId | None = None
     remediation: str | None = None
     observed: dict[str, Any] = field(default_factory=dict)
     # What to do (gpuguard.judge.actions owns the words: none .. inspect_hardware) and why;

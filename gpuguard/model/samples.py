@@ -56,7 +56,7 @@ def nvlink_totals(gpu: GpuSnapshot) -> dict[str, int | None]:
 
 
 def gpu_key(gpu: GpuSnapshot) -> str:
-    return gpu.ref().key
+    return gpu.identity().key
 
 
 def sample(gpu: GpuSnapshot, t: float) -> Sample:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 from gpuguard.model import readings
-from gpuguard.model.results import GpuRef
+from gpuguard.model.identity import GpuId
+from gpuguard.model.pci import normalise_pci
 
 SCHEMA_VERSION = 1
 SNAPSHOT_KIND = "gpuguard-snapshot"
@@ -227,11 +228,12 @@ class GpuSnapshot:
     # "gbps": to it, "reverse_gbps": from it, "error"?: text}].
     probe_peers: Reading[list[dict[str, Any]]] = reading_field()
 
-    def ref(self) -> GpuRef:
-        """Which GPU this is, as results and metrics name it."""
-        return GpuRef(index=self.index,
-                      uuid=self.uuid.value if self.uuid.is_ok else None,
-                      pci_bus_id=self.pci_bus_id.value if self.pci_bus_id.is_ok else None)
+    def identity(self) -> GpuId:
+        """Which GPU this is (gpuguard.model.identity), from the readings that answered."""
+        return GpuId(index=self.index,
+                     uuid=self.uuid.value if self.uuid.is_ok else None,
+                     pci_bus_id=self.pci_bus_id.value if self.pci_bus_id.is_ok else None,
+                     serial=self.serial.value if self.serial.is_ok else None)
 
     def __post_init__(self) -> None:
         if isinstance(self.index, bool) or not isinstance(self.index, int) or \
@@ -330,6 +332,19 @@ class Snapshot:
     gpus: list[GpuSnapshot] = field(default_factory=list)
     schema: int = SCHEMA_VERSION
     sources: dict[str, SourceRun] = field(default_factory=dict)
+
+    def gpu_ids(self) -> dict[int, GpuId]:
+        """Each GPU's identity by index."""
+        return {g.index: g.identity() for g in self.gpus}
+
+    def gpu_at(self, bus_id: str | None) -> GpuSnapshot | None:
+        """The GPU at this PCI address (in any of the forms the kernel log and NVML write
+        it), if the snapshot has one."""
+        if not bus_id:
+            return None
+        wanted = normalise_pci(bus_id)
+        return next((g for g in self.gpus if g.pci_bus_id.is_ok
+                     and normalise_pci(g.pci_bus_id.get()) == wanted), None)
 
     def record(self, source: str, started: float, readings: Any = (),
                error: str | None = None) -> None:

@@ -17,11 +17,12 @@ from prometheus_client.core import (
 from gpuguard import __version__
 from gpuguard.checks.nvlink import expected_links, links_up
 from gpuguard.model import clock_events
+from gpuguard.model.identity import LABELS, labels_of
 from gpuguard.model.results import Result, Status
 from gpuguard.model.samples import NVLINK_COUNTERS, nvlink_totals
-from gpuguard.model.snapshot import GpuSnapshot, Snapshot
+from gpuguard.model.snapshot import Snapshot
 
-GPU_LABELS = ["gpu", "uuid", "pci_bus_id"]
+GPU_LABELS = list(LABELS)  # the GPU identity's (gpuguard.model.identity)
 # gpuguard_rule_status: Nagios order, and -1 for a rule that did not run.
 STATUS_VALUE = {
     Status.OK: 0,
@@ -30,17 +31,6 @@ STATUS_VALUE = {
     Status.UNKNOWN: 3,
     Status.SKIPPED: -1,
 }
-
-
-def gpu_labels(gpu: GpuSnapshot) -> list[str]:
-    ref = gpu.ref()
-    return [str(ref.index), ref.uuid or "", ref.pci_bus_id or ""]
-
-
-def result_labels(result: Result) -> list[str]:
-    gpu = result.gpu
-    return ["", "", ""] if gpu is None else [str(gpu.index), gpu.uuid or "",
-                                             gpu.pci_bus_id or ""]
 
 
 def rule_status(results: Iterable[Result]) -> GaugeMetricFamily:
@@ -55,7 +45,7 @@ def rule_status(results: Iterable[Result]) -> GaugeMetricFamily:
         # host's budget of 450.
         if r.status is Status.SKIPPED:
             continue
-        family.add_metric([r.rule, r.severity.value, *result_labels(r)], STATUS_VALUE[r.status])
+        family.add_metric([r.rule, r.severity.value, *labels_of(r.gpu)], STATUS_VALUE[r.status])
     return family
 
 
@@ -144,7 +134,7 @@ def telemetry(snapshot: Snapshot, nvlink_links_per_gpu: int | None = None
             family.add_metric([*labels, *(extra or [])], reading.value * scale)
 
     for gpu in snapshot.gpus:
-        labels = gpu_labels(gpu)
+        labels = gpu.identity().labels()
         info.add_metric(labels, {"model": gpu.name.get_or(""),
                                  "vbios": gpu.vbios_version.get_or(""),
                                  "driver": host.driver_version.get_or("")})

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.model.results import GpuRef, Result, Status
+from gpuguard.model.identity import GpuId
+from gpuguard.model.results import Result, Status
 from gpuguard.model.snapshot import Process, Reading, Snapshot
 from gpuguard.supervisor import policy
 from tests.conftest import overridden, set_gpu
@@ -313,7 +314,7 @@ def test_inference_that_times_out_is_unknown_and_a_500_stays_failed(h200, run_ru
 def test_policy_counts_only_its_own_service():
     result = Result("service.inference", Status.CRITICAL, Status.CRITICAL, "a failed",
                     observed={"service_status": {"a": "critical", "b": "ok"}})
-    gpu_ok = Result("ecc.uncorrected", Status.OK, Status.CRITICAL, "ok", GpuRef(0, "u", "p"))
+    gpu_ok = Result("ecc.uncorrected", Status.OK, Status.CRITICAL, "ok", GpuId(0, "u", "p"))
     tagged = {"service.inference", "ecc.uncorrected"}
     assert policy.outcome([result, gpu_ok], None, tagged, None, "a")[0] == "failed"
     assert policy.outcome([result, gpu_ok], None, tagged, None, "b") == ("passed", [])

@@ -67,7 +67,8 @@ import json, sys, time
 from pathlib import Path
 from gpuguard.daemon import active
 from gpuguard.config.profile import load_profile
-from gpuguard.model.results import GpuRef, Result, Status
+from gpuguard.model.identity import GpuId
+from gpuguard.model.results import Result, Status
 from gpuguard.config.ruleset import load_ruleset
 from gpuguard.sources import nvml
 from gpuguard.supervisor.config import load_services
@@ -80,7 +81,7 @@ profile, rules = load_profile(tmp / "profile.yaml"), load_ruleset()
 supervisor = Supervisor(service, tmp / "state", {"ecc.uncorrected"},
                         active_check=lambda gpus: active.passes(snapshot, profile, rules, gpus))
 supervisor.recover()
-ref = GpuRef(0, "u", "p")
+ref = GpuId(0, "u", "p")
 bad = [Result("ecc.uncorrected", Status.CRITICAL, Status.CRITICAL, "2 DBE", ref)]
 good = [Result("ecc.uncorrected", Status.OK, Status.CRITICAL, "ok", ref)]
 for _ in range(3):

@@ -8,7 +8,8 @@ import pytest
 from gpuguard.daemon import notify
 from gpuguard.daemon import triggers as events
 from gpuguard.daemon.latest import ResultStore
-from gpuguard.model.results import GpuRef, Result, Status
+from gpuguard.model.identity import GpuId
+from gpuguard.model.results import Result, Status
 from gpuguard.model.samples import History
 from gpuguard.model.snapshot import Reading
 from tests.conftest import set_gpu
@@ -55,7 +56,7 @@ def test_udev_handler(action, props, fires):
 
 
 def result(status, rule="ecc.uncorrected", gpu=0):
-    return Result(rule, status, Status.CRITICAL, "m", GpuRef(gpu, f"GPU-{gpu}", None))
+    return Result(rule, status, Status.CRITICAL, "m", GpuId(gpu, f"GPU-{gpu}", None))
 
 
 def test_store_counts_consecutive_failures_and_unknown_neither_counts_nor_resets():

@@ -254,7 +254,8 @@ def test_a_cycle_never_waits_for_a_slow_disk(tmp_path, default_rules):
     import threading
 
     from gpuguard.daemon.recorder import EventRecorder
-    from gpuguard.model.results import GpuRef, Result, Status
+    from gpuguard.model.identity import GpuId
+    from gpuguard.model.results import Result, Status
 
     recorder = EventRecorder(tmp_path / "events.db", "b1", flush_every_s=0.05)
     slow = threading.Event()
@@ -266,7 +267,7 @@ def test_a_cycle_never_waits_for_a_slow_disk(tmp_path, default_rules):
     recorder.before_flush = slow_disk
     recorder.start()
     try:
-        gpu = GpuRef(0, "GPU-0", "00000000:18:00.0")
+        gpu = GpuId(0, "GPU-0", "00000000:18:00.0")
         bad = [Result("recovery.action", Status.CRITICAL, Status.CRITICAL, "m", gpu,
                       action="reset_gpu")]
         recorder.on_cycle(bad, {}, default_rules)
@@ -284,9 +285,10 @@ def test_history_verdicts_of_one_cadence_survive_the_other_cadence(tmp_path, def
     """The daemon's fast and slow cycles judge different rules: an ack worked out for a
     fast rule holds while a slow cycle (nothing failing) is recorded in between."""
     from gpuguard.daemon.recorder import EventRecorder
-    from gpuguard.model.results import GpuRef, Result, Status
+    from gpuguard.model.identity import GpuId
+    from gpuguard.model.results import Result, Status
 
-    gpu = GpuRef(0, "GPU-0", "00000000:18:00.0")
+    gpu = GpuId(0, "GPU-0", "00000000:18:00.0")
     bad = [Result("recovery.action", Status.CRITICAL, Status.CRITICAL, "m", gpu,
                   action="reset_gpu")]
     slow = [Result("vbios.consistent", Status.OK, Status.CRITICAL, "fine")]
@@ -307,10 +309,11 @@ def test_history_verdicts_of_one_cadence_survive_the_other_cadence(tmp_path, def
 
 
 def test_a_probe_result_is_recorded_with_its_board(tmp_path):
-    from gpuguard.events.recording import Board, probe_event
+    from gpuguard.events.recording import probe_event
+    from gpuguard.model.identity import GpuId
 
     writer = EventWriter(tmp_path / "events.db", boot_id="b1")
-    writer.record(probe_event("gpu.compute", "critical", Board(2, "GPU-2", "S2", "0:2"),
+    writer.record(probe_event("gpu.compute", "critical", GpuId(2, "GPU-2", "0:2", "S2"),
                               "matmul mismatch", "reset_gpu", {"gflops": 1.5}))
     assert writer.flush() == 1
     writer.close()
@@ -337,7 +340,8 @@ def test_any_user_may_read_the_store_whatever_the_umask(tmp_path):
 
 def test_an_ack_by_index_ends_when_that_slot_changes(tmp_path, default_rules):
     from gpuguard.events.escalation import apply_history
-    from gpuguard.model.results import GpuRef, Result, Status
+    from gpuguard.model.identity import GpuId
+    from gpuguard.model.results import Result, Status
 
     path = tmp_path / "events.db"
     writer = EventWriter(path, boot_id="b1")
@@ -346,7 +350,7 @@ def test_an_ack_by_index_ends_when_that_slot_changes(tmp_path, default_rules):
                         status="critical", data={"reason": "r", "until": time.time() + 3600}))
     writer.flush()
     bad = [Result("recovery.action", Status.CRITICAL, Status.CRITICAL, "m",
-                  GpuRef(0, "GPU-0", "00000000:18:00.0"), action="reset_gpu")]
+                  GpuId(0, "GPU-0", "00000000:18:00.0"), action="reset_gpu")]
 
     def action() -> str:
         conn = eventstore.open_reader(path)
@@ -367,13 +371,13 @@ def _ack_then_reboot(tmp_path, default_rules, ack_boot: str):
     """ecc.uncorrected critical on a board in boot A, acked for 30 days (in `ack_boot`);
     then boot B, the same fault: what the daemon's recorder makes of it."""
     from gpuguard.daemon.recorder import EventRecorder
-    from gpuguard.events.recording import Board
-    from gpuguard.model.results import GpuRef, Result, Status
+    from gpuguard.model.identity import GpuId
+    from gpuguard.model.results import Result, Status
 
     path = tmp_path / "events.db"
-    board = {0: Board(0, "GPU-aaaa", "S123", "00000000:01:00.0")}
+    board = {0: GpuId(0, "GPU-aaaa", "00000000:01:00.0", "S123")}
     bad = [Result("ecc.uncorrected", Status.CRITICAL, Status.CRITICAL, "DBE",
-                  GpuRef(0, "GPU-aaaa", "00000000:01:00.0"), action="reset_gpu")]
+                  board[0], action="reset_gpu")]
     first = EventRecorder(path, "boot-A")
     first.on_cycle(bad, board, default_rules)
     first.work()
@@ -412,7 +416,8 @@ def test_an_ack_ends_when_the_boot_changes(tmp_path, default_rules):
     """No escalation (a board without a lasting identity): an ack of boot A holds in
     boot A and not in boot B."""
     from gpuguard.events.escalation import apply_history
-    from gpuguard.model.results import GpuRef, Result, Status
+    from gpuguard.model.identity import GpuId
+    from gpuguard.model.results import Result, Status
 
     path = tmp_path / "events.db"
     writer = EventWriter(path, "boot-A")
@@ -422,7 +427,7 @@ def test_an_ack_ends_when_the_boot_changes(tmp_path, default_rules):
     writer.flush()
     writer.close()
     bad = [Result("recovery.action", Status.CRITICAL, Status.CRITICAL, "m",
-                  GpuRef(0, "GPU-0", "00000000:18:00.0"), action="reset_gpu")]
+                  GpuId(0, "GPU-0", "00000000:18:00.0"), action="reset_gpu")]
     conn = eventstore.open_reader(path)
     try:
         assert apply_history(bad, conn, "boot-A", default_rules, {})[0].action == "none"

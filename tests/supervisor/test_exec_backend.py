@@ -4,7 +4,8 @@ user's start/stop commands launch and kill; the supervisor runs in-process."""
 import sys
 import time
 
-from gpuguard.model.results import GpuRef, Result, Status
+from gpuguard.model.identity import GpuId
+from gpuguard.model.results import Result, Status
 from gpuguard.supervisor.config import load_services
 from gpuguard.supervisor.service import Supervisor
 from tests.daemon.conftest import free_port
@@ -44,8 +45,8 @@ def test_exec_backend_moves_the_service(tmp_path):
         supervisor.recover()  # nothing runs: it starts the GPU variant
         assert fetch(f"http://127.0.0.1:{ports['gpu']}/variant") == "gpu"
         bad = [Result("ecc.uncorrected", Status.CRITICAL, Status.CRITICAL, "2 DBE",
-                      GpuRef(0, "u", "p"))]
-        good = [Result("ecc.uncorrected", Status.OK, Status.CRITICAL, "ok", GpuRef(0, "u", "p"))]
+                      GpuId(0, "u", "p"))]
+        good = [Result("ecc.uncorrected", Status.OK, Status.CRITICAL, "ok", GpuId(0, "u", "p"))]
         for _ in range(3):
             supervisor.handle_cycle(bad, time.time())
         assert supervisor.state.active == "cpu"

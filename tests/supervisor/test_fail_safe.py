@@ -10,14 +10,15 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from gpuguard.model.results import GpuRef, Result, Status
+from gpuguard.model.identity import GpuId
+from gpuguard.model.results import Result, Status
 from gpuguard.supervisor import policy, state
 from gpuguard.supervisor.config import load_services
 from gpuguard.supervisor.service import Supervisor
 from tests.daemon.conftest import free_port
 from tests.supervisor.conftest import fetch, wait
 
-BAD = [Result("ecc.uncorrected", Status.CRITICAL, Status.CRITICAL, "2 DBE", GpuRef(0, "u", "p"))]
+BAD = [Result("ecc.uncorrected", Status.CRITICAL, Status.CRITICAL, "2 DBE", GpuId(0, "u", "p"))]
 
 
 def write_config(tmp_path, exec_section, probe, failover_after=3):

@@ -2,14 +2,15 @@
 
 import pytest
 
-from gpuguard.model.results import GpuRef, Result, Status
+from gpuguard.model.identity import GpuId
+from gpuguard.model.results import Result, Status
 from gpuguard.supervisor.policy import Counts, decide, outcome
 
 TAGGED = {"memory.row_remap", "driver.responsive", "xid.recent"}
 
 
 def results(*statuses, rule="memory.row_remap", gpu=0):
-    return [Result(rule, s, Status.CRITICAL, "m", GpuRef(gpu, "u", "p")) for s in statuses]
+    return [Result(rule, s, Status.CRITICAL, "m", GpuId(gpu, "u", "p")) for s in statuses]
 
 
 def run(seq, active="gpu", on_cpu_since=None, now=0.0, manual=False, min_cpu=0.0):

@@ -5,7 +5,8 @@ asked and keep the node's state in a file, as Slurm would."""
 import os
 import time
 
-from gpuguard.model.results import GpuRef, Result, Status
+from gpuguard.model.identity import GpuId
+from gpuguard.model.results import Result, Status
 from gpuguard.supervisor.config import load_services
 from gpuguard.supervisor.service import Supervisor
 from tests.conftest import REPO
@@ -31,7 +32,7 @@ def test_failover_drains_the_node_with_the_rule_as_reason(tmp_path, monkeypatch)
     supervisor.recover()
     assert supervisor.state.active == "gpu"
     failed = [Result("memory.row_remap", Status.CRITICAL, Status.CRITICAL,
-                     "row remapping failed", GpuRef(3, "U3", "0000:3b:00.0"),
+                     "row remapping failed", GpuId(3, "U3", "0000:3b:00.0"),
                      action="reset_gpu")]
     for _ in range(3):
         supervisor.handle_cycle(failed, time.time())
