@@ -71,7 +71,6 @@ class ProbeKeeper:
                 readings["probe_skipped"] = Reading.ok("")
             for name, reading in readings.items():
                 setattr(gpu, name, reading)
-            gpu.__post_init__()
 
 
 def passes(snapshot: Snapshot, profile: Profile, ruleset: RuleSet,

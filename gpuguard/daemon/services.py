@@ -97,7 +97,6 @@ class ServiceWatch:
             self._note_answer(supervisor, entries[supervisor.service.name],
                               answered.get(supervisor.service.name), now)
         snap.host.services = Reading.ok(entries)
-        snap.host.__post_init__()  # validated like every reading
 
     def _answered(self, name: str) -> bool:
         run = self._runs.get(name)

@@ -1,5 +1,6 @@
-"""What a valid reading is: the type and range of every snapshot field, checked when a
-snapshot is built (from NVML's worker, a replayed file or an nvidia-smi dump).
+"""What a valid reading is: the types and ranges that the snapshot's fields declare
+(gpuguard/model/snapshot.py: each field names its validator from here), checked whenever a
+reading is set on a snapshot (from NVML's worker, a replayed file or an nvidia-smi dump).
 
 A value that is not what its field says (a string where a number belongs, a NaN, a
 negative GPU count, a list as a PCI address) becomes an error reading naming what was
@@ -26,7 +27,7 @@ MAX_TEXT = 4096
 MAX_COUNTER = 2**64
 
 
-def _int(lo: float, hi: float) -> Validator:
+def whole(lo: float, hi: float) -> Validator:
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int):
             return f"must be a whole number, not {_show(value)}"
@@ -36,7 +37,7 @@ def _int(lo: float, hi: float) -> Validator:
     return check
 
 
-def _float(lo: float, hi: float) -> Validator:
+def number(lo: float, hi: float) -> Validator:
     def check(value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"must be a number, not {_show(value)}"
@@ -48,11 +49,11 @@ def _float(lo: float, hi: float) -> Validator:
     return check
 
 
-def _bool(value: Any) -> str | None:
+def flag(value: Any) -> str | None:
     return None if isinstance(value, bool) else f"must be true or false, not {_show(value)}"
 
 
-def _text(value: Any) -> str | None:
+def text(value: Any) -> str | None:
     if not isinstance(value, str):
         return f"must be text, not {_show(value)}"
     if len(value) > MAX_TEXT:
@@ -60,17 +61,17 @@ def _text(value: Any) -> str | None:
     return None
 
 
-def _text_list(value: Any) -> str | None:
+def text_list(value: Any) -> str | None:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         return f"must be a list of text, not {_show(value)}"
     return None
 
 
-def _mapping(value: Any) -> str | None:
+def mapping(value: Any) -> str | None:
     return None if isinstance(value, dict) else f"must be a mapping, not {_show(value)}"
 
 
-def _mapping_list(value: Any) -> str | None:
+def mapping_list(value: Any) -> str | None:
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
         return f"must be a list of mappings, not {_show(value)}"
     return None
@@ -81,7 +82,7 @@ def _optional_int(value: Any, lo: int = 0) -> bool:
                              and lo <= value < MAX_COUNTER)
 
 
-def _processes(value: Any) -> str | None:
+def processes(value: Any) -> str | None:
     if not isinstance(value, list):
         return f"must be a list of processes, not {_show(value)}"
     for proc in value:
@@ -93,9 +94,9 @@ def _processes(value: Any) -> str | None:
     return None
 
 
-def _aer(value: Any) -> str | None:
-    if _mapping_list(value):
-        return _mapping_list(value)
+def aer(value: Any) -> str | None:
+    if mapping_list(value):
+        return mapping_list(value)
     for device in value:
         for kind in ("correctable", "nonfatal", "fatal"):
             counts = device.get(kind)
@@ -108,7 +109,7 @@ def _aer(value: Any) -> str | None:
     return None
 
 
-def _kernel_log(value: Any) -> str | None:
+def kernel_log(value: Any) -> str | None:
     if not isinstance(value, dict):
         return f"must be a kernel log summary, not {_show(value)}"
     xids = value.get("xids")
@@ -155,7 +156,7 @@ def _kernel_log(value: Any) -> str | None:
 HOST_MEMORY_KEYS = ("total_bytes", "available_bytes", "swap_total_bytes", "swap_used_bytes")
 
 
-def _host_memory(value: Any) -> str | None:
+def host_memory(value: Any) -> str | None:
     if not isinstance(value, dict):
         return f"must be host memory sizes, not {_show(value)}"
     for key in HOST_MEMORY_KEYS:
@@ -170,9 +171,9 @@ def _host_memory(value: Any) -> str | None:
 DISK_SIZE_KEYS = ("total_bytes", "free_bytes", "inodes_total", "inodes_free")
 
 
-def _disk_space(value: Any) -> str | None:
-    if _mapping_list(value):
-        return _mapping_list(value)
+def disk_space(value: Any) -> str | None:
+    if mapping_list(value):
+        return mapping_list(value)
     for entry in value:
         if not isinstance(entry.get("path"), str) or entry.get("role") not in ("docker", "profile"):
             return f"a disk entry is not {{path: text, role: docker|profile, ...}}: {_show(entry)}"
@@ -194,15 +195,15 @@ P2P_STATES = ("ok", "chipset_not_supported", "gpu_not_supported", "topology_not_
               "disabled_by_regkey", "not_supported", "unknown")
 
 
-def _fabric_state(value: Any) -> str | None:
+def fabric_state(value: Any) -> str | None:
     if value not in FABRIC_STATES:
         return f"must be one of {', '.join(FABRIC_STATES)}, not {_show(value)}"
     return None
 
 
-def _links(value: Any) -> str | None:
-    if _mapping_list(value):
-        return _mapping_list(value)
+def nvlink_links(value: Any) -> str | None:
+    if mapping_list(value):
+        return mapping_list(value)
     for link in value:
         if not isinstance(link.get("link"), int) or isinstance(link.get("link"), bool) \
                 or not isinstance(link.get("up"), bool):
@@ -215,9 +216,9 @@ def _links(value: Any) -> str | None:
     return None
 
 
-def _p2p(value: Any) -> str | None:
-    if _mapping_list(value):
-        return _mapping_list(value)
+def p2p(value: Any) -> str | None:
+    if mapping_list(value):
+        return mapping_list(value)
     for peer in value:
         if not _optional_int(peer.get("peer")) or peer.get("peer") is None:
             return f"a P2P entry has no peer index: {_show(peer)}"
@@ -232,11 +233,11 @@ def _gbps(value: Any) -> bool:
         math.isfinite(value) and 0 <= value <= 1e6
 
 
-def _probe_check(value: Any) -> str | None:
+def probe_check(value: Any) -> str | None:
     """An active probe's read-back: {"error": text|None, "mismatches": n|None, ...}."""
     if not isinstance(value, dict):
         return f"must be a probe result mapping, not {_show(value)}"
-    if value.get("error") is not None and _text(value["error"]):
+    if value.get("error") is not None and text(value["error"]):
         return f"a probe's error must be text, not {_show(value['error'])}"
     for key in ("mismatches", "words", "bytes"):
         if not _optional_int(value.get(key)):
@@ -250,16 +251,16 @@ def _probe_check(value: Any) -> str | None:
     return None
 
 
-def _probe_pcie(value: Any) -> str | None:
+def probe_pcie(value: Any) -> str | None:
     if not isinstance(value, dict) or not all(_gbps(value.get(k))
                                               for k in ("h2d_gbps", "d2h_gbps")):
         return f"must be {{h2d_gbps, d2h_gbps}} in GB/s, not {_show(value)}"
     return None
 
 
-def _probe_peers(value: Any) -> str | None:
-    if _mapping_list(value):
-        return _mapping_list(value)
+def probe_peers(value: Any) -> str | None:
+    if mapping_list(value):
+        return mapping_list(value)
     for peer in value:
         if not _optional_int(peer.get("peer")) or peer.get("peer") is None:
             return f"a peer entry has no peer index: {_show(peer)}"
@@ -268,73 +269,20 @@ def _probe_peers(value: Any) -> str | None:
         for key in ("gbps", "reverse_gbps"):
             if peer.get(key) is not None and not _gbps(peer[key]):
                 return f"a peer entry's {key} is not GB/s: {_show(peer)}"
-        if peer.get("error") is not None and _text(peer["error"]):
+        if peer.get("error") is not None and text(peer["error"]):
             return f"a peer entry's error is not text: {_show(peer)}"
     return None
 
 
-COUNT = _int(0, MAX_COUNTER)
-CELSIUS = _int(-100, 250)
-MHZ = _int(0, 100_000)
-WATTS = _float(0, 100_000)
-PERCENT = _int(0, 100)
+CELSIUS = whole(-100, 250)
+MHZ = whole(0, 100_000)
+WATTS = number(0, 100_000)
+PERCENT = whole(0, 100)
 
-GPU_FIELDS: dict[str, Validator] = {
-    "uuid": _text, "name": _text, "serial": _text, "pci_bus_id": _text,
-    "vbios_version": _text, "inforom_image_version": _text,
-    "persistence_mode": _bool, "mig_mode_current": _bool, "mig_mode_pending": _bool,
-    "ecc_mode_current": _bool, "ecc_mode_pending": _bool,
-    "retired_pages_pending": _bool, "remapped_rows_pending": _bool,
-    "remapped_rows_failure": _bool, "gpu_lost": _bool,
-    "nvlink_links": _links, "fabric_state": _fabric_state, "fabric_status": _text,
-    "fabric_clique_id": _int(0, 2**32), "p2p_status": _p2p,
-    "memory_temperature_c": CELSIUS, "memory_temperature_max_c": CELSIUS,
-    "clock_sm_app_mhz": _int(0, 100_000), "clock_mem_app_mhz": _int(0, 100_000),
-    "clock_sm_app_default_mhz": _int(0, 100_000), "clock_mem_app_default_mhz": _int(0, 100_000),
-    "gsp_firmware_version": _text,
-    "pcie_link_gen_current": _int(1, 64), "pcie_link_gen_max": _int(1, 64),
-    "pcie_link_width_current": _int(0, 64), "pcie_link_width_max": _int(1, 64),
-    "temperature_c": CELSIUS, "temperature_tlimit_margin_c": CELSIUS,
-    "temperature_slowdown_c": CELSIUS, "temperature_shutdown_c": CELSIUS,
-    "temperature_gpu_max_c": CELSIUS,
-    "power_draw_w": WATTS, "power_limit_enforced_w": WATTS, "power_limit_default_w": WATTS,
-    "clock_event_reasons": _int(0, 2**64 - 1),
-    "clock_sm_mhz": MHZ, "clock_mem_mhz": MHZ, "clock_sm_max_mhz": MHZ,
-    "clock_mem_max_mhz": MHZ,
-    "utilization_gpu_percent": PERCENT, "utilization_memory_percent": PERCENT,
-    "compute_processes": _processes, "recovery_action": _text, "pcie_aer": _aer,
-    "probe_skipped": _text, "probe_compute": _probe_check, "probe_pattern": _probe_check,
-    "probe_pcie": _probe_pcie, "probe_memory": _float(0, 1e6), "probe_peers": _probe_peers,
-}
 # Counters and sizes: ECC counts, retired pages, remapped rows, replays, memory bytes.
-GPU_COUNT_PREFIXES = ("ecc_", "retired_pages_", "remapped_rows_", "pcie_replay_", "memory_")
-
-HOST_FIELDS: dict[str, Validator] = {
-    "driver_version": _text, "cuda_driver_version": _text, "nvml_version": _text,
-    "gpu_count": _int(0, 1024), "kernel_log": _kernel_log, "kernel_module_version": _text,
-    "kernel_modules": _text_list, "device_nodes": _text_list, "secure_boot": _bool,
-    "persistenced_running": _bool, "cdi_specs": _mapping_list, "container_cli": _mapping,
-    "ctk_version": _text, "docker": _mapping, "probe_image": _mapping, "services": _mapping,
-    "fabricmanager_running": _bool, "host_memory": _host_memory, "disk_space": _disk_space,
-}
-
-
-def validator(scope: str, name: str) -> Validator | None:
-    table = GPU_FIELDS if scope == "gpu" else HOST_FIELDS
-    found = table.get(name)
-    if found is None and scope == "gpu" and name.startswith(GPU_COUNT_PREFIXES):
-        return COUNT
-    return found
-
-
-def problem(scope: str, name: str, value: Any) -> str | None:
-    """What is wrong with `value` as field `name`, or None when it is a valid reading."""
-    check = validator(scope, name)
-    if check is None:
-        return None
-    return check(value)
+COUNT = whole(0, MAX_COUNTER)
 
 
 def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."

@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from gpuguard.model import readings
 from gpuguard.model.identity import GpuId
 from gpuguard.model.pci import normalise_pci
+
+if TYPE_CHECKING:
+    from gpuguard.model.readings import Validator
 
 SCHEMA_VERSION = 1
 SNAPSHOT_KIND = "gpuguard-snapshot"
@@ -100,8 +103,43 @@ def _absent() -> Reading[Any]:
     return Reading()
 
 
-def reading_field() -> Any:
-    return field(default_factory=_absent)
+def reading_field(valid: Validator) -> Any:
+    """A snapshot field holding a Reading, declared with what a valid value of it is (a
+    validator of gpuguard/model/readings.py): the one place that says it."""
+    return field(default_factory=_absent, metadata={"valid": valid})
+
+
+class Validated:
+    """A dataclass whose readings are checked against their field's declaration whenever
+    one is set (built, replayed, merged or changed by a test): a value that is not valid
+    for its field becomes an error reading naming what was wrong, so no source, replay or
+    worker line can hand a rule a wrong value. Each reading is also named after its field,
+    so that Unavailable can say which one a check wanted."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, Reading) and value.name != name:
+            value = _checked(type(self), name, value)
+        object.__setattr__(self, name, value)
+
+
+_VALIDATORS: dict[type, dict[str, Validator]] = {}
+
+
+def _checked(cls: type, name: str, reading: Reading[Any]) -> Reading[Any]:
+    table = _VALIDATORS.get(cls)
+    if table is None:
+        table = _VALIDATORS[cls] = {f.name: f.metadata["valid"]
+                                    for f in dataclasses.fields(cls)
+                                    if "valid" in f.metadata}
+    valid = table.get(name)
+    if reading.state == "ok" and valid is not None:
+        wrong = valid(reading.value)
+        if wrong is not None:
+            return Reading(state="error", error=f"invalid {name} ({wrong})", name=name)
+    if reading.name:  # named after another field: a copy, never a rename under its owner
+        return dataclasses.replace(reading, name=name)
+    object.__setattr__(reading, "name", name)
+    return reading
 
 
 @dataclass
@@ -113,120 +151,120 @@ class Process:
 
 
 @dataclass
-class GpuSnapshot:
+class GpuSnapshot(Validated):
     index: int
-    uuid: Reading[str] = reading_field()
-    name: Reading[str] = reading_field()
-    serial: Reading[str] = reading_field()
-    pci_bus_id: Reading[str] = reading_field()
-    vbios_version: Reading[str] = reading_field()
-    inforom_image_version: Reading[str] = reading_field()
-    persistence_mode: Reading[bool] = reading_field()
-    mig_mode_current: Reading[bool] = reading_field()
-    mig_mode_pending: Reading[bool] = reading_field()
+    uuid: Reading[str] = reading_field(readings.text)
+    name: Reading[str] = reading_field(readings.text)
+    serial: Reading[str] = reading_field(readings.text)
+    pci_bus_id: Reading[str] = reading_field(readings.text)
+    vbios_version: Reading[str] = reading_field(readings.text)
+    inforom_image_version: Reading[str] = reading_field(readings.text)
+    persistence_mode: Reading[bool] = reading_field(readings.flag)
+    mig_mode_current: Reading[bool] = reading_field(readings.flag)
+    mig_mode_pending: Reading[bool] = reading_field(readings.flag)
 
-    ecc_mode_current: Reading[bool] = reading_field()
-    ecc_mode_pending: Reading[bool] = reading_field()
-    ecc_volatile_corrected: Reading[int] = reading_field()
-    ecc_volatile_uncorrected: Reading[int] = reading_field()
-    ecc_aggregate_corrected: Reading[int] = reading_field()
-    ecc_aggregate_uncorrected: Reading[int] = reading_field()
-    ecc_volatile_dram_corrected: Reading[int] = reading_field()
-    ecc_volatile_dram_uncorrected: Reading[int] = reading_field()
-    ecc_volatile_sram_corrected: Reading[int] = reading_field()
-    ecc_volatile_sram_uncorrected: Reading[int] = reading_field()
-    ecc_aggregate_dram_corrected: Reading[int] = reading_field()
-    ecc_aggregate_dram_uncorrected: Reading[int] = reading_field()
-    ecc_aggregate_sram_corrected: Reading[int] = reading_field()
-    ecc_aggregate_sram_uncorrected: Reading[int] = reading_field()
+    ecc_mode_current: Reading[bool] = reading_field(readings.flag)
+    ecc_mode_pending: Reading[bool] = reading_field(readings.flag)
+    ecc_volatile_corrected: Reading[int] = reading_field(readings.COUNT)
+    ecc_volatile_uncorrected: Reading[int] = reading_field(readings.COUNT)
+    ecc_aggregate_corrected: Reading[int] = reading_field(readings.COUNT)
+    ecc_aggregate_uncorrected: Reading[int] = reading_field(readings.COUNT)
+    ecc_volatile_dram_corrected: Reading[int] = reading_field(readings.COUNT)
+    ecc_volatile_dram_uncorrected: Reading[int] = reading_field(readings.COUNT)
+    ecc_volatile_sram_corrected: Reading[int] = reading_field(readings.COUNT)
+    ecc_volatile_sram_uncorrected: Reading[int] = reading_field(readings.COUNT)
+    ecc_aggregate_dram_corrected: Reading[int] = reading_field(readings.COUNT)
+    ecc_aggregate_dram_uncorrected: Reading[int] = reading_field(readings.COUNT)
+    ecc_aggregate_sram_corrected: Reading[int] = reading_field(readings.COUNT)
+    ecc_aggregate_sram_uncorrected: Reading[int] = reading_field(readings.COUNT)
 
-    retired_pages_sbe: Reading[int] = reading_field()
-    retired_pages_dbe: Reading[int] = reading_field()
-    retired_pages_pending: Reading[bool] = reading_field()
-    remapped_rows_correctable: Reading[int] = reading_field()
-    remapped_rows_uncorrectable: Reading[int] = reading_field()
-    remapped_rows_pending: Reading[bool] = reading_field()
-    remapped_rows_failure: Reading[bool] = reading_field()
+    retired_pages_sbe: Reading[int] = reading_field(readings.COUNT)
+    retired_pages_dbe: Reading[int] = reading_field(readings.COUNT)
+    retired_pages_pending: Reading[bool] = reading_field(readings.flag)
+    remapped_rows_correctable: Reading[int] = reading_field(readings.COUNT)
+    remapped_rows_uncorrectable: Reading[int] = reading_field(readings.COUNT)
+    remapped_rows_pending: Reading[bool] = reading_field(readings.flag)
+    remapped_rows_failure: Reading[bool] = reading_field(readings.flag)
 
-    pcie_link_gen_current: Reading[int] = reading_field()
-    pcie_link_gen_max: Reading[int] = reading_field()
-    pcie_link_width_current: Reading[int] = reading_field()
-    pcie_link_width_max: Reading[int] = reading_field()
-    pcie_replay_counter: Reading[int] = reading_field()
+    pcie_link_gen_current: Reading[int] = reading_field(readings.whole(1, 64))
+    pcie_link_gen_max: Reading[int] = reading_field(readings.whole(1, 64))
+    pcie_link_width_current: Reading[int] = reading_field(readings.whole(0, 64))
+    pcie_link_width_max: Reading[int] = reading_field(readings.whole(1, 64))
+    pcie_replay_counter: Reading[int] = reading_field(readings.COUNT)
 
-    temperature_c: Reading[int] = reading_field()
+    temperature_c: Reading[int] = reading_field(readings.CELSIUS)
     # Degrees left before T.Limit, the driver's own limit on its hottest sensor: it governs
     # throttling on current GPUs and is not temperature_c's distance to any threshold.
-    temperature_tlimit_margin_c: Reading[int] = reading_field()
-    temperature_slowdown_c: Reading[int] = reading_field()
-    temperature_shutdown_c: Reading[int] = reading_field()
-    temperature_gpu_max_c: Reading[int] = reading_field()
+    temperature_tlimit_margin_c: Reading[int] = reading_field(readings.CELSIUS)
+    temperature_slowdown_c: Reading[int] = reading_field(readings.CELSIUS)
+    temperature_shutdown_c: Reading[int] = reading_field(readings.CELSIUS)
+    temperature_gpu_max_c: Reading[int] = reading_field(readings.CELSIUS)
 
-    power_draw_w: Reading[float] = reading_field()
-    power_limit_enforced_w: Reading[float] = reading_field()
-    power_limit_default_w: Reading[float] = reading_field()
+    power_draw_w: Reading[float] = reading_field(readings.WATTS)
+    power_limit_enforced_w: Reading[float] = reading_field(readings.WATTS)
+    power_limit_default_w: Reading[float] = reading_field(readings.WATTS)
 
-    clock_event_reasons: Reading[int] = reading_field()
-    clock_sm_mhz: Reading[int] = reading_field()
-    clock_mem_mhz: Reading[int] = reading_field()
-    clock_sm_max_mhz: Reading[int] = reading_field()
-    clock_mem_max_mhz: Reading[int] = reading_field()
+    clock_event_reasons: Reading[int] = reading_field(readings.whole(0, 2**64 - 1))
+    clock_sm_mhz: Reading[int] = reading_field(readings.MHZ)
+    clock_mem_mhz: Reading[int] = reading_field(readings.MHZ)
+    clock_sm_max_mhz: Reading[int] = reading_field(readings.MHZ)
+    clock_mem_max_mhz: Reading[int] = reading_field(readings.MHZ)
 
-    utilization_gpu_percent: Reading[int] = reading_field()
-    utilization_memory_percent: Reading[int] = reading_field()
-    memory_total_bytes: Reading[int] = reading_field()
-    memory_used_bytes: Reading[int] = reading_field()
+    utilization_gpu_percent: Reading[int] = reading_field(readings.PERCENT)
+    utilization_memory_percent: Reading[int] = reading_field(readings.PERCENT)
+    memory_total_bytes: Reading[int] = reading_field(readings.COUNT)
+    memory_used_bytes: Reading[int] = reading_field(readings.COUNT)
     # Memory the driver keeps for itself; NVML's v1 "used" counts it, nvidia-smi does not.
-    memory_reserved_bytes: Reading[int] = reading_field()
-    compute_processes: Reading[list[Process]] = reading_field()
+    memory_reserved_bytes: Reading[int] = reading_field(readings.COUNT)
+    compute_processes: Reading[list[Process]] = reading_field(readings.processes)
 
-    recovery_action: Reading[str] = reading_field()
+    recovery_action: Reading[str] = reading_field(readings.text)
 
     # From sysfs: AER counters of the GPU and of each bridge above it up to the root port,
     # [{"address", "role": gpu|bridge|root_port, "correctable"|"fatal"|"nonfatal": {name: n}}].
-    pcie_aer: Reading[list[dict[str, Any]]] = reading_field()
+    pcie_aer: Reading[list[dict[str, Any]]] = reading_field(readings.aer)
 
     # True when NVML answered "GPU is lost" for this GPU: it fell off the bus (as Xid 79).
-    gpu_lost: Reading[bool] = reading_field()
+    gpu_lost: Reading[bool] = reading_field(readings.flag)
 
     # Multi-GPU hosts (issue 11). NVLink, one entry per link: {"link": n, "up": bool,
     # "version": int|None, "remote_pci": str|None, "replay": int|None, "recovery": int|None,
     # "crc_flit": int|None, "crc_data": int|None}; not supported on a GPU without NVLink.
-    nvlink_links: Reading[list[dict[str, Any]]] = reading_field()
+    nvlink_links: Reading[list[dict[str, Any]]] = reading_field(readings.nvlink_links)
     # GPU fabric (NVSwitch systems): state not_started | in_progress | completed; the
     # status NVML gives once completed ("Success" or the error); the clique id.
-    fabric_state: Reading[str] = reading_field()
-    fabric_status: Reading[str] = reading_field()
-    fabric_clique_id: Reading[int] = reading_field()
+    fabric_state: Reading[str] = reading_field(readings.fabric_state)
+    fabric_status: Reading[str] = reading_field(readings.text)
+    fabric_clique_id: Reading[int] = reading_field(readings.whole(0, 2**32))
     # Peer-to-peer with every other GPU: {"peer": index, "read", "write", "nvlink",
     # "atomics": ok | chipset_not_supported | gpu_not_supported | topology_not_supported |
     # disabled_by_regkey | not_supported | unknown}.
-    p2p_status: Reading[list[dict[str, Any]]] = reading_field()
+    p2p_status: Reading[list[dict[str, Any]]] = reading_field(readings.p2p)
     # HBM temperature and the memory's maximum (NVML_FI_DEV_MEMORY_TEMP, THRESHOLD_MEM_MAX).
-    memory_temperature_c: Reading[int] = reading_field()
-    memory_temperature_max_c: Reading[int] = reading_field()
+    memory_temperature_c: Reading[int] = reading_field(readings.CELSIUS)
+    memory_temperature_max_c: Reading[int] = reading_field(readings.CELSIUS)
     # Application clocks in force and their defaults.
-    clock_sm_app_mhz: Reading[int] = reading_field()
-    clock_mem_app_mhz: Reading[int] = reading_field()
-    clock_sm_app_default_mhz: Reading[int] = reading_field()
-    clock_mem_app_default_mhz: Reading[int] = reading_field()
-    gsp_firmware_version: Reading[str] = reading_field()
+    clock_sm_app_mhz: Reading[int] = reading_field(readings.whole(0, 100_000))
+    clock_mem_app_mhz: Reading[int] = reading_field(readings.whole(0, 100_000))
+    clock_sm_app_default_mhz: Reading[int] = reading_field(readings.whole(0, 100_000))
+    clock_mem_app_default_mhz: Reading[int] = reading_field(readings.whole(0, 100_000))
+    gsp_firmware_version: Reading[str] = reading_field(readings.text)
 
     # The active probe (gpuguard check --active, sources/active_probe.py; absent when it
     # did not run). probe_skipped: why it left this GPU alone ("" when it probed it).
-    probe_skipped: Reading[str] = reading_field()
+    probe_skipped: Reading[str] = reading_field(readings.text)
     # {"error": text|None, "mismatches": n|None, "words": n|None, "phases_ms": {...},
     #  "elapsed_s": s}: the kernel's pattern read back, or the CUDA error that stopped it.
-    probe_compute: Reading[dict[str, Any]] = reading_field()
+    probe_compute: Reading[dict[str, Any]] = reading_field(readings.probe_check)
     # {"error": text|None, "mismatches": n, "bytes": n}: walking ones and zeros read back.
-    probe_pattern: Reading[dict[str, Any]] = reading_field()
+    probe_pattern: Reading[dict[str, Any]] = reading_field(readings.probe_check)
     # {"h2d_gbps": GB/s, "d2h_gbps": GB/s, "bytes": n}: pinned copies, best of three.
-    probe_pcie: Reading[dict[str, Any]] = reading_field()
+    probe_pcie: Reading[dict[str, Any]] = reading_field(readings.probe_pcie)
     # Device-to-device copy, bytes read plus written, GB/s.
-    probe_memory: Reading[float] = reading_field()
+    probe_memory: Reading[float] = reading_field(readings.number(0, 1e6))
     # Peer copies with every other probed GPU: [{"peer": i, "access": bool|None,
     # "gbps": to it, "reverse_gbps": from it, "error"?: text}].
-    probe_peers: Reading[list[dict[str, Any]]] = reading_field()
+    probe_peers: Reading[list[dict[str, Any]]] = reading_field(readings.probe_peers)
 
     def identity(self) -> GpuId:
         """Which GPU this is (gpuguard.model.identity), from the readings that answered."""
@@ -239,51 +277,50 @@ class GpuSnapshot:
         if isinstance(self.index, bool) or not isinstance(self.index, int) or \
                 not 0 <= self.index < 1024:
             raise ValueError(f"GPU index must be a whole number 0..1023, not {self.index!r}")
-        _name_readings(self, "gpu")
 
 
 @dataclass
-class HostInfo:
+class HostInfo(Validated):
     hostname: str = ""
     collected_at: float = 0.0
     # Which source produced the snapshot: nvml, nvidia-smi-xml, or a replayed snapshot's own.
     source: str = ""
-    driver_version: Reading[str] = reading_field()
-    cuda_driver_version: Reading[str] = reading_field()
-    nvml_version: Reading[str] = reading_field()
-    gpu_count: Reading[int] = reading_field()
+    driver_version: Reading[str] = reading_field(readings.text)
+    cuda_driver_version: Reading[str] = reading_field(readings.text)
+    nvml_version: Reading[str] = reading_field(readings.text)
+    gpu_count: Reading[int] = reading_field(readings.whole(0, 1024))
 
     # Kernel log summary (sources/kmsg.py): {"source", "records", "now_usec", "xids": [...],
     # "unsigned_module_rejected", "acked_seq"}.
-    kernel_log: Reading[dict[str, Any]] = reading_field()
+    kernel_log: Reading[dict[str, Any]] = reading_field(readings.kernel_log)
     # procfs: the "NVRM version" of the loaded kernel module, and which of nvidia,
     # nvidia_uvm, nvidia_drm, nvidia_modeset, nouveau are loaded.
-    kernel_module_version: Reading[str] = reading_field()
-    kernel_modules: Reading[list[str]] = reading_field()
+    kernel_module_version: Reading[str] = reading_field(readings.text)
+    kernel_modules: Reading[list[str]] = reading_field(readings.text_list)
     # rootfs: /dev/nvidia* nodes present; sysfs: UEFI Secure Boot on.
-    device_nodes: Reading[list[str]] = reading_field()
-    secure_boot: Reading[bool] = reading_field()
-    persistenced_running: Reading[bool] = reading_field()
+    device_nodes: Reading[list[str]] = reading_field(readings.text_list)
+    secure_boot: Reading[bool] = reading_field(readings.flag)
+    persistenced_running: Reading[bool] = reading_field(readings.flag)
     # Container toolkit (sources/toolkit.py): CDI specs, nvidia-container-cli, nvidia-ctk, docker.
-    cdi_specs: Reading[list[dict[str, Any]]] = reading_field()
-    container_cli: Reading[dict[str, Any]] = reading_field()
-    ctk_version: Reading[str] = reading_field()
-    docker: Reading[dict[str, Any]] = reading_field()
-    probe_image: Reading[dict[str, Any]] = reading_field()
+    cdi_specs: Reading[list[dict[str, Any]]] = reading_field(readings.mapping_list)
+    container_cli: Reading[dict[str, Any]] = reading_field(readings.mapping)
+    ctk_version: Reading[str] = reading_field(readings.text)
+    docker: Reading[dict[str, Any]] = reading_field(readings.mapping)
+    probe_image: Reading[dict[str, Any]] = reading_field(readings.mapping)
     # procfs: an nvidia-fabricmanager process runs on this host (issue 11).
-    fabricmanager_running: Reading[bool] = reading_field()
+    fabricmanager_running: Reading[bool] = reading_field(readings.flag)
     # Host resources (issue 14; the daemon, `check --host-resources`), from psutil:
     # {"total_bytes", "available_bytes", "swap_total_bytes", "swap_used_bytes"}.
-    host_memory: Reading[dict[str, Any]] = reading_field()
+    host_memory: Reading[dict[str, Any]] = reading_field(readings.host_memory)
     # statvfs of Docker's data root and the profile's disk_paths, one entry per path:
     # {"path", "role": docker|profile, "total_bytes", "free_bytes", "inodes_total",
     # "inodes_free"}, or {"path", "role", "error"} for a path that could not be read.
-    disk_space: Reading[list[dict[str, Any]]] = reading_field()
+    disk_space: Reading[list[dict[str, Any]]] = reading_field(readings.disk_space)
     # The supervised services (daemon only, gpuguard/daemon/services.py): name -> {pids,
     # processes, rss_bytes, samples, headroom, answered_at (its first answer: the warm-up
     # starts there), inference {ok, timed_out, latency_s, ...}, ...} or {error}; absent when none
     # is configured (the service.* rules are skipped).
-    services: Reading[dict[str, Any]] = reading_field()
+    services: Reading[dict[str, Any]] = reading_field(readings.mapping)
 
     def __post_init__(self) -> None:
         if not isinstance(self.hostname, str) or not isinstance(self.source, str):
@@ -292,7 +329,6 @@ class HostInfo:
                 not isinstance(self.collected_at, int | float) or \
                 not math.isfinite(self.collected_at):
             raise ValueError(f"collected_at must be a time, not {self.collected_at!r}")
-        _name_readings(self, "host")
 
 
 @dataclass
@@ -429,25 +465,6 @@ HOST_READING_FIELDS: tuple[str, ...] = tuple(
 )
 
 
-def _name_readings(obj: Any, scope: str) -> None:
-    """Name every reading after its field and turn a value that is not valid for the
-    field (gpuguard/model/readings.py) into an error reading: checked wherever a snapshot is
-    built, so no source, replay or worker line can hand a rule a wrong value. A reading
-    already named after the field was checked for it when it was named: sources call
-    this after each field they set, and a kernel log of 2,000 Xids is checked once."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if not isinstance(value, Reading) or value.name == f.name:
-            continue
-        if value.state == "ok":
-            wrong = readings.problem(scope, f.name, value.value)
-            if wrong is not None:
-                value = Reading.failed(f"invalid {f.name} ({wrong})")
-                setattr(obj, f.name, value)
-        if value.name != f.name:
-            object.__setattr__(value, "name", f.name)
-
-
 def _dataclass_to_json(obj: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
@@ -466,7 +483,7 @@ _T = TypeVar("_T")
 
 
 def _processes(raw: Any) -> Reading[Any]:
-    wrong = readings.problem("gpu", "compute_processes", raw)
+    wrong = readings.processes(raw)
     if wrong is not None:
         return Reading.failed(f"invalid compute_processes ({wrong})")
     return Reading.ok([Process(pid=p["pid"], used_memory_bytes=p.get("used_memory_bytes"),

@@ -455,7 +455,6 @@ def assemble(snapshot: Snapshot, opts: ProbeOptions, skipped: dict[int, str],
             gpu.probe_skipped = Reading.ok(skipped[gpu.index])
             for name in FIELDS:
                 setattr(gpu, name, Reading.not_supported(skipped[gpu.index]))
-            gpu.__post_init__()
             continue
         lines = by_gpu.get(gpu.index, [])
         values: dict[str, Any] = {}
@@ -508,7 +507,6 @@ def assemble(snapshot: Snapshot, opts: ProbeOptions, skipped: dict[int, str],
                 setattr(gpu, name, Reading.failed(why if name == "probe_compute"
                                                   else f"not measured: {why}"))
         gpu.probe_skipped = Reading.ok("")
-        gpu.__post_init__()
     _peer_readings(snapshot, ran, pairs, hung, endings)
 
 
@@ -547,7 +545,6 @@ def _peer_readings(snapshot: Snapshot, ran: list[int], pairs: dict[tuple[int, in
                 entry["error"] = msg["error"]
             entries.append(entry)
         gpu.probe_peers = Reading.ok(entries)
-        gpu.__post_init__()
 
 
 # --- the forked worker: runs only in the child -------------------------------------

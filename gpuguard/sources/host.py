@@ -198,7 +198,6 @@ def collect_host(snapshot: Snapshot, opts: HostOptions,
                       for name in source.fields}
         for name, reading in values.items():
             setattr(snapshot.host, name, reading)
-        snapshot.host.__post_init__()  # validated: an invalid value is an error reading
         snapshot.record(source.name, started, [getattr(snapshot.host, n) for n in values])
         if done is not None:
             done(source.name, {n: getattr(snapshot.host, n) for n in values})
@@ -284,7 +283,6 @@ class ForkedHostFacts:
                 os.kill(self.pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, os.WNOHANG)
-        facts.host.__post_init__()
         return facts
 
 
@@ -301,7 +299,6 @@ def collect_gpus(snapshot: Snapshot, opts: HostOptions) -> None:
     for gpu in snapshot.gpus:
         if gpu.pci_bus_id.is_ok:
             gpu.pcie_aer = sysfs.aer_chain(opts.paths.sysfs, gpu.pci_bus_id.get())
-            gpu.__post_init__()
     snapshot.record("pcie_aer", started, [gpu.pcie_aer for gpu in snapshot.gpus])
 
 
@@ -313,7 +310,6 @@ def merge(into: Snapshot, host_from: Snapshot) -> None:
         if value.state != "absent":
             setattr(into.host, name, value)
     into.sources.update(host_from.sources)
-    into.host.__post_init__()
 
 
 def read_kernel_log(opts: HostOptions) -> Reading[dict[str, Any]]:

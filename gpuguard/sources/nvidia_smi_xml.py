@@ -160,7 +160,6 @@ def _gpu(index: int, g: ET.Element) -> GpuSnapshot:
     gpu.compute_processes = _processes(g)
     gpu.recovery_action = _reading(g, ["gpu_recovery_action"], _action)
     _multi_gpu(gpu, g)
-    gpu.__post_init__()
     return gpu
 
 

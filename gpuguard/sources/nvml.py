@@ -215,7 +215,6 @@ def fill_unanswered(snapshot: Snapshot, known: list[Any] | None = None) -> None:
                 setattr(gpu, name, getattr(like, name))  # who it is; not how it is
             else:
                 setattr(gpu, name, Reading.failed(why))
-        gpu.__post_init__()
         snapshot.gpus.append(gpu)
     snapshot.gpus.sort(key=lambda g: g.index)
 
