@@ -12,35 +12,13 @@ from typing import Any
 
 from gpuguard.checks import not_probed, probe_floor
 from gpuguard.judge.registry import CheckContext, Finding, gpu_check, ok, skipped, unknown
-from gpuguard.model.samples import NVLINK_COUNTERS, nvlink_totals, window_growth
-from gpuguard.model.snapshot import GpuSnapshot, Snapshot
+from gpuguard.model.derived import NVLINK_COUNTERS, expected_links, links_up, nvlink_totals
+from gpuguard.model.samples import window_growth
+from gpuguard.model.snapshot import GpuSnapshot
 
 NO_NVLINK = "no NVLink on this GPU (NVML: not supported): nothing to judge"
 LABELS = {"replay": "replay", "recovery": "recovery", "crc_flit": "CRC flit",
           "crc_data": "CRC data"}
-
-
-def links_up(gpu: GpuSnapshot) -> int | None:
-    """Links up on a GPU with a readable NVLink list; None otherwise."""
-    if not gpu.nvlink_links.is_ok:
-        return None
-    return sum(1 for link in gpu.nvlink_links.get() if link["up"])
-
-
-def expected_links(gpu: GpuSnapshot, snapshot: Snapshot, per_gpu: int | None
-                   ) -> tuple[int, str]:
-    """How many links should be up, and where that number comes from: the profile's
-    `per_gpu`, or the most links up among this GPU's peers of the same model (itself
-    included). The one place that decides it: nvlink.state and the metric use it."""
-    if per_gpu is not None:
-        return per_gpu, "the profile's nvlink_links_per_gpu"
-    model = gpu.name.get_or(None)
-    counts = [n for peer in snapshot.gpus
-              if peer.name.get_or(None) == model and (n := links_up(peer)) is not None]
-    peers = len(counts) - 1
-    if peers <= 0:
-        return max(counts, default=0), "no peer of the same model to compare with"
-    return max(counts), f"the most up among its {peers} peer(s) of the same model"
 
 
 @gpu_check("nvlink.state")

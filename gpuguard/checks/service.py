@@ -16,15 +16,10 @@ from typing import Any
 
 from gpuguard.judge.registry import CheckContext, Finding, host_check, ok, skipped, unknown
 from gpuguard.judge.trend import Limits, judge
+from gpuguard.model.derived import held_by
 from gpuguard.model.results import Status
-from gpuguard.model.snapshot import GpuSnapshot, Process
 
 MIB = 1024 * 1024
-
-
-def held_by(gpu: GpuSnapshot, pids: set[int]) -> list[Process]:
-    """The GPU's compute processes that belong to the service (NVML reports host PIDs)."""
-    return [p for p in gpu.compute_processes.get() if p.pid in pids]
 
 
 def _combine(findings: dict[str, Finding]) -> Finding:

@@ -88,11 +88,8 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
         raise ConfigProblem("--record writes this host's history; it cannot record a "
                             "replayed --input (check it without --record)")
     paths = paths_from(path_sysfs, path_procfs, path_rootfs)
-    host_opts = host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
-                              docker, "auto", profile_path, host_resources is True)
-    # check never judges the NVLink error counters (the daemon does, by growth): left out
-    collection = start_collection(host_opts, input_path, timeout, link_counters=False)
-    early = _early_probe(paths.procfs) if active is not None and input_path is None else None
+    # The NVML worker runs already (cli/entry.py); the configuration is loaded meanwhile,
+    # then the host sources start with what the profile says (Docker, disk paths).
     try:
         profile, ruleset = load_rules(profile_path, rules_dirs)
         _check_filters(only, skip, list(ruleset.rules))
@@ -102,10 +99,15 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
             raise ConfigProblem("--active probes this host's GPUs; it cannot check a saved "
                                 "--input (a snapshot saved after a probe keeps its results)")
     except click.ClickException:
-        collection.abandon()  # do not leave the worker behind
-        if early is not None:
-            early.abandon()
+        from gpuguard.sources import nvml
+
+        nvml.abandon_early()  # do not leave the worker behind
         raise
+    host_opts = host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
+                             docker, "auto", profile, host_resources is True)
+    # check never judges the NVLink error counters (the daemon does, by growth): left out
+    collection = start_collection(host_opts, input_path, timeout, link_counters=False)
+    early = _early_probe(paths.procfs) if active is not None and input_path is None else None
 
     # Everything imported from here to the result overlaps with the NVML worker.
     from gpuguard.judge.engine import evaluate
@@ -169,8 +171,9 @@ def snapshot(output: Path | None, input_path: Path | None, timeout: float,
     import json
 
     paths = paths_from(path_sysfs, path_procfs, path_rootfs)
+    profile, _ = load_rules(None, ())  # the site's profile says which disk paths to read
     host_opts = host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
-                              docker, "on", None, host_resources is not False)
+                             docker, "on", profile, host_resources is not False)
     snap = start_collection(host_opts, input_path, timeout).result()
     emit(json.dumps(snap.to_json(), indent=2) + "\n", output)
 

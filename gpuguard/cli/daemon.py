@@ -78,7 +78,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
         listen=listen, fast_interval=fast_interval, slow_interval=slow_interval,
         timeout=timeout, input_path=input_path,
         host=host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
-                           docker, "on", profile_path, host_resources is not False),
+                           docker, "on", None, host_resources is not False),
         profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
         log_format=log_format, dry_run=dry_run, active_probe_interval=active_probe_interval,
         event_store=event_store,

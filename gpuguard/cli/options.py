@@ -86,16 +86,17 @@ def rule_options(fn: Any) -> Any:
 def host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,
                   state_dir: Path | None, probe_image: str | None, timeout: float,
                   docker: bool | None, docker_default: str,
-                  profile_path: Path | None, host_resources: bool = False) -> HostOptions:
-    from gpuguard.io.paths import profile_or_default
+                  profile: Profile | None, host_resources: bool = False) -> HostOptions:
     from gpuguard.sources.host import HostOptions
 
-    profile_path = profile_or_default(profile_path)
     mode = docker_default if docker is None else ("on" if docker else "off")
     opts = HostOptions(paths=paths, kmsg_file=kmsg_file, state_dir=state_dir,
                        probe_image=probe_image, probe_timeout=max(timeout, 5.0),
                        read_timeout=min(5.0, 0.75 * timeout), docker=mode,
-                       profile_path=profile_path, host_resources=host_resources)
+                       host_resources=host_resources)
+    if profile is not None:  # loaded by the command: the sources never read it again
+        opts.docker_required = profile.docker_required
+        opts.disk_paths = tuple(profile.disk_paths)
     if input_path is not None:
         # A replay reads only the host sources the user pointed at.
         given = given_options()

@@ -9,8 +9,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from gpuguard.checks.service import held_by
-from gpuguard.judge.trend import fit
+from gpuguard.model.derived import held_by
 from gpuguard.model.snapshot import Snapshot
 
 
@@ -53,14 +52,12 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
                     gpu_mem.add_metric([name, str(gpu.index)],
                                        sum(p.used_memory_bytes or 0 for p in held))
         rss.add_metric([name], float(entry.get("rss_bytes") or 0))
-        samples = entry.get("samples") or []
-        for memory, column, room in (("host", 1, "host_headroom_bytes"),
-                                     ("gpu", 2, "gpu_headroom_bytes")):
-            line = fit([(s[0], float(s[column])) for s in samples if s[column] is not None])
-            if line is None:
+        # fitted once, by the daemon's service watch (daemon/services.py)
+        for memory in ("host", "gpu"):
+            growth = (entry.get("growth") or {}).get(memory)
+            if growth is None:
                 continue
-            slope.add_metric([name, memory], line.slope)
-            headroom = entry.get(room)
-            if line.slope > 0 and headroom is not None:
-                left.add_metric([name, memory], max(float(headroom), 0.0) / line.slope)
+            slope.add_metric([name, memory], growth["slope_bytes_per_s"])
+            if "exhaustion_s" in growth:
+                left.add_metric([name, memory], growth["exhaustion_s"])
     yield from (gpu_mem, rss, slope, left, latency, success)

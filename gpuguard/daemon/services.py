@@ -23,7 +23,8 @@ from typing import Any
 
 import structlog
 
-from gpuguard.checks.service import held_by
+from gpuguard.judge.trend import fit
+from gpuguard.model.derived import held_by
 from gpuguard.model.snapshot import Reading, Snapshot
 from gpuguard.supervisor import processes
 from gpuguard.supervisor import readiness as probe
@@ -151,7 +152,26 @@ class ServiceWatch:
             "gpu_headroom_bytes": gpu_headroom,
             "samples": [list(s) for s in run.samples],
         })
+        entry["growth"] = _growth(entry)
         return entry
+
+
+def _growth(entry: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The slope of the run's memory over all its samples (host RSS and GPU memory), and
+    the seconds left at that slope: fitted once per cycle, here, for the metrics (the
+    service.memory_growth rule judges its own window with its own thresholds)."""
+    samples = entry["samples"]
+    out: dict[str, dict[str, float]] = {}
+    for memory, column, room in (("host", 1, "host_headroom_bytes"),
+                                 ("gpu", 2, "gpu_headroom_bytes")):
+        line = fit([(s[0], float(s[column])) for s in samples if s[column] is not None])
+        if line is None:
+            continue
+        growth = out[memory] = {"slope_bytes_per_s": line.slope}
+        headroom = entry.get(room)
+        if line.slope > 0 and headroom is not None:
+            growth["exhaustion_s"] = max(float(headroom), 0.0) / line.slope
+    return out
 
 
 def _gpu_memory(snap: Snapshot, pids: set[int]) -> tuple[int | None, int | None]:

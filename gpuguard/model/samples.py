@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from gpuguard.model import clock_events
+from gpuguard.model.derived import NVLINK_COUNTERS, aer_total
 from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 
 
@@ -40,21 +41,6 @@ class Sample:
     nvlink_read: frozenset[int] | None = None
 
 
-NVLINK_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data")
-
-
-def nvlink_totals(gpu: GpuSnapshot) -> dict[str, int | None]:
-    """Each NVLink error counter summed over the GPU's links: None where the GPU has no
-    NVLink reading or no link gave that counter. The one sum history and metrics use."""
-    if not gpu.nvlink_links.is_ok:
-        return dict.fromkeys(NVLINK_COUNTERS)
-    totals: dict[str, int | None] = {}
-    for name in NVLINK_COUNTERS:
-        values = [link[name] for link in gpu.nvlink_links.get() if link.get(name) is not None]
-        totals[name] = sum(values) if values else None
-    return totals
-
-
 def gpu_key(gpu: GpuSnapshot) -> str:
     return gpu.identity().key
 
@@ -62,7 +48,7 @@ def gpu_key(gpu: GpuSnapshot) -> str:
 def sample(gpu: GpuSnapshot, t: float) -> Sample:
     aer = None
     if gpu.pcie_aer.is_ok:
-        aer = sum((d.get("correctable") or {}).get("TOTAL", 0) for d in gpu.pcie_aer.get())
+        aer = aer_total(gpu.pcie_aer.get(), "correctable")
     reasons = gpu.clock_event_reasons.value if gpu.clock_event_reasons.is_ok else None
     nvlink, read = _nvlink_sums(gpu)
     return Sample(

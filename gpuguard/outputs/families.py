@@ -15,11 +15,16 @@ from prometheus_client.core import (
 )
 
 from gpuguard import __version__
-from gpuguard.checks.nvlink import expected_links, links_up
 from gpuguard.model import clock_events
+from gpuguard.model.derived import (
+    NVLINK_COUNTERS,
+    aer_total,
+    expected_links,
+    links_up,
+    nvlink_totals,
+)
 from gpuguard.model.identity import LABELS, labels_of
 from gpuguard.model.results import Result, Status
-from gpuguard.model.samples import NVLINK_COUNTERS, nvlink_totals
 from gpuguard.model.snapshot import Snapshot
 
 GPU_LABELS = list(LABELS)  # the GPU identity's (gpuguard.model.identity)
@@ -155,8 +160,7 @@ def telemetry(snapshot: Snapshot, nvlink_links_per_gpu: int | None = None
         put(width, labels, gpu.pcie_link_width_max, extra=["max"])
         if gpu.pcie_aer.is_ok:
             for kind in ("correctable", "nonfatal", "fatal"):
-                count = sum((d.get(kind) or {}).get("TOTAL", 0) for d in gpu.pcie_aer.get())
-                aer.add_metric([*labels, kind], count)
+                aer.add_metric([*labels, kind], aer_total(gpu.pcie_aer.get(), kind))
         put(mem_temp, labels, gpu.memory_temperature_c)
         if gpu.fabric_state.is_ok:
             fabric.add_metric(labels, FABRIC_VALUE[gpu.fabric_state.get()])

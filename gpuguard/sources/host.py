@@ -42,13 +42,14 @@ class HostOptions:
     # says `docker: required`. Importing the docker SDK costs ~200 ms, too much for every
     # preflight `check` on hosts that do not run their inference in Docker.
     docker: str = "on"
-    profile_path: Path | None = None
+    # The profile's `docker: required` (docker "auto": check Docker only then).
+    docker_required: bool = False
     # Host memory and disk space (host.memory, host.disk): the daemon reads them; `check`
     # only with --host-resources (psutil's import and Docker's API stay off its path).
     host_resources: bool = True
-    # The paths host.disk watches besides Docker's data root; None: the profile's
-    # `disk_paths`, read from profile_path (the daemon sets its loaded profile's here).
-    disk_paths: tuple[Path, ...] | None = None
+    # The paths host.disk watches besides Docker's data root: the profile's `disk_paths`
+    # (whoever loaded the profile sets them: the sources never read it themselves).
+    disk_paths: tuple[Path, ...] = ()
     # Which families to read: all for a live check, only those named for a replay.
     kernel_log: bool = True
     procfs: bool = True
@@ -137,19 +138,7 @@ def _disk_space(opts: HostOptions) -> dict[str, Reading[Any]]:
         return {"disk_space": Reading.not_supported(RESOURCES_OFF)}
     from gpuguard.sources import disk_space
 
-    paths = opts.disk_paths
-    if paths is None:
-        if opts.profile_path is None:
-            paths = ()
-        else:
-            from gpuguard.config.profile import load_profile
-            from gpuguard.config.yamlfile import ConfigError
-
-            try:
-                paths = tuple(load_profile(opts.profile_path).disk_paths)
-            except ConfigError as exc:  # the parent reports the bad profile, exit 3
-                return {"disk_space": Reading.failed(f"the profile's disk_paths: {exc}")}
-    return {"disk_space": disk_space.read(opts.paths.rootfs, paths, opts.docker != "off",
+    return {"disk_space": disk_space.read(opts.paths.rootfs, opts.disk_paths, opts.docker != "off",
                                           opts.read_timeout)}
 
 
@@ -206,15 +195,7 @@ def collect_host(snapshot: Snapshot, opts: HostOptions,
 def _want_docker(opts: HostOptions) -> bool:
     if opts.docker == "on" or opts.probe_image:
         return True
-    if opts.docker == "off" or opts.profile_path is None:
-        return False
-    from gpuguard.config.profile import load_profile
-    from gpuguard.config.yamlfile import ConfigError
-
-    try:
-        return load_profile(opts.profile_path).docker_required
-    except ConfigError:
-        return False  # the parent reports the bad profile
+    return opts.docker == "auto" and opts.docker_required
 
 
 class ForkedHostFacts:
