@@ -244,27 +244,30 @@ def test_a_cgroup_left_behind_is_named(real_host: Host) -> None:
 
 @pytest.fixture
 def run_cgroup() -> Iterator[Path]:
-    """A cgroup as scripts/test.sh makes for a run (v2 first, else v1's pids); whatever
-    is still in it is killed, and it is removed, at the end."""
+    """Where scripts/test.sh would make a run's cgroup (v2 first, else v1's pids), for the
+    test to make after its first snapshot, as test.sh does; whatever is still in it is
+    killed, and it is removed, at the end."""
     hierarchy = writable_hierarchy("cgroup2") or writable_hierarchy("cgroup", "pids")
     if os.geteuid() != 0 or hierarchy is None:
         pytest.skip("no writable cgroup hierarchy (root, and a v2 or a v1 pids hierarchy)")
     cgroup = hierarchy / f"gpuguard-hostguard-test-{uuid.uuid4().hex[:8]}"
-    cgroup.mkdir()
     try:
         yield cgroup
     finally:
         end = time.monotonic() + 10
-        while (pids := (cgroup / "cgroup.procs").read_text().split()) and time.monotonic() < end:
+        while (cgroup.exists() and (pids := (cgroup / "cgroup.procs").read_text().split())
+               and time.monotonic() < end):
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):  # gone already
                     os.kill(int(pid), signal.SIGKILL)
             time.sleep(0.05)
-        cgroup.rmdir()
+        if cgroup.exists():
+            cgroup.rmdir()
 
 
 def test_a_daemon_left_in_the_run_cgroup_is_named(real_host: Host, run_cgroup: Path) -> None:
     before = real_host.snapshot("before", "--run-cgroup", str(run_cgroup))
+    run_cgroup.mkdir()
     # a daemon as the worst of them start: double fork, a new session, an empty environment
     subprocess.run(["sh", "-c", 'echo $$ > "$1/cgroup.procs" && exec env -i setsid sh -c '
                     '"sleep 300 </dev/null >/dev/null 2>&1 &"', "sh", str(run_cgroup)],
