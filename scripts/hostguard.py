@@ -34,7 +34,7 @@ import re
 import socket
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -48,7 +48,9 @@ UNIX_ACCEPTCON = 0x10000
 # A record of /dev/kmsg or `dmesg -r` ("6,353,579388,-;text"), or a line of `dmesg`
 # ("[   12.345678] text"): the prefix before the message.
 KMSG_PREFIX = re.compile(r"^(?:<\d+>)?(?:\d+,\d+,\d+(?:,[^;]*)?;|\[\s*\d+\.\d+\]\s?)")
-KMSG_READ_LIMIT = 64 * 1024 * 1024  # more than any real ring buffer: a device that never ends
+# Far more than a kernel ring buffer holds: a bound for a character device given as the
+# log that is not /dev/kmsg and never ends (/dev/zero).
+KMSG_READ_LIMIT = 64 * 1024 * 1024
 
 
 # ----------------------------------------------------------------------------- mounts
@@ -66,8 +68,8 @@ def mountinfo(proc: Path) -> list[dict[str, str]]:
         fields = line.split(" ")
         sep = fields.index("-", 6)  # optional fields (shared:N, master:N) come before "-"
         mounts.append({"point": unescape(fields[4]), "options": fields[5],
-                       "root": unescape(fields[3]), "type": fields[sep + 1],
-                       "source": unescape(fields[sep + 2]), "super": fields[sep + 3]})
+                       "type": fields[sep + 1], "source": unescape(fields[sep + 2]),
+                       "super": fields[sep + 3]})
     return mounts
 
 
@@ -213,7 +215,10 @@ def processes_in_cgroup(run_cgroup: Path) -> set[int]:
         return pids
     for directory, _, files in os.walk(run_cgroup):
         if "cgroup.procs" in files:
-            text = (Path(directory) / "cgroup.procs").read_text()
+            try:
+                text = (Path(directory) / "cgroup.procs").read_text()
+            except FileNotFoundError:  # a cgroup below removed while we looked
+                continue
             pids.update(int(p) for p in text.split())
     return pids
 
@@ -307,6 +312,17 @@ def describe(root: Path, path: Path) -> str:
     return f"{shown} ({stat.st_size} bytes, modified {mtime})"
 
 
+def described(root: Path, paths: Iterable[Path]) -> list[str]:
+    """describe() of each path, but one that went away while we looked."""
+    items = []
+    for path in paths:
+        try:
+            items.append(describe(root, path))
+        except FileNotFoundError:
+            continue
+    return items
+
+
 def walk(top: Path) -> Iterator[Path]:
     """top and everything below it, symbolic links to directories not followed."""
     if not top.exists() and not top.is_symlink():
@@ -319,7 +335,7 @@ def walk(top: Path) -> Iterator[Path]:
 
 
 def files_section(root: Path) -> list[str]:
-    return [describe(root, p) for top in GPUGUARD_DIRS for p in walk(root / top)]
+    return described(root, (p for top in GPUGUARD_DIRS for p in walk(root / top)))
 
 
 def boot_section(root: Path) -> list[str]:
@@ -329,11 +345,11 @@ def boot_section(root: Path) -> list[str]:
     units = root / "etc" / "systemd" / "system"
     for directory, dirs, files in os.walk(units):
         if directory.endswith((".wants", ".requires")):
-            items += [describe(root, Path(directory) / name) for name in dirs + files]
+            items += described(root, (Path(directory) / name for name in dirs + files))
     for level in "S2345":
         rc_dir = root / "etc" / f"rc{level}.d"
         if rc_dir.is_dir():
-            items += [describe(root, p) for p in rc_dir.glob("S*")]
+            items += described(root, rc_dir.glob("S*"))
     return items
 
 
