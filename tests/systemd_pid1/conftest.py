@@ -4,8 +4,12 @@ The root comes from scripts/systemd-root.sh (debootstrap, cached under
 /var/cache/gpuguard-tests), is imported into the private Docker engine of the session
 (`docker_host`), and booted with the options systemd needs without --privileged. The
 container shares the host's network (the daemon listens on a free loopback port, never
-9412) and the cgroup namespace: systemd then manages only the container's own
-/docker/<id> cgroup, never the host's root. It is removed at the end of the module.
+9412), never its cgroups: it has a cgroup namespace of its own and an empty tmpfs at
+/sys/fs/cgroup, where systemd mounts the hierarchies it wants, rooted at the container's
+own cgroup (under the engine's cgroup parent). Given the host's /sys/fs/cgroup instead
+(`--cgroupns host -v /sys/fs/cgroup:/sys/fs/cgroup`), systemd remounted the host's tmpfs
+read-only and left new hierarchy directories in it (issue 18). It is removed at the end
+of the module.
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ class Machine:
         subprocess.run(["docker", "cp", str(source), f"{self.name}:{dest}"], check=True,
                        env=self.docker_env, capture_output=True)
 
+    def inspect(self, template: str) -> str:
+        """A field of `docker inspect` of the container, as the Go template picks it."""
+        proc = subprocess.run(["docker", "inspect", "--format", template, self.name],
+                              capture_output=True, text=True, env=self.docker_env, check=True)
+        return proc.stdout.strip()
+
     def show(self, unit: str, *props: str) -> dict[str, str]:
         out = self.ok("systemctl", "show", unit, *(f"--property={p}" for p in props))
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
@@ -69,6 +79,17 @@ class Machine:
             if time.monotonic() > end:
                 raise AssertionError(f"not within {timeout} s: {what}")
             time.sleep(0.5)
+
+
+def host_cgroup_mounts() -> list[str]:
+    """The host's mounts at and under /sys/fs/cgroup, with the file system's own options
+    (where a remount read-only of the tmpfs shows), and what lies in the tmpfs."""
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" ")
+        if fields[4].startswith("/sys/fs/cgroup"):
+            mounts.append(" ".join([fields[4], *fields[fields.index("-", 6) + 1:]]))
+    return sorted(mounts) + sorted(os.listdir("/sys/fs/cgroup"))
 
 
 @pytest.fixture(scope="session")
@@ -101,12 +122,14 @@ def machine(docker_host: str, systemd_root: Path, gpuguard_deb: Path, fake_nvml:
     subprocess.run(["docker", "import", str(systemd_root), image], check=True, env=env,
                    capture_output=True)
     name = f"gpuguard-systemd-{uuid.uuid4().hex[:8]}"
+    host_before = host_cgroup_mounts()
     started = subprocess.run(
         ["docker", "run", "--detach", "--name", name,
          # what systemd needs to run as PID 1 without --privileged (which is refused here)
          "--cap-add", "SYS_ADMIN", "--security-opt", "seccomp=unconfined",
-         # the host's cgroup namespace: systemd sees its own /docker/<id> as its root
-         "--cgroupns", "host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+         # cgroups of its own: the container's cgroup is the root of its namespace, and
+         # systemd mounts the hierarchies on a tmpfs of the container's, not the host's
+         "--cgroupns", "private", "--tmpfs", "/sys/fs/cgroup",
          "--tmpfs", "/run", "--tmpfs", "/run/lock", "--env", "container=docker",
          "--network", "host", image, "/lib/systemd/systemd"],
         capture_output=True, text=True, env=env, check=False)
@@ -118,8 +141,15 @@ def machine(docker_host: str, systemd_root: Path, gpuguard_deb: Path, fake_nvml:
             timeout=BOOT_TIMEOUT_S)
         state = box.run("systemctl", "is-system-running").stdout.strip()
         assert state == "running", box.run("systemctl", "--failed", "--no-pager").stdout
-        # never the host's root cgroup (that would be systemd managing the host)
-        assert "/docker/" in box.ok("cat", "/proc/1/cgroup")
+        # systemd's root is the container's own cgroup, never the host's root (that would
+        # be systemd managing the host): seen from the host, the container's PID 1 is in
+        # a cgroup named after the container in every hierarchy
+        container_id = box.inspect("{{.Id}}")
+        host_view = Path(f"/proc/{box.inspect('{{.State.Pid}}')}/cgroup").read_text()
+        assert all(f"/{container_id}/" in line.split(":", 2)[2] + "/"
+                   for line in host_view.splitlines()), host_view
+        # and the host's cgroup mounts are as they were before the boot
+        assert host_cgroup_mounts() == host_before, (host_before, host_cgroup_mounts())
         box.copy_in(gpuguard_deb, "/root/gpuguard.deb")
         box.ok("dpkg", "-i", "/root/gpuguard.deb")
         box.copy_in(fake_nvml / "libnvidia-ml.so.1", f"{FAKE_NVML_DIR}/libnvidia-ml.so.1")
