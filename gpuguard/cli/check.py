@@ -31,7 +31,7 @@ from gpuguard.cli.options import (
 if TYPE_CHECKING:
     from gpuguard.model.profile import Profile
     from gpuguard.model.snapshot import Snapshot
-    from gpuguard.sources.active_probe import EarlyStart
+    from gpuguard.sources.active.workers import EarlyStart
 
 
 @click.command()
@@ -193,7 +193,7 @@ def _print_timing(waiting: float, gathered: float, snapshot: Snapshot) -> None:
 def _early_probe(procfs: Path) -> EarlyStart:
     """The probe's workers started beside the NVML sweep, each running cuInit while the
     sweep runs (docs/active-probe.md)."""
-    from gpuguard.sources.active_probe import EarlyStart
+    from gpuguard.sources.active.workers import EarlyStart
 
     return EarlyStart(procfs)
 
@@ -203,7 +203,8 @@ def _active_probe(snapshot: Snapshot, profile: Profile, force: bool, deadline_s:
                   early: EarlyStart | None) -> None:
     """The active probe on the GPUs the NVML sweep found (it needs their bus ids and how
     busy they are): its results become the snapshot's probe_* readings."""
-    from gpuguard.sources.active_probe import ActiveProbe, options
+    from gpuguard.sources.active.plan import options
+    from gpuguard.sources.active.workers import ActiveProbe
 
     opts = options(profile.probe_settings, force, deadline_s, buffer_mib, pattern_mib)
     ActiveProbe(snapshot, opts, early).finish(snapshot)

@@ -12,7 +12,8 @@ import time
 from typing import TYPE_CHECKING
 
 from gpuguard.model.snapshot import Reading, Snapshot
-from gpuguard.sources.active_probe import FIELDS, ActiveProbe, options
+from gpuguard.sources.active.plan import FIELDS, options
+from gpuguard.sources.active.workers import ActiveProbe
 
 if TYPE_CHECKING:
     from gpuguard.model.profile import Profile

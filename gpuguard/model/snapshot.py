@@ -250,7 +250,7 @@ class GpuSnapshot(Validated):
     clock_mem_app_default_mhz: Reading[int] = reading_field(readings.whole(0, 100_000))
     gsp_firmware_version: Reading[str] = reading_field(readings.text)
 
-    # The active probe (gpuguard check --active, sources/active_probe.py; absent when it
+    # The active probe (gpuguard check --active, sources/active/; absent when it
     # did not run). probe_skipped: why it left this GPU alone ("" when it probed it).
     probe_skipped: Reading[str] = reading_field(readings.text)
     # {"error": text|None, "mismatches": n|None, "words": n|None, "phases_ms": {...},

@@ -28,19 +28,20 @@ class Collection:
         self.timeout = timeout
         opts.look_up_host_paths()  # a refused default stops here, before any worker starts
         self.replayed = load_input(input_path, timeout) if input_path is not None else None
-        self.probe = None if input_path is not None else \
-            nvml.probe(str(opts.paths.procfs), nvml.deadline_for(timeout), link_counters)
+        self.sweep = None if input_path is not None else \
+            nvml.start_sweep(str(opts.paths.procfs), nvml.deadline_for(timeout), link_counters)
         self.host = host_sources.ForkedHostFacts(opts)  # beside the NVML worker
 
     def result(self) -> Snapshot:
-        snapshot = self.replayed if self.probe is None else self.probe.result()
+        snapshot = self.replayed if self.sweep is None else self.sweep.result()
         assert snapshot is not None
         return finish(snapshot, self.host.result(self.host_deadline()), self.opts)
 
     def abandon(self) -> None:
         """Stop waiting (a bad configuration): no worker is left behind."""
-        if self.probe is not None:
-            self.probe.result()
+        if self.sweep is not None:
+            self.sweep.abandon()
+        self.host.abandon()
 
     def host_deadline(self) -> float:
         """When to stop waiting for the host sources (monotonic): NVML's share of

@@ -2,7 +2,7 @@
 
 The `_v2` entry points used here are the driver's stable ABI from driver 535 to 580, so
 nothing is shipped beyond what the driver installs (docs/active-probe.md). Loaded only in
-the active probe's forked workers (gpuguard/sources/active_probe.py): the parent process
+the active probe's forked workers (gpuguard/sources/active/): the parent process
 never loads libcuda, so a hang or crash inside it costs only a worker.
 
 CUresult codes are named in one place, ERRORS, with what each most often means on an

@@ -7,19 +7,17 @@ customer's dump must not get the facts of their own laptop mixed in.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from gpuguard.io import forked
 from gpuguard.io.paths import Paths, host_default
-from gpuguard.io.pipe import read_until
 from gpuguard.model.snapshot import Reading, Snapshot, SourceRun
 
 # The source modules are imported where they are used: `gpuguard check` runs them in a
@@ -208,34 +206,16 @@ class ForkedHostFacts:
         self.started = time.monotonic()
         self.opts = opts
         opts.look_up_host_paths()
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child
-            code = 0
-            try:
-                os.close(read_fd)
-                with os.fdopen(write_fd, "w", buffering=1) as out:
-                    facts = Snapshot()
+        self.worker = forked.Worker(lambda out: _write_host_facts(out, opts))
 
-                    def done(name: str, values: dict[str, Reading[Any]]) -> None:
-                        out.write(json.dumps({"source": name, "run": facts.sources[
-                            name].to_json(), "readings": {
-                            field_name: reading.to_json()
-                            for field_name, reading in values.items()}}) + "\n")
-
-                    collect_host(facts, opts, done)
-            except BaseException:
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(write_fd)
-        self.pid = pid
-        self._read_fd = read_fd
+    def abandon(self) -> None:
+        self.worker.kill()
 
     def result(self, deadline_at: float) -> Snapshot:
         """The host facts read by the monotonic time `deadline_at`."""
         facts = Snapshot()
-        data, finished = read_until(self._read_fd, deadline_at)
+        data = self.worker.read(deadline_at)
+        finished = self.worker.finished
         answered: set[str] = set()
         for line in data.splitlines():
             try:
@@ -260,11 +240,21 @@ class ForkedHostFacts:
                     setattr(facts.host, name, Reading.failed(f"the {source.name} source {why}"))
                 facts.sources[source.name] = SourceRun(False, waited, f"the source {why}")
         if not finished:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, os.WNOHANG)
+            self.worker.kill()
+        self.worker.reap()
         return facts
+
+
+def _write_host_facts(out: TextIO, opts: HostOptions) -> None:
+    """In the worker: one line per source as it finishes (its readings and how it did)."""
+    facts = Snapshot()
+
+    def done(name: str, values: dict[str, Reading[Any]]) -> None:
+        out.write(json.dumps({"source": name, "run": facts.sources[name].to_json(),
+                              "readings": {field_name: reading.to_json()
+                                           for field_name, reading in values.items()}}) + "\n")
+
+    collect_host(facts, opts, done)
 
 
 HOST_SOURCE_FIELDS = frozenset(name for source in HOST_SOURCES for name in source.fields)

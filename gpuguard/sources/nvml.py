@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import time
 
-from gpuguard.io.pipe import exit_code, read_until
+from gpuguard.io import forked
 from gpuguard.sources.nvml_progress import Progress
 
 # No `typing` or `pathlib` at run time: both cost milliseconds before the fork.
@@ -40,28 +39,18 @@ if TYPE_CHECKING:
 
 
 
-class NvmlProbe:
-    """A sweep started in a child process; `result()` collects it within the deadline."""
+class NvmlSweep:
+    """A sweep started in a forked worker (gpuguard/io/forked.py); `result()` collects it
+    within the deadline."""
 
     def __init__(self, procfs: str, deadline_s: float, link_counters: bool = True) -> None:
         self.deadline_s = deadline_s
         self.started = time.monotonic()
         self._progress = Progress()
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child
-            os.close(read_fd)
-            code = 0
-            try:
-                out = os.fdopen(write_fd, "w", buffering=1)
-                _child_main(out, self._progress, procfs, link_counters)
-            except BaseException:
-                code = 1  # the parent reports a worker that left without a result
-            finally:
-                os._exit(code)
-        os.close(write_fd)
-        self.pid = pid
-        self._read_fd = read_fd
+        # on exception the worker exits 1: the parent reports a worker without a result
+        self.worker = forked.Worker(
+            lambda out: _child_main(out, self._progress, procfs, link_counters))
+        self.pid = self.worker.pid
 
     def result(self) -> Snapshot:
         messages, finished = self._drain()
@@ -69,29 +58,35 @@ class NvmlProbe:
             # The pipe closed without a result: the worker died, most likely of a signal
             # inside an NVML call (a driver bug). Name the call from the progress board.
             messages.append(died(self._progress.active(),
-                                 exit_code(self.pid, self.started + self.deadline_s)))
+                                 self.worker.exit_code(self.started + self.deadline_s)))
         elif finished:
-            _reap(self.pid)
+            # It closes its pipe before nvmlShutdown, so it may still be running: it exits
+            # on its own, and init reaps it if we are gone first.
+            self.worker.reap()
         elapsed = time.monotonic() - self.started
         snapshot = assemble(messages)
         snapshot.nvml.deadline_s = self.deadline_s
         snapshot.nvml.elapsed_s = round(elapsed, 4)
         if not finished:
             snapshot.nvml.hung_call = "; ".join(self._progress.active()) or "NVML worker start"
-            _abandon(self.pid)
+            self.worker.kill()
         fill_unanswered(snapshot)
         snapshot.record_nvml()
         return snapshot
 
+    def abandon(self) -> None:
+        """Stop waiting: the worker is killed (no worker is left behind)."""
+        self.worker.kill()
+
     def _drain(self) -> tuple[list[dict[str, Any]], bool]:
-        data, finished = read_until(self._read_fd, self.started + self.deadline_s)
+        data = self.worker.read(self.started + self.deadline_s)
         messages = []
         for line in data.splitlines():
             try:
                 messages.append(json.loads(line))
             except ValueError:
                 continue  # a line cut by the deadline
-        return messages, finished
+        return messages, self.worker.finished
 
 
 def died(calls: list[str], code: int | None) -> dict[str, Any]:
@@ -115,15 +110,15 @@ def deadline_for(timeout: float) -> float:
     return max(0.1, timeout - min(1.0, timeout * 0.1))
 
 
-_early: tuple[NvmlProbe, str, float] | None = None
+_early: tuple[NvmlSweep, str, float] | None = None
 
 
 def start_early(procfs: str, deadline_s: float) -> None:
-    """`gpuguard check`'s worker: without the NVLink error counters (check reports them
-    never; they cost 2-3 ms a call, 72 calls per NVLink GPU on an H200)."""
-    """Fork the worker before the CLI framework loads (see gpuguard/cli/entry.py)."""
+    """Fork `gpuguard check`'s worker before the CLI framework loads (gpuguard/cli/entry.py);
+    without the NVLink error counters (check reports them never; they cost 2-3 ms a call,
+    72 calls per NVLink GPU on an H200)."""
     global _early
-    _early = (NvmlProbe(procfs, deadline_s, link_counters=False), procfs, deadline_s)
+    _early = (NvmlSweep(procfs, deadline_s, link_counters=False), procfs, deadline_s)
 
 
 def abandon_early() -> None:
@@ -131,10 +126,10 @@ def abandon_early() -> None:
     global _early
     early, _early = _early, None
     if early is not None:
-        _abandon(early[0].pid)
+        early[0].abandon()
 
 
-def probe(procfs: str, deadline_s: float, link_counters: bool = True) -> NvmlProbe:
+def start_sweep(procfs: str, deadline_s: float, link_counters: bool = True) -> NvmlSweep:
     """The early worker if it was started with these settings, else a new one."""
     global _early
     early, _early = _early, None
@@ -142,23 +137,8 @@ def probe(procfs: str, deadline_s: float, link_counters: bool = True) -> NvmlPro
         started, early_procfs, early_deadline = early
         if early_procfs == procfs and early_deadline == deadline_s and not link_counters:
             return started
-        _abandon(started.pid)
-    return NvmlProbe(procfs, deadline_s, link_counters)
-
-
-def _abandon(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, os.WNOHANG)
-    except (ProcessLookupError, ChildProcessError):
-        pass
-
-
-def _reap(pid: int) -> None:
-    # The worker closes its pipe before nvmlShutdown, so it may still be running;
-    # it exits on its own and init reaps it if we are gone first.
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
+        started.abandon()
+    return NvmlSweep(procfs, deadline_s, link_counters)
 
 
 def assemble(messages: list[dict[str, Any]]) -> Snapshot:

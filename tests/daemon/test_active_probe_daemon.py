@@ -75,7 +75,7 @@ from gpuguard.supervisor.config import load_services
 from gpuguard.supervisor.service import Supervisor
 
 tmp = Path(sys.argv[1])
-snapshot = nvml.NvmlProbe("/proc", 5).result()
+snapshot = nvml.NvmlSweep(str(tmp / "proc"), 5).result()  # procfs: its own, empty
 profile, rules = load_profile(tmp / "profile.yaml"), load_ruleset()
 [service] = load_services(tmp / "gpuguard.yaml")
 supervisor = Supervisor(service, tmp / "state", {"ecc.uncorrected"},

@@ -328,7 +328,8 @@ def test_a_gpu_whose_last_worker_is_stuck_gets_no_new_one(h200):
     import os
     import signal
 
-    from gpuguard.sources import active_probe
+    from gpuguard.model.pci import normalise_pci
+    from gpuguard.sources.active import plan, workers
 
     h200.gpus[0].__post_init__()
     bus = h200.gpus[0].pci_bus_id.get()
@@ -336,10 +337,10 @@ def test_a_gpu_whose_last_worker_is_stuck_gets_no_new_one(h200):
     if stuck == 0:
         time.sleep(60)
         os._exit(0)
-    key = active_probe.normalise_pci(bus)
-    active_probe.KILLED[key] = (stuck, time.time() - 60, "GPU 0 phase pcie: cuMemcpyHtoD_v2")
+    key = normalise_pci(bus)
+    workers.KILLED[key] = (stuck, time.time() - 60, "GPU 0 phase pcie: cuMemcpyHtoD_v2")
     try:
-        probe = active_probe.ActiveProbe(h200, active_probe.ProbeOptions(deadline_s=2))
+        probe = workers.ActiveProbe(h200, plan.ProbeOptions(deadline_s=2))
         assert probe.workers == []  # nothing forked for it
         probe.finish(h200)
         reading = h200.gpus[0].probe_compute
@@ -348,5 +349,5 @@ def test_a_gpu_whose_last_worker_is_stuck_gets_no_new_one(h200):
     finally:
         os.kill(stuck, signal.SIGKILL)
         os.waitpid(stuck, 0)
-    active_probe.reap_killed()
-    assert key not in active_probe.KILLED  # gone: the next run may probe it again
+    workers.reap_killed()
+    assert key not in workers.KILLED  # gone: the next run may probe it again
