@@ -59,7 +59,8 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
            probe_image: str | None, path_sysfs: Path | None,
            path_procfs: Path | None, path_rootfs: Path | None) -> None:
     """Run the checks on a schedule and serve them to Prometheus (systemd Type=notify)."""
-    from gpuguard.daemon.app import Daemon, DaemonConfig
+    from gpuguard.daemon.app import Daemon
+    from gpuguard.daemon.settings import DaemonConfig
     from gpuguard.io.paths import (
         config_or_default,
         forbidden,

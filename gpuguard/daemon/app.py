@@ -15,39 +15,32 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
-from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.schedulers.background import BackgroundScheduler
 from prometheus_client import CollectorRegistry
 
 from gpuguard.config.ruleset import load_config
 from gpuguard.config.yamlfile import ConfigError
-from gpuguard.daemon import active, http, logs, notify
-from gpuguard.daemon import triggers as events
+from gpuguard.daemon import active, http, logs, notify, status, triggers
 from gpuguard.daemon.active import ProbeKeeper
-from gpuguard.daemon.latest import ResultStore
+from gpuguard.daemon.latest import LatestResults
 from gpuguard.daemon.metrics import DaemonCollector, DaemonStats
-from gpuguard.daemon.recorder import EventRecorder
+from gpuguard.daemon.recorder import EventRecorder, supervisor_event
 from gpuguard.daemon.sampler import NvmlSampler
+from gpuguard.daemon.schedule import Schedule
 from gpuguard.daemon.services import ServiceWatch
+from gpuguard.daemon.settings import FAST_SOURCES, DaemonConfig, host_paths, sample_spans
+from gpuguard.daemon.xid_counter import XidCounter
 from gpuguard.events import store as eventstore
-from gpuguard.events.recording import xid_event
-from gpuguard.events.store import Event
-from gpuguard.io.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden, state_dir_or_default
-from gpuguard.judge.actions import of_xid
+from gpuguard.io.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden
 from gpuguard.judge.engine import evaluate
-from gpuguard.judge.xids import grade
 from gpuguard.model.pci import normalise_pci
 from gpuguard.model.profile import Profile
-from gpuguard.model.results import Status, Verdict
 from gpuguard.model.rule import RuleSet
-from gpuguard.model.samples import History
+from gpuguard.model.samples import Samples
 from gpuguard.model.snapshot import Snapshot
-from gpuguard.outputs import json_out
 from gpuguard.sources import collect, nvml, replay
 from gpuguard.sources import host as host_sources
 from gpuguard.supervisor.config import load_services
@@ -55,52 +48,28 @@ from gpuguard.supervisor.service import Supervisor
 
 log = structlog.get_logger("gpuguard.daemon")
 
-DEFAULT_LISTEN = "127.0.0.1:9412"
-# Host sources read every fast cycle; the others every slow one. Host memory is one
-# read of /proc/meminfo (~0.1 ms): memory pressure cannot wait a minute either.
-FAST_SOURCES = frozenset({"kernel_log", "host_memory"})
 # How long SIGTERM waits for a cycle in progress (the unit's TimeoutStopSec is 15 s).
 STOP_GRACE_S = 5.0
-
-
-@dataclass
-class DaemonConfig:
-    listen: str = DEFAULT_LISTEN
-    fast_interval: float = 5.0
-    slow_interval: float = 60.0
-    timeout: float = 4.0  # NVML deadline of one sweep
-    input_path: Path | None = None  # a replayed snapshot, read again every cycle
-    host: host_sources.HostOptions = field(default_factory=host_sources.HostOptions)
-    profile_path: Path | None = None
-    rules_dirs: list[Path] = field(default_factory=list)
-    udev: bool = True
-    events_file: Path | None = None
-    log_format: str = "auto"
-    config_path: Path | None = None  # services for the supervisor (gpuguard/supervisor)
-    dry_run: bool = False
-    # Seconds between runs of the active probe on idle GPUs; 0: never (daemon/active.py).
-    active_probe_interval: float = 0.0
-    event_store: bool = True  # record transitions and Xids in state_dir/events.db
 
 
 class Daemon:
     def __init__(self, cfg: DaemonConfig) -> None:
         self.cfg = cfg
-        self.store = ResultStore()
+        self.store = LatestResults()
         self.stats = DaemonStats()
-        self.history = History()
+        self.history = Samples()
         self.sampler: NvmlSampler | None = None
         self._config: tuple[Profile, RuleSet] | None = None
         self._last: Snapshot | None = None
         self._slow_facts = Snapshot()
-        self._xid_marks = XidMarks()
+        self.xids = XidCounter(self.stats)
         self._cycle_ids = itertools.count(1)
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._ready = threading.Event()
         self._idle = threading.Event()  # set while no cycle runs
         self._idle.set()
-        self._scheduler: BackgroundScheduler | None = None
+        self._schedule: Schedule | None = None
         self.supervisors: list[Supervisor] = []
         self.probes = ProbeKeeper(cfg.active_probe_interval) \
             if cfg.active_probe_interval > 0 and cfg.input_path is None else None
@@ -119,16 +88,7 @@ class Daemon:
         self.cfg.host.disk_paths = tuple(config[0].disk_paths)
 
     def _fit_history(self, ruleset: RuleSet) -> None:
-        """Keep the history as long as the longest window a rule judges (a rule whose
-        window_s an override lengthened must not be judged over less than it says)."""
-        windows = {r.id: float(r.thresholds["window_s"]) for r in ruleset.rules.values()
-                   if isinstance(r.thresholds.get("window_s"), int | float)}
-        # the services' samples are kept apart (daemon/services.py): their 30 min window
-        # does not lengthen every GPU's history
-        self.history.keep_s = max([660.0, *(w + 60.0 for rule, w in windows.items()
-                                            if not rule.startswith("service."))])
-        self.service_watch.keep_s = max([60.0, *(w + 60.0 for rule, w in windows.items()
-                                                 if rule.startswith("service."))])
+        self.history.keep_s, self.service_watch.keep_s = sample_spans(ruleset)
 
     def _do_reload(self) -> None:
         notify.reloading()
@@ -158,9 +118,8 @@ class Daemon:
 
     def run_now(self, reason: str) -> None:
         """Start a fast cycle at once (after any cycle in progress: one at a time)."""
-        if self._scheduler is not None:
-            self._scheduler.add_job(self.fast_cycle, args=[reason], id=f"now-{reason}",
-                                    replace_existing=True, misfire_grace_time=None)
+        if self._schedule is not None:
+            self._schedule.now(reason)
 
     def _collect_nvml(self) -> Snapshot:
         if self.cfg.input_path is not None:
@@ -200,21 +159,24 @@ class Daemon:
             log.exception("cycle_failed")
             self.store.mark_failed(cadence, f"{type(exc).__name__}: {str(exc)[:200]}")
         finally:
-            with self.stats.lock:
-                now = time.time()
-                self.stats.cycle_duration_s[cadence] = time.monotonic() - started
-                self.stats.last_cycle_time[cadence] = now
-                self.stats.cycles_total[cadence] = self.stats.cycles_total.get(cadence, 0) + 1
-                self.stats.last_cycle_ok[cadence] = succeeded
-                if succeeded:
-                    self.stats.last_success_time[cadence] = now
-                else:
-                    self.stats.cycle_failures_total[cadence] = \
-                        self.stats.cycle_failures_total.get(cadence, 0) + 1
+            self._account(cadence, time.monotonic() - started, succeeded)
             structlog.contextvars.unbind_contextvars("cycle", "cadence")
             self._idle.set()
             if cadence == "fast":
                 self._ready.set()
+
+    def _account(self, cadence: str, took_s: float, succeeded: bool) -> None:
+        with self.stats.lock:
+            now = time.time()
+            self.stats.cycle_duration_s[cadence] = took_s
+            self.stats.last_cycle_time[cadence] = now
+            self.stats.cycles_total[cadence] = self.stats.cycles_total.get(cadence, 0) + 1
+            self.stats.last_cycle_ok[cadence] = succeeded
+            if succeeded:
+                self.stats.last_success_time[cadence] = now
+            else:
+                self.stats.cycle_failures_total[cadence] = \
+                    self.stats.cycle_failures_total.get(cadence, 0) + 1
 
     def _fast(self) -> None:
         assert self._config is not None
@@ -234,9 +196,9 @@ class Daemon:
         results = evaluate(snap, ruleset, profile, cadence="fast", history=self.history)
         if self.recorder is not None:
             results = self.recorder.on_cycle(results, snap.gpu_ids(), ruleset)
-        self._count_xids(snap, ruleset)
+        self.xids.count_kernel_log(snap, ruleset)
         self._last = snap
-        self.store.update(results, "fast", source_failed=_source_failure(snap))
+        self.store.update(results, "fast", source_failed=status.source_failure(snap))
         current = self.store.results()
         for supervisor in self.supervisors:
             supervisor.on_cycle(current)
@@ -271,40 +233,12 @@ class Daemon:
         profile, ruleset = self._config
         return active.passes(self._last, profile, ruleset, gpus)
 
-    def _count_xids(self, snap: Snapshot, ruleset: RuleSet) -> None:
-        if not snap.host.kernel_log.is_ok:
-            return
-        log_ = snap.host.kernel_log.get()
-        now_usec, now = log_.get("now_usec"), time.time()
-        for event in self._xid_marks.new_events(log_["xids"]):
-            # the kernel log's clock (time since boot) turned into wall time
-            usec = event.get("usec")
-            when = now - (now_usec - usec) / 1e6 if usec is not None and now_usec else now
-            self._add_xid(event["xid"], event.get("pci"), event.get("text"), ruleset, snap,
-                          when, event.get("seq"), "kmsg")
-
-    def _add_xid(self, xid: int, pci: str | None, text: str | None, ruleset: RuleSet,
-                 snap: Snapshot, when: float, seq: int | None = None,
-                 source: str = "nvml") -> None:
-        severity = grade(xid, text, ruleset.xid_catalog).severity
-        gpu = snap.gpu_at(pci)
-        if self.recorder is not None and severity != "ignore":
-            self.recorder.record(xid_event(xid, severity,
-                                           of_xid(xid, text, ruleset.xid_catalog).value,
-                                           None if gpu is None else gpu.identity(), source,
-                                           when, seq, text, pci))
-        label = (str(xid), severity, "" if gpu is None else str(gpu.index),
-                 "" if gpu is None else gpu.pci_bus_id.get())
-        with self.stats.lock:
-            self.stats.xids[label] = self.stats.xids.get(label, 0) + 1
-            self.stats.xid_last[label] = max(self.stats.xid_last.get(label, 0.0), when)
-
     def on_nvml_xid(self, event: dict[str, Any]) -> None:
         """An Xid from NVML's event set, as it happens: counted, and a cycle starts."""
         log.warning("nvml_xid_event", xid=event.get("xid"), pci=event.get("pci"))
         if self._config is not None:
             pci = normalise_pci(event["pci"]) if event.get("pci") else None
-            self._add_xid(int(event["xid"]), pci, None, self._config[1],
+            self.xids.add(int(event["xid"]), pci, None, self._config[1],
                           self._last or Snapshot(),
                           float(event.get("time") or time.time()), None, "nvml")
         self.run_now("nvml xid event")
@@ -312,59 +246,35 @@ class Daemon:
     def _supervisor_event(self, what: dict[str, Any]) -> None:
         """A failover transition ended: into the event store (`gpuguard failover status`)."""
         if self.recorder is not None:
-            self.recorder.record(Event(
-                kind="supervisor", source="supervisor", rule=str(what.get("service")),
-                status=f"{what.get('outcome')}:{what.get('to')}",
-                action=str(what.get("action") or "none"), message=str(what.get("reason") or ""),
-                data={k: v for k, v in what.items() if k not in ("reason", "action")}))
+            self.recorder.record(supervisor_event(what))
 
     # --- what the HTTP endpoints and systemd see ----------------------------------
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """Healthy: a fast cycle succeeded recently and the last one did not fail."""
-        with self.stats.lock:
-            last_ok = self.stats.last_success_time.get("fast")
-            last_failed = self.stats.last_cycle_ok.get("fast") is False
-        age = None if last_ok is None else round(time.time() - last_ok, 3)
-        limit = 3 * self.cfg.fast_interval + self.cfg.timeout
-        fresh = age is not None and age < limit and not last_failed
-        return fresh, {"alive": True, "last_successful_cycle_age_s": age,
-                       "fresh_within_s": limit, "last_cycle_failed": last_failed,
-                       "stale_results": self.store.stale,
-                       "stale_reason": self.store.stale_reason()}
+        return status.health(self.stats, self.store, self.cfg.fast_interval, self.cfg.timeout)
 
     def status_document(self) -> dict[str, Any]:
-        doc = json_out.document(self._last or Snapshot(), Verdict(self.store.results()))
-        doc["stale"] = self.store.stale
-        doc["stale_reason"] = self.store.stale_reason()
-        return doc
+        return status.document(self._last, self.store)
 
     def status_line(self) -> str:
-        results = self.store.results()
-        worst = {s: sum(1 for r in results if r.status is s)
-                 for s in (Status.CRITICAL, Status.WARNING, Status.UNKNOWN)}
-        gpus = len(self._last.gpus) if self._last else 0
-        text = (f"{gpus} GPU(s): {worst[Status.CRITICAL]} critical, {worst[Status.WARNING]} "
-                f"warning, {worst[Status.UNKNOWN]} unknown")
-        reason = self.store.stale_reason()
-        text += f" (results stale: {reason})" if reason else ""
-        for supervisor in self.supervisors:
-            snap = supervisor.snapshot()
-            moving = f", moving to {snap.state.transition.to}" if snap.state.transition else ""
-            text += f"; {snap.service} on {snap.state.active.upper()}{moving}"
-        return text
-
-    def _cycles_progress(self) -> bool:
-        with self.stats.lock:
-            last_end = max(self.stats.last_cycle_time.values(), default=None)
-        if self._idle.is_set() or last_end is None:
-            return True  # between cycles, or the first one has not ended yet
-        return time.time() - last_end < 3 * self.cfg.fast_interval + 2 * self.cfg.timeout
+        return status.line(self._last, self.store, self.supervisors)
 
     # --- the main loop ---------------------------------------------------------------
 
     def run(self) -> int:
         logs.configure(self.cfg.log_format)
+        started = self._start()
+        if isinstance(started, int):
+            return started
+        server, observer = started
+        self._loop()
+        self._shutdown(server, observer)
+        return 0
+
+    def _start(self) -> tuple[Any, Any] | int:
+        """Everything up to the first cycle: the configuration (exit 3 when bad), the host
+        paths (exit 4 when refused), the supervisors, the store, NVML, the HTTP server
+        (exit 1 when it cannot listen), the schedule, the signals, the events."""
         try:
             config = self.load_config()
             self._use_config(config)
@@ -375,31 +285,43 @@ class Daemon:
                       else f"{type(exc).__name__}: {exc}")
             return 3
         try:
-            # every default host path this configuration reads, looked up now: under the
-            # tests' guard (gpuguard/io/paths.py) a refused one stops the start, exit 4
-            # A replay records history only into a state dir it was given: never into this
-            # host's own (the replayed facts are not this host's).
-            if self.cfg.input_path is not None and self.cfg.host.state_dir is None:
-                if self.cfg.event_store:
-                    log.info("event_store_off", why="a replayed --input without --state-dir")
-                self.cfg.event_store = False
-            self.cfg.host.look_up_host_paths()
-            # looked up only where something is kept there (a replay without services and
-            # without a store keeps nothing)
-            state_dir = state_dir_or_default(self.cfg.host.state_dir) \
-                if self.cfg.event_store or services else None
-            boot = host_sources.boot_id(self.cfg.host.paths) if self.cfg.event_store else None
-            procfs = str(self.cfg.host.paths.procfs) if self.cfg.input_path is None else ""
+            state_dir, boot, procfs = host_paths(self.cfg, bool(services))
         except HostPathForbidden as exc:
             log.error("host_path_forbidden", error=str(exc))
             return EXIT_HOST_FORBIDDEN
-        tagged = {r.id for r in config[1].rules.values() if "failover" in r.tags}
+        self._start_parts(config[1], services, state_dir, boot, procfs)
+        try:
+            server = http.serve(host, port, self._registry(), self.health,
+                                self.status_document)
+        except OSError as exc:
+            log.error("listen_failed", listen=self.cfg.listen, error=str(exc))
+            return 1
+        self._schedule = Schedule(
+            self.fast_cycle, self.cfg.fast_interval, self.slow_cycle, self.cfg.slow_interval,
+            self.probe_cycle if self.probes is not None else None,
+            self.cfg.active_probe_interval)
+        self._schedule.start()
+        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
+        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
+        observer = triggers.start_udev(self.run_now) if self.cfg.udev else None
+        if self.cfg.events_file is not None:
+            triggers.follow_file(self.cfg.events_file, self.run_now, self._stop)
+        log.info("daemon_started", listen=f"{host}:{port}", fast_s=self.cfg.fast_interval,
+                 slow_s=self.cfg.slow_interval, source="replay" if self.cfg.input_path
+                 else "nvml")
+        return server, observer
+
+    def _start_parts(self, ruleset: RuleSet, services: list[Any], state_dir: Path | None,
+                     boot: str | None, procfs: str) -> None:
+        tagged = {r.id for r in ruleset.rules.values() if "failover" in r.tags}
         self.supervisors = [Supervisor(s, state_dir, tagged, self.cfg.dry_run,
                                        active_check=self.active_probe_passes)
                             for s in services if state_dir is not None]
         if self.cfg.event_store and state_dir is not None:
             self.recorder = EventRecorder(eventstore.path_in(state_dir), boot)
             self.recorder.start()
+            self.xids.recorder = self.recorder
             for supervisor in self.supervisors:
                 supervisor.on_transition = self._supervisor_event
         self.service_watch.supervisors = self.supervisors
@@ -409,52 +331,16 @@ class Daemon:
             self.stats.last_reload_time = time.time()
         if self.cfg.input_path is None:
             self.sampler = NvmlSampler(procfs, self.on_nvml_xid)
+
+    def _registry(self) -> CollectorRegistry:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(DaemonCollector(self.store, self.stats, lambda: self._last,
                                           lambda: [s.snapshot() for s in self.supervisors],
                                           self.recorder.metrics if self.recorder else None))
-        try:
-            server = http.serve(host, port, registry, self.health, self.status_document)
-        except OSError as exc:
-            log.error("listen_failed", listen=self.cfg.listen, error=str(exc))
-            return 1
+        return registry
 
-        self._scheduler = BackgroundScheduler(
-            # one cycle at a time; the active probe (up to its deadline, 10 s) on its own
-            # thread, so that it never delays a fast cycle
-            executors={"default": ThreadPoolExecutor(1), "probe": ThreadPoolExecutor(1)},
-            job_defaults={
-                "coalesce": True,
-                "max_instances": 1,
-                # A cycle delayed by up to one interval (another cycle ran long) still
-                # runs; later than that it is skipped and the next one comes.
-                "misfire_grace_time": int(max(1, self.cfg.fast_interval)),
-            },
-            timezone="UTC",
-        )
-        # First runs at once, fast first (one executor thread takes jobs in order).
-        self._scheduler.add_job(self.fast_cycle, "interval", seconds=self.cfg.fast_interval,
-                                id="fast", next_run_time=_utcnow())
-        self._scheduler.add_job(self.slow_cycle, "interval", seconds=self.cfg.slow_interval,
-                                id="slow", next_run_time=_utcnow(),
-                                misfire_grace_time=int(max(1, self.cfg.slow_interval)))
-        if self.probes is not None:
-            self._scheduler.add_job(self.probe_cycle, "interval",
-                                    seconds=self.cfg.active_probe_interval, id="active_probe",
-                                    executor="probe",
-                                    misfire_grace_time=int(self.cfg.active_probe_interval))
-        self._scheduler.start()
-
-        signal.signal(signal.SIGHUP, lambda *_: self._reload.set())
-        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
-        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
-        observer = events.start_udev(self.run_now) if self.cfg.udev else None
-        if self.cfg.events_file is not None:
-            events.follow_file(self.cfg.events_file, self.run_now, self._stop)
-        log.info("daemon_started", listen=f"{host}:{port}", fast_s=self.cfg.fast_interval,
-                 slow_s=self.cfg.slow_interval, source="replay" if self.cfg.input_path
-                 else "nvml")
-
+    def _loop(self) -> None:
+        """Until SIGTERM: reloads, systemd's READY= and STATUS=, and its watchdog."""
         ping = notify.watchdog_interval()
         ready_sent = False
         last_status = ""
@@ -475,13 +361,16 @@ class Daemon:
             # reported (driver.responsive) instead of getting the daemon restarted. But
             # only while cycles come to an end: every read has a deadline, so a cycle that
             # does not end is a stuck daemon, and systemd restarting it is the right cure.
-            if ping and time.monotonic() - last_ping >= ping and self._cycles_progress():
+            if ping and time.monotonic() - last_ping >= ping and status.cycles_progress(
+                    self.stats, self._idle, self.cfg.fast_interval, self.cfg.timeout):
                 notify.notify("WATCHDOG=1")
                 last_ping = time.monotonic()
 
+    def _shutdown(self, server: Any, observer: Any) -> None:
         log.info("daemon_stopping")
         notify.notify("STOPPING=1")
-        self._scheduler.shutdown(wait=False)
+        if self._schedule is not None:
+            self._schedule.stop()
         for supervisor in self.supervisors:
             supervisor.stop()
         if observer is not None:
@@ -499,53 +388,3 @@ class Daemon:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
-        return 0
-
-
-def _source_failure(snap: Snapshot) -> str | None:
-    """Why this cycle's GPU facts are not all current: NVML hung, or the sweep (or the
-    replayed input) failed. NVML not starting at all is a current fact (driver.loaded)."""
-    if snap.nvml.hung_call is not None:
-        return "NVML did not answer in time"
-    if snap.nvml.sweep_error is not None:
-        return f"the NVML sweep failed: {snap.nvml.sweep_error[:200]}"
-    return None
-
-
-class XidMarks:
-    """Which kernel-log Xids were counted already, in bounded memory: the highest kmsg
-    sequence number (or, for a saved log without one, the latest time stamp) seen; only
-    lines without either are remembered one by one, and only while the log still has them."""
-
-    def __init__(self) -> None:
-        self.seq = -1
-        self.usec = -1
-        self.unnumbered: set[tuple[Any, ...]] = set()
-
-    def new_events(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        fresh: list[dict[str, Any]] = []
-        top_seq, top_usec = self.seq, self.usec
-        present: set[tuple[Any, ...]] = set()
-        for event in events:
-            seq, usec = event.get("seq"), event.get("usec")
-            if seq is not None:
-                if seq > self.seq:
-                    fresh.append(event)
-                top_seq = max(top_seq, seq)
-            elif usec is not None:
-                if usec > self.usec:
-                    fresh.append(event)
-                top_usec = max(top_usec, usec)
-            else:
-                key = (event["xid"], event.get("pci"), event.get("text"))
-                present.add(key)
-                if key not in self.unnumbered:
-                    fresh.append(event)
-        self.seq, self.usec, self.unnumbered = top_seq, top_usec, present
-        return fresh
-
-
-def _utcnow() -> Any:
-    from datetime import UTC, datetime
-
-    return datetime.now(UTC)

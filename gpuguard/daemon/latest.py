@@ -36,7 +36,7 @@ class Entry:
     since: float
 
 
-class ResultStore:
+class LatestResults:
     """The last result of every rule and GPU. `stale` says when they are not all fresh:
     NVML did not answer (the GPUs it did not answer for are unknown, naming the call), or
     a cycle failed (its rules turn unknown: an old ok is never served as current)."""

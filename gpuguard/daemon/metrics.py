@@ -20,7 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from gpuguard.daemon import service_metrics
-from gpuguard.daemon.latest import ResultStore
+from gpuguard.daemon.latest import LatestResults
 from gpuguard.model.identity import labels_of
 from gpuguard.model.snapshot import Snapshot
 from gpuguard.outputs import families
@@ -46,7 +46,7 @@ class DaemonStats:
 
 
 class DaemonCollector(Collector):
-    def __init__(self, store: ResultStore, stats: DaemonStats,
+    def __init__(self, store: LatestResults, stats: DaemonStats,
                  last_snapshot: Callable[[], Snapshot | None],
                  services: Callable[[], list[Any]] | None = None,
                  event_store: Callable[[], dict[str, Any]] | None = None) -> None:

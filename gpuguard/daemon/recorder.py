@@ -165,3 +165,11 @@ class EventRecorder:
                 "corrupt": stats.corrupt_moved, "queued": stats.queued,
                 "busy": stats.busy, "size_bytes": stats.size_bytes,
                 "cycles_dropped": self.cycles_dropped}
+
+
+def supervisor_event(what: dict[str, Any]) -> Event:
+    """A failover transition that ended, as the event store keeps it."""
+    return Event(kind="supervisor", source="supervisor", rule=str(what.get("service")),
+                 status=f"{what.get('outcome')}:{what.get('to')}",
+                 action=str(what.get("action") or "none"), message=str(what.get("reason") or ""),
+                 data={k: v for k, v in what.items() if k not in ("reason", "action")})

@@ -13,7 +13,7 @@ from gpuguard.judge.registry import CheckContext, Finding
 from gpuguard.model.profile import Profile
 from gpuguard.model.results import Result, Status
 from gpuguard.model.rule import Rule, RuleSet
-from gpuguard.model.samples import History
+from gpuguard.model.samples import Samples
 from gpuguard.model.snapshot import (
     GPU_READING_FIELDS,
     HOST_READING_FIELDS,
@@ -37,7 +37,7 @@ def evaluate(
     only: Iterable[str] = (),
     skip: Iterable[str] = (),
     cadence: str | None = None,
-    history: History | None = None,
+    history: Samples | None = None,
 ) -> list[Result]:
     """Every selected rule (of one cadence, for the daemon) for the host or each GPU."""
     only, skip = list(only), list(skip)

@@ -21,7 +21,7 @@ from gpuguard.model.results import Status
 if TYPE_CHECKING:
     from gpuguard.model.profile import Profile
     from gpuguard.model.rule import Rule, RuleSet
-    from gpuguard.model.samples import History
+    from gpuguard.model.samples import Samples
     from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 
 FAMILIES = (
@@ -44,8 +44,8 @@ class CheckContext:
     snapshot: Snapshot
     profile: Profile
     ruleset: RuleSet
-    # The daemon's short history (gpuguard.model.samples.History); None in `gpuguard check`.
-    history: History | None = None
+    # The daemon's short history (gpuguard.model.samples.Samples); None in `gpuguard check`.
+    history: Samples | None = None
 
     def threshold(self, name: str) -> Any:
         if name not in THRESHOLDS.get(self.rule.id, ()) or name not in self.rule.thresholds:

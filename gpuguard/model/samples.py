@@ -82,7 +82,7 @@ def _nvlink_sums(gpu: GpuSnapshot) -> tuple[dict[str, int | None], frozenset[int
     return sums, frozenset(link["link"] for link in full)
 
 
-class History:
+class Samples:
     def __init__(self, keep_s: float = 660.0) -> None:
         self.keep_s = keep_s
         self._by_gpu: dict[str, deque[Sample]] = {}

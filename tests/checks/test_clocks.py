@@ -1,5 +1,5 @@
 from gpuguard.model.results import Status
-from gpuguard.model.samples import History
+from gpuguard.model.samples import Samples
 from gpuguard.model.snapshot import Reading
 from tests.conftest import overridden, set_gpu
 
@@ -98,7 +98,7 @@ def test_unread_readings_never_make_capping_ok(h200, run_rule):
 
 
 def history_of(h200, t_and_values):
-    history = History()
+    history = Samples()
     for t, values in t_and_values:
         history.add(busy(h200, **values), t)
     return history
@@ -173,7 +173,7 @@ def slowdown_result(h200, rules, t_and_reasons, keep_s=660.0, rule="clocks.hw_sl
     from gpuguard.judge.engine import evaluate
     from gpuguard.model.profile import Profile
 
-    history = History(keep_s=keep_s)
+    history = Samples(keep_s=keep_s)
     for t, reasons in t_and_reasons:
         history.add(set_gpu(h200, clock_event_reasons=reasons), t)
     [result] = evaluate(h200, rules, Profile(), only=[rule], history=history)
@@ -221,7 +221,7 @@ def test_daemon_window_edge_and_first_cycle(h200, default_rules):
 
     set_gpu(h200, clock_event_reasons=0x8)
     [result] = evaluate(h200, default_rules, Profile(), only=["clocks.hw_slowdown"],
-                        history=History())
+                        history=Samples())
     assert result.status is Status.OK and result.observed["minutes_with_slowdown"] == 0
 
 
@@ -243,7 +243,7 @@ def test_power_cap_window_and_floors_come_from_the_rule(h200, tmp_path):
                        low_draw_ratio=0.9, min_sm_clock_ratio=0.8)
 
     def judged(t_and_values, keep_s=4000.0):
-        history = History(keep_s=keep_s)
+        history = Samples(keep_s=keep_s)
         for t, values in t_and_values:
             history.add(busy(h200, **values), t)
         [result] = evaluate(h200, rules, Profile(), only=["clocks.power_cap"], history=history)
@@ -279,7 +279,7 @@ def test_power_cap_counts_whole_minutes_and_not_the_floor_itself(h200, default_r
     assert result.observed["minutes_low_draw"] == 0
     # the first cycle: no minute yet
     busy(h200, clock_sm_mhz=700)
-    result = run_with_history(h200, default_rules, History())
+    result = run_with_history(h200, default_rules, Samples())
     assert result.status is Status.OK and result.observed["minutes_low_clock"] == 0
 
 

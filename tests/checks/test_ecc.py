@@ -107,10 +107,10 @@ def test_dram_alone_is_judged_when_sram_is_not_reported(h200, run_rule):
 
 def test_daemon_fails_when_corrected_errors_grow(h200, default_rules):
     from gpuguard.judge.engine import evaluate
-    from gpuguard.model.samples import History
+    from gpuguard.model.samples import Samples
 
     def judged(counts):
-        history = History()
+        history = Samples()
         for t, total in counts:
             history.add(set_gpu(h200, ecc_volatile_corrected=total), t)
         [result] = evaluate(h200, default_rules, Profile(), only=["ecc.corrected"],

@@ -11,7 +11,7 @@ import pytest
 from gpuguard.judge.engine import evaluate
 from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
-from gpuguard.model.samples import History
+from gpuguard.model.samples import Samples
 from gpuguard.model.snapshot import Reading, Snapshot
 from tests.checks import h200x2
 from tests.checks.test_memory import overridden
@@ -42,7 +42,7 @@ def test_the_real_nvlink_host_is_healthy_in_check_and_in_the_daemon(pair, defaul
     """Idle and healthy: every new rule ok or skipped, CRC data 23 on a link included."""
     assert links(pair, 0)[0]["crc_data"] == 23
     results = evaluate(pair, default_rules, Profile(), only=list(NEW_RULES))
-    history = History()
+    history = Samples()
     for t in (0.0, 5.0, 10.0):
         history.add(pair, t)
     results += evaluate(pair, default_rules, Profile(), only=list(NEW_RULES), history=history)
@@ -110,7 +110,7 @@ def test_all_gpus_equally_down_pass_without_a_profile(pair, run_rule):
     assert {r.status for r in run_rule("nvlink.state", pair)} == {Status.OK}
 
 
-def grow(pair: Snapshot, history: History, t: float, **by: int) -> None:
+def grow(pair: Snapshot, history: Samples, t: float, **by: int) -> None:
     """Add `by[counter]` to link 0's counter on GPU 0, then record the cycle at `t`."""
     changed = links(pair, 0)
     for name, n in by.items():
@@ -119,7 +119,7 @@ def grow(pair: Snapshot, history: History, t: float, **by: int) -> None:
     history.add(pair, t)
 
 
-def daemon_result(pair: Snapshot, rules: Any, history: History) -> Any:
+def daemon_result(pair: Snapshot, rules: Any, history: Samples) -> Any:
     return evaluate(pair, rules, Profile(), only=["nvlink.errors"], history=history)[0]
 
 
@@ -138,7 +138,7 @@ def test_check_reports_totals_and_never_fails_on_them(pair, run_rule):
 @pytest.mark.parametrize(("counter", "limit"), [
     ("replay", 100), ("recovery", 0), ("crc_flit", 100), ("crc_data", 1000)])
 def test_the_daemon_fails_growth_above_the_limit(pair, default_rules, counter, limit):
-    history = History()
+    history = Samples()
     history.add(pair, 0.0)
     grow(pair, history, 300.0, **{counter: limit})
     assert daemon_result(pair, default_rules, history).status is Status.OK  # at the limit
@@ -150,7 +150,7 @@ def test_the_daemon_fails_growth_above_the_limit(pair, default_rules, counter, l
 
 
 def test_growth_older_than_the_window_and_resets_do_not_count(pair, default_rules):
-    history = History()
+    history = Samples()
     history.add(pair, 0.0)
     grow(pair, history, 5.0, recovery=3)
     grow(pair, history, 610.0)  # the recoveries were 605 s ago: outside the 600 s window
@@ -163,7 +163,7 @@ def test_growth_older_than_the_window_and_resets_do_not_count(pair, default_rule
 
 def test_the_growth_limits_come_from_the_rule(pair, tmp_path):
     rules = overridden(tmp_path, "nvlink.errors", max_crc_data_growth=5, window_s=60)
-    history = History()
+    history = Samples()
     history.add(pair, 0.0)
     grow(pair, history, 30.0, crc_data=6)
     result = daemon_result(pair, rules, history)
@@ -205,7 +205,7 @@ def test_check_shows_exactly_the_totals_that_were_read(pair, run_rule):
 
 def test_the_daemon_ok_names_its_window_and_the_totals(pair, tmp_path):
     rules = overridden(tmp_path, "nvlink.errors", window_s=90)
-    history = History()
+    history = Samples()
     for t in (0.0, 10.0):
         history.add(pair, t)
     result = daemon_result(pair, rules, history)
@@ -220,7 +220,7 @@ def test_the_daemon_with_no_counter_read_is_unknown_not_ok(run_rule):
     from gpuguard.config.ruleset import load_ruleset
     from gpuguard.judge.engine import evaluate
     from gpuguard.model.profile import Profile
-    from gpuguard.model.samples import History
+    from gpuguard.model.samples import Samples
     from tests.checks.h200x2 import snapshot
 
     snap = snapshot()
@@ -229,7 +229,7 @@ def test_the_daemon_with_no_counter_read_is_unknown_not_ok(run_rule):
                  for link in gpu.nvlink_links.get()]
         gpu.nvlink_links = Reading.ok(links)
         gpu.__post_init__()
-    history = History()
+    history = Samples()
     history.add(snap, 0.0)
     results = evaluate(snap, load_ruleset(), Profile(), only=["nvlink.errors"], history=history)
     assert {r.status for r in results} == {Status.UNKNOWN}
@@ -246,7 +246,7 @@ def test_every_link_down_on_every_gpu_is_critical_not_ok(pair, run_rule):
 
 
 def test_a_link_whose_counters_drop_out_and_come_back_is_not_growth(pair, default_rules):
-    history = History()
+    history = Samples()
     grow(pair, history, 0.0)
     every = links(pair, 0)
     gone = [{**link, **dict.fromkeys(("replay", "recovery", "crc_flit", "crc_data"))}
@@ -330,7 +330,7 @@ def test_growth_compares_only_samples_that_summed_the_same_links(pair, tmp_path)
     the sum and return, which is no growth; the real +6 on link 0 is judged from the
     first sample that summed the same 18 links (20 s, not the 10 s since the dip)."""
     rules = overridden(tmp_path, "nvlink.errors", max_crc_data_growth=5, window_s=600)
-    history = History()
+    history = Samples()
     history.add(pair, 0.0)
     back = links(pair, 0)
     dipped = links(pair, 0)

@@ -121,9 +121,9 @@ def test_dcgm_replay_limit_per_generation():
 
 
 def replay_history(h200, counts):
-    from gpuguard.model.samples import History
+    from gpuguard.model.samples import Samples
 
-    history = History()
+    history = Samples()
     for t, count in counts:
         history.add(set_gpu(h200, pcie_replay_counter=count), t)
     return history
@@ -238,10 +238,10 @@ def test_correctable_limit_comes_from_the_rule(h200, run_rule, tmp_path):
 def test_daemon_warns_when_correctable_errors_grow(h200, default_rules):
     from gpuguard.judge.engine import evaluate
     from gpuguard.model.profile import Profile
-    from gpuguard.model.samples import History
+    from gpuguard.model.samples import Samples
 
     def judged(counts):
-        history = History()
+        history = Samples()
         for t, total in counts:
             history.add(set_gpu(h200, pcie_aer=[aer_device(correctable={"TOTAL": total})]), t)
         [result] = evaluate(h200, default_rules, Profile(), only=["pcie.aer"], history=history)

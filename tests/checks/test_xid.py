@@ -140,7 +140,8 @@ RECOVERY_TEXTS = ["GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset
 def test_the_check_and_the_metrics_grade_every_xid_alike(h200, run_rule, tmp_path):
     """One grading: for every catalog entry (and every Xid 154 text), the severity xid.recent
     gives an event equals the severity label of gpuguard_xid_events_total."""
-    from gpuguard.daemon.app import Daemon, DaemonConfig
+    from gpuguard.daemon.app import Daemon
+    from gpuguard.daemon.settings import DaemonConfig
 
     rules = load_ruleset()
     cases = [(xid, "some text") for xid in rules.xid_catalog if xid != 154]
@@ -154,7 +155,7 @@ def test_the_check_and_the_metrics_grade_every_xid_alike(h200, run_rule, tmp_pat
         events = result.observed["events"]
         by_check = events[0]["severity"] if events else "ignore"
         daemon = Daemon(DaemonConfig())
-        daemon._count_xids(snap, rules)
+        daemon.xids.count_kernel_log(snap, rules)
         [(label, count)] = daemon.stats.xids.items()
         assert count == 1
         assert label[1] == by_check, (xid, text, label, by_check)

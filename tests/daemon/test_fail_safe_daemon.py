@@ -15,8 +15,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuguard.daemon.app import Daemon, DaemonConfig, XidMarks
+from gpuguard.daemon.app import Daemon
 from gpuguard.daemon.metrics import DaemonCollector
+from gpuguard.daemon.settings import DaemonConfig
+from gpuguard.daemon.xid_counter import XidMarks
 from gpuguard.model.results import Status
 from gpuguard.sources.host import HostOptions
 from tests.conftest import REPO

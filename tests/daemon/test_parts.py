@@ -7,10 +7,10 @@ import pytest
 
 from gpuguard.daemon import notify
 from gpuguard.daemon import triggers as events
-from gpuguard.daemon.latest import ResultStore
+from gpuguard.daemon.latest import LatestResults
 from gpuguard.model.identity import GpuId
 from gpuguard.model.results import Result, Status
-from gpuguard.model.samples import History
+from gpuguard.model.samples import Samples
 from gpuguard.model.snapshot import Reading
 from tests.conftest import set_gpu
 
@@ -60,7 +60,7 @@ def result(status, rule="ecc.uncorrected", gpu=0):
 
 
 def test_store_counts_consecutive_failures_and_unknown_neither_counts_nor_resets():
-    store = ResultStore()
+    store = LatestResults()
     for status, expected in ((Status.CRITICAL, 1), (Status.CRITICAL, 2),
                              (Status.UNKNOWN, 2), (Status.WARNING, 3), (Status.OK, 0)):
         store.update([result(status)], "fast")
@@ -69,7 +69,7 @@ def test_store_counts_consecutive_failures_and_unknown_neither_counts_nor_resets
 
 
 def test_store_drops_a_gpu_that_left_and_marks_a_failed_cycle_stale():
-    store = ResultStore()
+    store = LatestResults()
     store.update([result(Status.OK, gpu=0), result(Status.OK, gpu=1)], "fast")
     store.update([result(Status.OK, gpu=0)], "fast")
     assert {e.result.gpu.index for e in store.entries()} == {0}
@@ -86,7 +86,7 @@ def test_store_drops_a_gpu_that_left_and_marks_a_failed_cycle_stale():
 
 
 def history_of(h200, values, field, start=0.0, step=5.0):
-    history = History()
+    history = Samples()
     for i, value in enumerate(values):
         set_gpu(h200, **{field: value})
         history.add(h200, start + i * step)
@@ -132,7 +132,7 @@ def test_hw_slowdown_needs_most_minutes_of_the_window(h200, default_rules):
 
 
 def test_history_forgets_a_gpu_that_left(h200):
-    history = History()
+    history = Samples()
     history.add(h200, 0.0)
     assert history.samples(h200.gpus[0])
     gone = h200.gpus.pop()
@@ -145,7 +145,7 @@ def test_aer_growth_warns(h200, default_rules):
         return Reading.ok([{"address": "0000:00:06.0", "role": "gpu",
                             "correctable": {"TOTAL": n}, "fatal": {"TOTAL": 0},
                             "nonfatal": {"TOTAL": 0}}])
-    history = History()
+    history = Samples()
     for t, n in ((0.0, 2), (5.0, 9)):
         set_gpu(h200, pcie_aer=chain(n))
         history.add(h200, t)
@@ -154,7 +154,8 @@ def test_aer_growth_warns(h200, default_rules):
 
 
 def test_the_history_is_as_long_as_the_longest_window_a_rule_judges(tmp_path):
-    from gpuguard.daemon.app import Daemon, DaemonConfig
+    from gpuguard.daemon.app import Daemon
+    from gpuguard.daemon.settings import DaemonConfig
 
     profile = tmp_path / "profile.yaml"
     profile.write_text("rules:\n  nvlink.errors:\n    thresholds: {window_s: 3600}\n")

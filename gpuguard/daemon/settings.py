@@ -1,0 +1,73 @@
+"""The daemon's settings (what `gpuguard daemon`'s options and files say), and how long it
+keeps its samples for the rules it runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from gpuguard.io.paths import state_dir_or_default
+from gpuguard.model.rule import RuleSet
+from gpuguard.sources import host as host_sources
+
+log = structlog.get_logger("gpuguard.daemon")
+
+DEFAULT_LISTEN = "127.0.0.1:9412"
+# Host sources read every fast cycle; the others every slow one. Host memory is one
+# read of /proc/meminfo (~0.1 ms): memory pressure cannot wait a minute either.
+FAST_SOURCES = frozenset({"kernel_log", "host_memory"})
+
+
+@dataclass
+class DaemonConfig:
+    listen: str = DEFAULT_LISTEN
+    fast_interval: float = 5.0
+    slow_interval: float = 60.0
+    timeout: float = 4.0  # NVML deadline of one sweep
+    input_path: Path | None = None  # a replayed snapshot, read again every cycle
+    host: host_sources.HostOptions = field(default_factory=host_sources.HostOptions)
+    profile_path: Path | None = None
+    rules_dirs: list[Path] = field(default_factory=list)
+    udev: bool = True
+    events_file: Path | None = None
+    log_format: str = "auto"
+    config_path: Path | None = None  # services for the supervisor (gpuguard/supervisor)
+    dry_run: bool = False
+    # Seconds between runs of the active probe on idle GPUs; 0: never (daemon/active.py).
+    active_probe_interval: float = 0.0
+    event_store: bool = True  # record transitions and Xids in state_dir/events.db
+
+
+def sample_spans(ruleset: RuleSet) -> tuple[float, float]:
+    """How long to keep the GPUs' samples and the services' samples: as long as the longest
+    window a rule judges (a rule whose window_s an override lengthened must not be judged
+    over less than it says). The services' 30 min window does not lengthen every GPU's."""
+    windows = {r.id: float(r.thresholds["window_s"]) for r in ruleset.rules.values()
+               if isinstance(r.thresholds.get("window_s"), int | float)}
+    gpus = max([660.0, *(w + 60.0 for rule, w in windows.items()
+                         if not rule.startswith("service."))])
+    services = max([60.0, *(w + 60.0 for rule, w in windows.items()
+                            if rule.startswith("service."))])
+    return gpus, services
+
+
+def host_paths(cfg: DaemonConfig, services: bool) -> tuple[Path | None, str | None, str]:
+    """The state dir, the boot id and the procfs root this configuration uses, looked
+    up now: under the tests' guard (gpuguard/io/paths.py) a refused one stops the
+    start (HostPathForbidden, exit 4)."""
+    # A replay records history only into a state dir it was given: never into this
+    # host's own (the replayed facts are not this host's).
+    if cfg.input_path is not None and cfg.host.state_dir is None:
+        if cfg.event_store:
+            log.info("event_store_off", why="a replayed --input without --state-dir")
+        cfg.event_store = False
+    cfg.host.look_up_host_paths()
+    # looked up only where something is kept there (a replay without services and
+    # without a store keeps nothing)
+    state_dir = state_dir_or_default(cfg.host.state_dir) \
+        if cfg.event_store or services else None
+    boot = host_sources.boot_id(cfg.host.paths) if cfg.event_store else None
+    procfs = str(cfg.host.paths.procfs) if cfg.input_path is None else ""
+    return state_dir, boot, procfs

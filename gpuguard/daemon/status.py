@@ -1,0 +1,73 @@
+"""What the daemon says about itself: /healthz, /status and systemd's STATUS= line, and
+whether its cycles still come to an end (the watchdog's condition)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from gpuguard.daemon.latest import LatestResults
+from gpuguard.daemon.metrics import DaemonStats
+from gpuguard.model.results import Status, Verdict
+from gpuguard.model.snapshot import Snapshot
+from gpuguard.outputs import json_out
+from gpuguard.supervisor.service import Supervisor
+
+
+def health(stats: DaemonStats, store: LatestResults, fast_interval: float,
+           timeout: float) -> tuple[bool, dict[str, Any]]:
+    """Healthy: a fast cycle succeeded recently and the last one did not fail."""
+    with stats.lock:
+        last_ok = stats.last_success_time.get("fast")
+        last_failed = stats.last_cycle_ok.get("fast") is False
+    age = None if last_ok is None else round(time.time() - last_ok, 3)
+    limit = 3 * fast_interval + timeout
+    fresh = age is not None and age < limit and not last_failed
+    return fresh, {"alive": True, "last_successful_cycle_age_s": age,
+                   "fresh_within_s": limit, "last_cycle_failed": last_failed,
+                   "stale_results": store.stale, "stale_reason": store.stale_reason()}
+
+
+def document(last: Snapshot | None, store: LatestResults) -> dict[str, Any]:
+    doc = json_out.document(last or Snapshot(), Verdict(store.results()))
+    doc["stale"] = store.stale
+    doc["stale_reason"] = store.stale_reason()
+    return doc
+
+
+def line(last: Snapshot | None, store: LatestResults, supervisors: list[Supervisor]) -> str:
+    """systemd's STATUS=: how many GPUs, how many findings, where each service runs."""
+    results = store.results()
+    worst = {s: sum(1 for r in results if r.status is s)
+             for s in (Status.CRITICAL, Status.WARNING, Status.UNKNOWN)}
+    gpus = len(last.gpus) if last else 0
+    text = (f"{gpus} GPU(s): {worst[Status.CRITICAL]} critical, {worst[Status.WARNING]} "
+            f"warning, {worst[Status.UNKNOWN]} unknown")
+    reason = store.stale_reason()
+    text += f" (results stale: {reason})" if reason else ""
+    for supervisor in supervisors:
+        snap = supervisor.snapshot()
+        moving = f", moving to {snap.state.transition.to}" if snap.state.transition else ""
+        text += f"; {snap.service} on {snap.state.active.upper()}{moving}"
+    return text
+
+
+def cycles_progress(stats: DaemonStats, idle: threading.Event, fast_interval: float,
+                    timeout: float) -> bool:
+    """Whether cycles still come to an end: between cycles, or the one running is young."""
+    with stats.lock:
+        last_end = max(stats.last_cycle_time.values(), default=None)
+    if idle.is_set() or last_end is None:
+        return True  # between cycles, or the first one has not ended yet
+    return time.time() - last_end < 3 * fast_interval + 2 * timeout
+
+
+def source_failure(snap: Snapshot) -> str | None:
+    """Why this cycle's GPU facts are not all current: NVML hung, or the sweep (or the
+    replayed input) failed. NVML not starting at all is a current fact (driver.loaded)."""
+    if snap.nvml.hung_call is not None:
+        return "NVML did not answer in time"
+    if snap.nvml.sweep_error is not None:
+        return f"the NVML sweep failed: {snap.nvml.sweep_error[:200]}"
+    return None

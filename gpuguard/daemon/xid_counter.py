@@ -1,0 +1,85 @@
+"""Xids as the daemon counts them: each kernel-log line once (XidMarks), and each Xid, from
+the kernel log or NVML's event set, into the metrics and the event store (XidCounter)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gpuguard.daemon.metrics import DaemonStats
+from gpuguard.daemon.recorder import EventRecorder
+from gpuguard.events.recording import xid_event
+from gpuguard.judge.actions import of_xid
+from gpuguard.judge.xids import grade
+from gpuguard.model.rule import RuleSet
+from gpuguard.model.snapshot import Snapshot
+
+
+class XidCounter:
+    """Counts every new Xid once into the metrics (gpuguard_xid_total by Xid, severity and
+    GPU) and, when the daemon keeps one, the event store."""
+
+    def __init__(self, stats: DaemonStats) -> None:
+        self.stats = stats
+        self.recorder: EventRecorder | None = None
+        self.marks = XidMarks()
+
+    def count_kernel_log(self, snap: Snapshot, ruleset: RuleSet) -> None:
+        if not snap.host.kernel_log.is_ok:
+            return
+        log_ = snap.host.kernel_log.get()
+        now_usec, now = log_.get("now_usec"), time.time()
+        for event in self.marks.new_events(log_["xids"]):
+            # the kernel log's clock (time since boot) turned into wall time
+            usec = event.get("usec")
+            when = now - (now_usec - usec) / 1e6 if usec is not None and now_usec else now
+            self.add(event["xid"], event.get("pci"), event.get("text"), ruleset, snap,
+                     when, event.get("seq"), "kmsg")
+
+    def add(self, xid: int, pci: str | None, text: str | None, ruleset: RuleSet,
+            snap: Snapshot, when: float, seq: int | None = None, source: str = "nvml") -> None:
+        severity = grade(xid, text, ruleset.xid_catalog).severity
+        gpu = snap.gpu_at(pci)
+        if self.recorder is not None and severity != "ignore":
+            self.recorder.record(xid_event(xid, severity,
+                                           of_xid(xid, text, ruleset.xid_catalog).value,
+                                           None if gpu is None else gpu.identity(), source,
+                                           when, seq, text, pci))
+        label = (str(xid), severity, "" if gpu is None else str(gpu.index),
+                 "" if gpu is None else gpu.pci_bus_id.get())
+        with self.stats.lock:
+            self.stats.xids[label] = self.stats.xids.get(label, 0) + 1
+            self.stats.xid_last[label] = max(self.stats.xid_last.get(label, 0.0), when)
+
+
+class XidMarks:
+    """Which kernel-log Xids were counted already, in bounded memory: the highest kmsg
+    sequence number (or, for a saved log without one, the latest time stamp) seen; only
+    lines without either are remembered one by one, and only while the log still has them."""
+
+    def __init__(self) -> None:
+        self.seq = -1
+        self.usec = -1
+        self.unnumbered: set[tuple[Any, ...]] = set()
+
+    def new_events(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        fresh: list[dict[str, Any]] = []
+        top_seq, top_usec = self.seq, self.usec
+        present: set[tuple[Any, ...]] = set()
+        for event in events:
+            seq, usec = event.get("seq"), event.get("usec")
+            if seq is not None:
+                if seq > self.seq:
+                    fresh.append(event)
+                top_seq = max(top_seq, seq)
+            elif usec is not None:
+                if usec > self.usec:
+                    fresh.append(event)
+                top_usec = max(top_usec, usec)
+            else:
+                key = (event["xid"], event.get("pci"), event.get("text"))
+                present.add(key)
+                if key not in self.unnumbered:
+                    fresh.append(event)
+        self.seq, self.usec, self.unnumbered = top_seq, top_usec, present
+        return fresh
