@@ -29,7 +29,10 @@ from gpuguard.cli.options import (
 )
 
 if TYPE_CHECKING:
+    from gpuguard.io.paths import Paths
     from gpuguard.model.profile import Profile
+    from gpuguard.model.results import Result
+    from gpuguard.model.rule import RuleSet
     from gpuguard.model.snapshot import Snapshot
     from gpuguard.sources.active.workers import EarlyStart
 
@@ -90,19 +93,8 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     paths = paths_from(path_sysfs, path_procfs, path_rootfs)
     # The NVML worker runs already (cli/entry.py); the configuration is loaded meanwhile,
     # then the host sources start with what the profile says (Docker, disk paths).
-    try:
-        profile, ruleset = load_rules(profile_path, rules_dirs)
-        _check_filters(only, skip, list(ruleset.rules))
-        if xid_window is not None:
-            profile.xid_window_s = _window(xid_window)
-        if active is not None and input_path is not None:
-            raise ConfigProblem("--active probes this host's GPUs; it cannot check a saved "
-                                "--input (a snapshot saved after a probe keeps its results)")
-    except click.ClickException:
-        from gpuguard.sources import nvml
-
-        nvml.abandon_early()  # do not leave the worker behind
-        raise
+    profile, ruleset = _configuration(profile_path, rules_dirs, only, skip, xid_window,
+                                      active is not None and input_path is not None)
     host_opts = host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
                              docker, "auto", profile, host_resources is True)
     # check never judges the NVLink error counters (the daemon does, by growth): left out
@@ -121,24 +113,7 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
                       active_buffer_mib, active_pattern_mib, early)
     gathered = time.monotonic()
     results = evaluate(snapshot, ruleset, profile, only, skip)
-    notes: list[str] = []
-    if input_path is None:
-        from gpuguard.io.paths import state_dir_or_default
-
-        state = state_dir_or_default(state_dir)
-        if record or (state / "events.db").is_file():
-            from gpuguard.events.commands import with_history
-
-            results = with_history(results, snapshot, ruleset, state, paths, record)
-    elif state_dir is not None:
-        # A replay is judged as it was: this host's acks do not apply to it. Said only when
-        # the state dir was named (a replay reads no host path it was not given).
-        from gpuguard.events.commands import acks_in_force
-
-        acks = acks_in_force(state_dir)
-        if acks:
-            notes.append(f"{acks} ack(s) in {state_dir} do not apply to a replayed --input: "
-                         "its actions are shown unacknowledged")
+    results, notes = _history(results, snapshot, ruleset, paths, input_path, state_dir, record)
     verdict = Verdict(results, fail_on, tuple(notes))
     if fmt == "table" and quiet and verdict.nagios_code == 0:
         text = ""
@@ -154,6 +129,54 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(verdict.code)
+
+
+def _configuration(profile_path: Path | None, rules_dirs: tuple[Path, ...],
+                   only: tuple[str, ...], skip: tuple[str, ...], xid_window: str | None,
+                   active_on_replay: bool) -> tuple[Profile, RuleSet]:
+    """The profile and rules, with the command line's filters and window checked; a bad
+    one is exit 3, and the NVML worker started early is not left behind."""
+    try:
+        profile, ruleset = load_rules(profile_path, rules_dirs)
+        _check_filters(only, skip, list(ruleset.rules))
+        if xid_window is not None:
+            profile.xid_window_s = _window(xid_window)
+        if active_on_replay:
+            raise ConfigProblem("--active probes this host's GPUs; it cannot check a saved "
+                                "--input (a snapshot saved after a probe keeps its results)")
+    except click.ClickException:
+        from gpuguard.sources import nvml
+
+        nvml.abandon_early()  # do not leave the worker behind
+        raise
+    return profile, ruleset
+
+
+def _history(results: list[Result], snapshot: Snapshot, ruleset: RuleSet, paths: Paths,
+             input_path: Path | None, state_dir: Path | None,
+             record: bool) -> tuple[list[Result], list[str]]:
+    """The results with this host's history applied (and this run recorded, --record),
+    and the notes the output carries."""
+    if input_path is None:
+        from gpuguard.io.paths import state_dir_or_default
+
+        state = state_dir_or_default(state_dir)
+        if record or (state / "events.db").is_file():
+            from gpuguard.events.commands import with_history
+
+            results = with_history(results, snapshot, ruleset, state, paths, record)
+        return results, []
+    if state_dir is None:
+        return results, []
+    # A replay is judged as it was: this host's acks do not apply to it. Said only when
+    # the state dir was named (a replay reads no host path it was not given).
+    from gpuguard.events.commands import acks_in_force
+
+    acks = acks_in_force(state_dir)
+    if not acks:
+        return results, []
+    return results, [f"{acks} ack(s) in {state_dir} do not apply to a replayed --input: "
+                     "its actions are shown unacknowledged"]
 
 
 @click.command()

@@ -44,20 +44,30 @@ def families(snapshot: Snapshot) -> Iterator[Metric]:
             success.add_metric([name], 1 if answer.get("ok") else 0)
         if entry.get("error"):
             continue
-        pids = set(entry.get("pids") or [])
-        for gpu in snapshot.gpus:
-            if gpu.compute_processes.is_ok:
-                held = held_by(gpu, pids)
-                if held:
-                    gpu_mem.add_metric([name, str(gpu.index)],
-                                       sum(p.used_memory_bytes or 0 for p in held))
-        rss.add_metric([name], float(entry.get("rss_bytes") or 0))
-        # fitted once, by the daemon's service watch (daemon/services.py)
-        for memory in ("host", "gpu"):
-            growth = (entry.get("growth") or {}).get(memory)
-            if growth is None:
-                continue
-            slope.add_metric([name, memory], growth["slope_bytes_per_s"])
-            if "exhaustion_s" in growth:
-                left.add_metric([name, memory], growth["exhaustion_s"])
+        _memory(snapshot, name, entry, gpu_mem, rss)
+        _growth(name, entry, slope, left)
     yield from (gpu_mem, rss, slope, left, latency, success)
+
+
+def _memory(snapshot: Snapshot, name: str, entry: dict[str, Any], gpu_mem: GaugeMetricFamily,
+            rss: GaugeMetricFamily) -> None:
+    pids = set(entry.get("pids") or [])
+    for gpu in snapshot.gpus:
+        if gpu.compute_processes.is_ok:
+            held = held_by(gpu, pids)
+            if held:
+                gpu_mem.add_metric([name, str(gpu.index)],
+                                   sum(p.used_memory_bytes or 0 for p in held))
+    rss.add_metric([name], float(entry.get("rss_bytes") or 0))
+
+
+def _growth(name: str, entry: dict[str, Any], slope: GaugeMetricFamily,
+            left: GaugeMetricFamily) -> None:
+    """Fitted once, by the daemon's service watch (daemon/services.py)."""
+    for memory in ("host", "gpu"):
+        growth = (entry.get("growth") or {}).get(memory)
+        if growth is None:
+            continue
+        slope.add_metric([name, memory], growth["slope_bytes_per_s"])
+        if "exhaustion_s" in growth:
+            left.add_metric([name, memory], growth["exhaustion_s"])

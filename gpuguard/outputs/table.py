@@ -19,27 +19,45 @@ _COLOURS = {
 _RESET = "\033[0m"
 
 
+# One row of the table: status, rule, GPU column, message, remediation, what to do.
+Row = tuple[Status, str, str, str, str | None, str | None]
+
+
 def render(snapshot: Snapshot, verdict: Verdict, colour: bool, quiet: bool = False) -> str:
-    results = verdict.results
     width = shutil.get_terminal_size((120, 24)).columns
-    lines: list[str] = []
+    lines: list[str] = [] if quiet else [*_header(snapshot, verdict), ""]
+    shown = _rows(verdict.results)
+    if quiet:
+        shown = [row for row in shown if row[0] not in (Status.OK, Status.SKIPPED)]
+    rule_w = max([len("RULE")] + [len(row[1]) for row in shown])
+    lines.append(f"{'STATUS':<8}  {'RULE':<{rule_w}}  {'GPU':<5}  MESSAGE")
+    indent = 8 + 2 + rule_w + 2 + 5 + 2
+    msg_w = max(40, width - indent)
+    for row in shown:
+        lines.extend(_row_lines(row, rule_w, indent, msg_w, colour))
+    counts = verdict.summary()
+    parts = [f"{counts[s.value]} {s.value}" for s in
+             (Status.CRITICAL, Status.WARNING, Status.UNKNOWN, Status.OK, Status.SKIPPED)]
+    lines.append("")
+    lines.append(f"{', '.join(parts)}  ({verdict.describe_exit()})")
+    return "\n".join(lines) + "\n"
+
+
+def _header(snapshot: Snapshot, verdict: Verdict) -> list[str]:
     host = snapshot.host
-    if not quiet:
-        where = host.hostname or host.source
-        if host.driver_version.is_ok:
-            stack = (f"driver {host.driver_version.value}  "
-                     f"CUDA {host.cuda_driver_version.get_or('?')}  GPUs {len(snapshot.gpus)}")
-        else:
-            stack = "no usable NVIDIA driver"
-        lines.append(f"gpuguard check: {where}  {stack}  (source: {host.source})")
-        lines.extend(f"note: {note}" for note in verdict.notes)
-        lines.append("")
+    where = host.hostname or host.source
+    if host.driver_version.is_ok:
+        stack = (f"driver {host.driver_version.value}  "
+                 f"CUDA {host.cuda_driver_version.get_or('?')}  GPUs {len(snapshot.gpus)}")
+    else:
+        stack = "no usable NVIDIA driver"
+    return [f"gpuguard check: {where}  {stack}  (source: {host.source})",
+            *(f"note: {note}" for note in verdict.notes)]
 
-    def status(s: Status) -> str:
-        text = f"{s.value.upper():<8}"
-        return f"{_COLOURS[s]}{text}{_RESET}" if colour else text
 
-    shown: list[tuple[Status, str, str, str, str | None, str | None]] = []
+def _rows(results: list[Result]) -> list[Row]:
+    """Problems first; a rule whose every GPU is ok (or skipped) alike is one folded row."""
+    shown: list[Row] = []
     by_rule: dict[str, list[Result]] = defaultdict(list)
     for r in results:
         by_rule[r.rule].append(r)
@@ -53,31 +71,26 @@ def render(snapshot: Snapshot, verdict: Verdict, colour: bool, quiet: bool = Fal
             gpu = "host" if r.gpu is None else str(r.gpu.index)
             todo = f"{r.action} ({r.action_reason})" if r.action_reason else r.action
             shown.append((r.status, rule_id, gpu, r.message, r.remediation, todo))
-
     shown.sort(key=lambda row: (-row[0].rank, row[1], row[2]))
-    if quiet:
-        shown = [row for row in shown if row[0] not in (Status.OK, Status.SKIPPED)]
-    rule_w = max([len("RULE")] + [len(row[1]) for row in shown])
-    lines.append(f"{'STATUS':<8}  {'RULE':<{rule_w}}  {'GPU':<5}  MESSAGE")
-    indent = 8 + 2 + rule_w + 2 + 5 + 2
-    msg_w = max(40, width - indent)
-    for s, rule_id, gpu, message, remediation, action in shown:
-        wrapped = textwrap.wrap(message, msg_w) or [""]
-        lines.append(f"{status(s)}  {rule_id:<{rule_w}}  {gpu:<5}  {wrapped[0]}")
-        lines.extend(" " * indent + more for more in wrapped[1:])
-        if remediation and s in (Status.CRITICAL, Status.WARNING):
-            for i, fix in enumerate(textwrap.wrap(remediation, msg_w - 5)):
-                lines.append(" " * indent + ("fix: " if i == 0 else "     ") + fix)
-        if action and s in (Status.CRITICAL, Status.WARNING):
-            # the suggested action (gpuguard.judge.actions), and why it is that one
-            for i, part in enumerate(textwrap.wrap(action, msg_w - 5)):
-                lines.append(" " * indent + ("do:  " if i == 0 else "     ") + part)
-    counts = verdict.summary()
-    parts = [f"{counts[s.value]} {s.value}" for s in
-             (Status.CRITICAL, Status.WARNING, Status.UNKNOWN, Status.OK, Status.SKIPPED)]
-    lines.append("")
-    lines.append(f"{', '.join(parts)}  ({verdict.describe_exit()})")
-    return "\n".join(lines) + "\n"
+    return shown
+
+
+def _row_lines(row: Row, rule_w: int, indent: int, msg_w: int, colour: bool) -> list[str]:
+    """One result: its message wrapped under its column, then for a failing one what to
+    fix (`fix:`) and the suggested action (`do:`, gpuguard.judge.actions) and why."""
+    s, rule_id, gpu, message, remediation, action = row
+    text = f"{s.value.upper():<8}"
+    status = f"{_COLOURS[s]}{text}{_RESET}" if colour else text
+    wrapped = textwrap.wrap(message, msg_w) or [""]
+    lines = [f"{status}  {rule_id:<{rule_w}}  {gpu:<5}  {wrapped[0]}"]
+    lines.extend(" " * indent + more for more in wrapped[1:])
+    if s not in (Status.CRITICAL, Status.WARNING):
+        return lines
+    for label, text_ in (("fix: ", remediation), ("do:  ", action)):
+        if text_:
+            for i, part in enumerate(textwrap.wrap(text_, msg_w - 5)):
+                lines.append(" " * indent + (label if i == 0 else "     ") + part)
+    return lines
 
 
 def _fold_message(rs: list[Result]) -> str:
