@@ -41,7 +41,9 @@ def test_faulty_host_exit_code_and_every_fault_reported():
     doc = json.loads(proc.stdout)
     bad = {(r["rule"], r["gpu"]["index"] if r["gpu"] else None): r["status"]
            for r in doc["results"] if r["status"] not in ("ok", "skipped")}
-    assert bad == {
+    # the faults this dump holds, each found with its status (a rule added later may find
+    # more on it: the healthy recordings, not this one, hold every rule to no false alarm)
+    assert bad.items() >= {
         ("clocks.hw_slowdown", 1): "critical",
         ("ecc.uncorrected", 1): "critical",
         ("pcie.link_width", 1): "critical",   # x8 at 97% utilization
@@ -51,7 +53,7 @@ def test_faulty_host_exit_code_and_every_fault_reported():
         ("power.limit", 1): "warning",
         ("thermal.margin", 1): "unknown",     # nvidia-smi printed [Unknown Error]
         ("vbios.consistent", None): "warning",
-    }
+    }.items()
 
 
 def test_json_shape():
