@@ -38,15 +38,7 @@ def lost(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
 def identity(ctx: CheckContext) -> Finding:
     # Two GPUs reporting one UUID or one bus address would make every per-GPU result,
     # metric and history entry ambiguous: both are shown, and this says why.
-    clashes = []
-    for field_name in ("uuid", "pci_bus_id"):
-        holders: dict[str, list[int]] = defaultdict(list)
-        for gpu in ctx.snapshot.gpus:
-            reading = getattr(gpu, field_name)
-            if reading.is_ok and reading.value:
-                holders[reading.value.lower()].append(gpu.index)
-        clashes += [f"GPUs {', '.join(map(str, indexes))} all report {field_name} {value}"
-                    for value, indexes in sorted(holders.items()) if len(indexes) > 1]
+    clashes = _clashes(ctx.snapshot.gpus)
     if not ctx.snapshot.gpus:
         return ok("no GPU to compare")
     if clashes:
@@ -61,6 +53,27 @@ def identity(ctx: CheckContext) -> Finding:
         return unknown(f"cannot compare identities: the UUID or bus address of {who} "
                        "was not read this time", unread=unread)
     return ok(f"{len(ctx.snapshot.gpus)} GPU(s), each with its own UUID and bus address")
+
+
+def _clashes(gpus: list[GpuSnapshot]) -> list[str]:
+    """Each UUID, then each bus address, that more than one GPU reports, naming them."""
+    clashes: list[str] = []
+    for field_name in ("uuid", "pci_bus_id"):
+        holders = _holders(gpus, field_name)
+        clashes += [f"GPUs {', '.join(map(str, indexes))} all report {field_name} {value}"
+                    for value, indexes in sorted(holders.items()) if len(indexes) > 1]
+    return clashes
+
+
+def _holders(gpus: list[GpuSnapshot], field_name: str) -> dict[str, list[int]]:
+    """The GPUs reporting each value of `field_name` (uuid or pci_bus_id), compared in
+    lower case; a value not read, or empty, names no GPU."""
+    holders: dict[str, list[int]] = defaultdict(list)
+    for gpu in gpus:
+        reading = getattr(gpu, field_name)
+        if reading.is_ok and reading.value:
+            holders[reading.value.lower()].append(gpu.index)
+    return holders
 
 
 @gpu_check("gpu.compute")

@@ -7,6 +7,7 @@ entry, and no entry at all is a skipped rule, never a warning.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.judge.registry import (
@@ -42,12 +43,47 @@ def memory(ctx: CheckContext) -> Finding:
     if host.host_memory.state == "not_supported":  # `check` without --host-resources: say so
         return skipped(host.host_memory.error or "host memory is not read here")
     sizes = host.host_memory.get()
-    problems: list[tuple[Status, str]] = []
-    notes: list[str] = []  # said in the message, never a warning
     available = _percent(sizes["available_bytes"], sizes["total_bytes"])
     observed: dict[str, Any] = {"available_percent": round(available, 1), **sizes}
     text = (f"{_gib(sizes['available_bytes'])} of {_gib(sizes['total_bytes'])} available "
             f"({available:.1f} %)")
+    problems = _shortage(ctx, sizes, available, text, observed)
+    notes: list[str] = []  # said in the message, never a warning
+
+    window_s = float(ctx.threshold("oom_window_s"))
+    log = host.kernel_log
+    log_problem: str | None = None
+    if log.is_ok:
+        kills = _oom_kills(log.get(), window_s)
+        observed["oom_kills"] = kills.records
+        if kills.host:
+            problems.append((Status.WARNING, kills.host))
+        if kills.cgroup:
+            notes.append(kills.cgroup)
+    elif log.state == "error":
+        log_problem = f"cannot read the kernel log for OOM kills: {log.error}"
+    else:
+        observed["oom_kills"] = None  # no kernel log in this input: kills not judged
+
+    if problems:
+        worst = max((status for status, _ in problems), key=lambda s: s.rank)
+        message = _problems_message(problems, notes, log_problem)
+        return critical(message, **observed) if worst is Status.CRITICAL \
+            else warning(message, **observed)
+    if log_problem:
+        return unknown(f"{text}; {log_problem}", **observed)
+    if observed.get("oom_kills") is None:
+        return ok(text, **observed)
+    which = "host " if notes else ""
+    return ok("; ".join([f"{text}, no {which}OOM kill in the last {span(window_s)}", *notes]),
+              **observed)
+
+
+def _shortage(ctx: CheckContext, sizes: dict[str, int], available: float, text: str,
+              observed: dict[str, Any]) -> list[tuple[Status, str]]:
+    """The memory problems: too little available (critical or warning), and swap filling
+    while available memory is low. A host with swap gets its use in `observed`."""
+    problems: list[tuple[Status, str]] = []
     if available < ctx.threshold("available_critical_percent"):
         problems.append((Status.CRITICAL, f"only {text}"))
     elif available < ctx.threshold("available_warning_percent"):
@@ -65,52 +101,52 @@ def memory(ctx: CheckContext) -> Finding:
             problems.append((Status.WARNING, f"swap {swap:.0f} % in use "
                              f"({_gib(sizes['swap_used_bytes'])} of "
                              f"{_gib(sizes['swap_total_bytes'])}){low}"))
+    return problems
 
-    window_s = float(ctx.threshold("oom_window_s"))
-    log = host.kernel_log
-    log_problem: str | None = None
-    if log.is_ok:
-        summary = log.get()
-        # Not hidden by `gpuguard xid ack` (that acknowledges GPU faults); the window ages
-        # them out.
-        chosen = select(summary.get("ooms", []), {**summary, "acked_seq": None}, window_s,
-                        lambda _: Grade("warning", "out of memory", ""))
-        kills = chosen.counted
-        observed["oom_kills"] = [{k: e.get(k) for k in ("pid", "process", "scope", "cgroup",
-                                                         "seq", "age_s")} for e in kills]
-        # A kill at a cgroup's own memory limit (a container's --memory, a unit's
-        # MemoryMax=) says that cgroup is too small, not that the host is short of memory:
-        # named here, never a warning of this rule. A kill whose lines do not say its
-        # scope counts as the host's.
-        host_kills = [e for e in kills if e.get("scope") != "cgroup"]
-        cgroup_kills = [e for e in kills if e.get("scope") == "cgroup"]
-        dropped = summary.get("ooms_dropped") or 0
-        if host_kills:
-            problems.append((Status.WARNING, _kills_text(host_kills, "OOM kill(s)", window_s,
-                                                         dropped)))
-        if cgroup_kills:
-            notes.append(_kills_text(cgroup_kills, "OOM kill(s) at a cgroup's own memory "
-                                     "limit (not the host's memory)", window_s,
-                                     0 if host_kills else dropped))
-    elif log.state == "error":
-        log_problem = f"cannot read the kernel log for OOM kills: {log.error}"
-    else:
-        observed["oom_kills"] = None  # no kernel log in this input: kills not judged
 
-    if problems:
-        worst = max((status for status, _ in problems), key=lambda s: s.rank)
-        message = "; ".join([*(words for _, words in problems), *notes])
-        if log_problem:
-            message += f" ({log_problem})"
-        return critical(message, **observed) if worst is Status.CRITICAL \
-            else warning(message, **observed)
+@dataclass
+class OomKills:
+    """The OOM kills of the window, as host.memory reports them."""
+    records: list[dict[str, Any]]  # its `observed` oom_kills
+    host: str | None    # kills for want of the host's memory, said: a warning
+    cgroup: str | None  # kills at a cgroup's own memory limit, said: never a warning
+
+
+def _oom_kills(summary: dict[str, Any], window_s: float) -> OomKills:
+    """The OOM kills of the window in the kernel log's summary, split by whose memory ran
+    out."""
+    # Not hidden by `gpuguard xid ack` (that acknowledges GPU faults); the window ages
+    # them out.
+    chosen = select(summary.get("ooms", []), {**summary, "acked_seq": None}, window_s,
+                    lambda _: Grade("warning", "out of memory", ""))
+    kills = chosen.counted
+    records = [{k: e.get(k) for k in ("pid", "process", "scope", "cgroup", "seq", "age_s")}
+               for e in kills]
+    # A kill at a cgroup's own memory limit (a container's --memory, a unit's
+    # MemoryMax=) says that cgroup is too small, not that the host is short of memory:
+    # named here, never a warning of this rule. A kill whose lines do not say its
+    # scope counts as the host's.
+    host_kills = [e for e in kills if e.get("scope") != "cgroup"]
+    cgroup_kills = [e for e in kills if e.get("scope") == "cgroup"]
+    dropped = summary.get("ooms_dropped") or 0
+    host: str | None = None
+    cgroup: str | None = None
+    if host_kills:
+        host = _kills_text(host_kills, "OOM kill(s)", window_s, dropped)
+    if cgroup_kills:
+        # the lines the summary did not keep are counted once: with the host's kills if any
+        cgroup = _kills_text(cgroup_kills, "OOM kill(s) at a cgroup's own memory limit (not "
+                             "the host's memory)", window_s, 0 if host_kills else dropped)
+    return OomKills(records, host, cgroup)
+
+
+def _problems_message(problems: list[tuple[Status, str]], notes: list[str],
+                      log_problem: str | None) -> str:
+    """Each problem, then the notes, and why OOM kills could not be judged."""
+    message = "; ".join([*(words for _, words in problems), *notes])
     if log_problem:
-        return unknown(f"{text}; {log_problem}", **observed)
-    if observed.get("oom_kills") is None:
-        return ok(text, **observed)
-    which = "host " if notes else ""
-    return ok("; ".join([f"{text}, no {which}OOM kill in the last {span(window_s)}", *notes]),
-              **observed)
+        message += f" ({log_problem})"
+    return message
 
 
 def _kills_text(kills: list[dict[str, Any]], what: str, window_s: float, dropped: int) -> str:
@@ -135,52 +171,74 @@ def disk(ctx: CheckContext) -> Finding:
     if not entries:
         return skipped("no path to judge: no Docker data root on this host and no "
                        "disk_paths in the profile")
-    problems: list[tuple[Status, str]] = []
-    unread: list[str] = []
-    fine: list[str] = []
-    observed: list[dict[str, Any]] = []
+    paths = _judge_paths(ctx, entries)
+    unread, fine = paths.unread, paths.fine
+    extra = f" ({len(unread)} not read: {'; '.join(unread)})" if unread else ""
+    if paths.problems:
+        worst = max((status for status, _ in paths.problems), key=lambda s: s.rank)
+        message = " | ".join(words for _, words in paths.problems) + extra
+        return critical(message, paths=paths.observed) if worst is Status.CRITICAL \
+            else warning(message, paths=paths.observed)
+    if unread:
+        return unknown("cannot read " + "; ".join(unread)
+                       + (f" ({', '.join(fine)})" if fine else ""), paths=paths.observed)
+    return ok(", ".join(fine), paths=paths.observed)
+
+
+@dataclass
+class DiskPaths:
+    """The paths host.disk judged, by verdict, and each path's `observed` entry."""
+    problems: list[tuple[Status, str]] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)
+    fine: list[str] = field(default_factory=list)
+    observed: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _judge_paths(ctx: CheckContext, entries: list[dict[str, Any]]) -> DiskPaths:
+    """Each configured path: not read, below a line, or fine."""
+    paths = DiskPaths()
     for entry in entries:
         role = "Docker data root" if entry["role"] == "docker" else "profile"
         where = f"{entry['path']} ({role})"
         if entry.get("error"):
-            unread.append(f"{where}: {entry['error']}")
-            observed.append({"path": entry["path"], "role": entry["role"],
-                             "error": entry["error"]})
+            paths.unread.append(f"{where}: {entry['error']}")
+            paths.observed.append({"path": entry["path"], "role": entry["role"],
+                                   "error": entry["error"]})
             continue
         free = _percent(entry["free_bytes"], entry["total_bytes"])
         # A filesystem without a fixed inode table (btrfs, XFS) reports 0 inodes: not judged.
         inodes = _percent(entry["inodes_free"], entry["inodes_total"]) \
             if entry["inodes_total"] else None
-        observed.append({"path": entry["path"], "role": entry["role"],
-                         "free_percent": round(free, 1), "free_bytes": entry["free_bytes"],
-                         "inodes_free_percent": None if inodes is None else round(inodes, 1)})
-        status = Status.OK
-        said: list[str] = []
-        levels = [(free, f"{_gib(entry['free_bytes'])} free ({free:.1f} % of "
-                   f"{_gib(entry['total_bytes'])})", ctx.threshold("free_critical_percent"),
-                   ctx.threshold("free_warning_percent"))]
-        if inodes is not None:
-            levels.append((inodes, f"{inodes:.1f} % of inodes free",
-                           ctx.threshold("inodes_critical_percent"),
-                           ctx.threshold("inodes_warning_percent")))
-        for value, what, critical_below, warning_below in levels:
-            if value < critical_below:
-                status = Status.CRITICAL
-                said.append(what)
-            elif value < warning_below:
-                status = max(status, Status.WARNING, key=lambda s: s.rank)
-                said.append(what)
+        paths.observed.append({"path": entry["path"], "role": entry["role"],
+                               "free_percent": round(free, 1), "free_bytes": entry["free_bytes"],
+                               "inodes_free_percent": None if inodes is None
+                               else round(inodes, 1)})
+        status, said = _below_lines(ctx, entry, free, inodes)
         if said:
-            problems.append((status, f"{where}: {', '.join(said)}"))
+            paths.problems.append((status, f"{where}: {', '.join(said)}"))
         else:
-            fine.append(f"{entry['path']} {free:.0f} % free")
-    extra = f" ({len(unread)} not read: {'; '.join(unread)})" if unread else ""
-    if problems:
-        worst = max((status for status, _ in problems), key=lambda s: s.rank)
-        message = " | ".join(words for _, words in problems) + extra
-        return critical(message, paths=observed) if worst is Status.CRITICAL \
-            else warning(message, paths=observed)
-    if unread:
-        return unknown("cannot read " + "; ".join(unread)
-                       + (f" ({', '.join(fine)})" if fine else ""), paths=observed)
-    return ok(", ".join(fine), paths=observed)
+            paths.fine.append(f"{entry['path']} {free:.0f} % free")
+    return paths
+
+
+def _below_lines(ctx: CheckContext, entry: dict[str, Any], free: float,
+                 inodes: float | None) -> tuple[Status, list[str]]:
+    """What of one path's free space and free inodes (when judged) is below its warning or
+    critical line, said, and the worst status that gives."""
+    status = Status.OK
+    said: list[str] = []
+    levels = [(free, f"{_gib(entry['free_bytes'])} free ({free:.1f} % of "
+               f"{_gib(entry['total_bytes'])})", ctx.threshold("free_critical_percent"),
+               ctx.threshold("free_warning_percent"))]
+    if inodes is not None:
+        levels.append((inodes, f"{inodes:.1f} % of inodes free",
+                       ctx.threshold("inodes_critical_percent"),
+                       ctx.threshold("inodes_warning_percent")))
+    for value, what, critical_below, warning_below in levels:
+        if value < critical_below:
+            status = Status.CRITICAL
+            said.append(what)
+        elif value < warning_below:
+            status = max(status, Status.WARNING, key=lambda s: s.rank)
+            said.append(what)
+    return status, said

@@ -13,7 +13,7 @@ from typing import Any
 from gpuguard.checks import not_probed, probe_floor
 from gpuguard.judge.registry import CheckContext, Finding, gpu_check, ok, skipped, unknown
 from gpuguard.model.derived import NVLINK_COUNTERS, expected_links, links_up, nvlink_totals
-from gpuguard.model.samples import window_growth
+from gpuguard.model.samples import Sample, window_growth
 from gpuguard.model.snapshot import GpuSnapshot
 
 NO_NVLINK = "no NVLink on this GPU (NVML: not supported): nothing to judge"
@@ -71,11 +71,28 @@ def errors(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
               "recovery": ctx.threshold("max_recovery_growth"),
               "crc_flit": ctx.threshold("max_crc_flit_growth"),
               "crc_data": ctx.threshold("max_crc_data_growth")}
-    samples = ctx.history.samples(gpu)
-    # Only samples that summed the same links as this one compare (history.Sample).
+    over, grown = _growth_over(_comparable(ctx.history.samples(gpu)), window_s, limits)
+    observed |= {"growth": grown, "window_s": window_s}
+    if over:
+        return ctx.fail("NVLink errors growing: " + ", ".join(over), **observed)
+    return ok(f"NVLink error growth within limits over {window_s / 60:.0f} min "
+              f"(totals: {shown or 'none read'})", **observed)
+
+
+def _comparable(samples: list[Sample]) -> list[Sample]:
+    """The samples whose sums cover the same links as the newest one (history.Sample): a
+    link that came or went changes the sum without a single error."""
     if samples:
         samples = [s for s in samples if s.nvlink_read == samples[-1].nvlink_read]
-    over, grown = [], {}
+    return samples
+
+
+def _growth_over(samples: list[Sample], window_s: float, limits: dict[str, Any]
+                 ) -> tuple[list[str], dict[str, int]]:
+    """Each counter's growth over the window (a counter without two samples in it is left
+    out) and, said as text, those that grew past their limit."""
+    over: list[str] = []
+    grown: dict[str, int] = {}
     for name in NVLINK_COUNTERS:
         grew = window_growth(samples, f"nvlink_{name}", window_s)
         if grew is None:
@@ -83,11 +100,7 @@ def errors(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
         grown[name] = grew[0]
         if grew[0] > limits[name]:
             over.append(f"{LABELS[name]} +{grew[0]} in {grew[1]:.0f} s (limit {limits[name]})")
-    observed |= {"growth": grown, "window_s": window_s}
-    if over:
-        return ctx.fail("NVLink errors growing: " + ", ".join(over), **observed)
-    return ok(f"NVLink error growth within limits over {window_s / 60:.0f} min "
-              f"(totals: {shown or 'none read'})", **observed)
+    return over, grown
 
 
 @gpu_check("nvlink.bandwidth", thresholds=("floor_fraction", "link_gbps"))
@@ -108,15 +121,7 @@ def bandwidth(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
         floor = up * ctx.threshold("link_gbps") * ctx.threshold("floor_fraction")
     if floor is not None:
         observed["floor_gbps"] = round(floor, 1)
-    slow, unmeasured, measured = [], [], []
-    for peer in peers:
-        if peer.get("error") or peer.get("access") is None:
-            unmeasured.append(f"GPU {peer['peer']}: {peer.get('error') or 'not measured'}")
-        elif peer.get("access"):
-            rate = min(peer.get("gbps") or 0.0, peer.get("reverse_gbps") or 0.0)
-            measured.append(f"GPU {peer['peer']} {rate:.0f} GB/s")
-            if floor is not None and rate < floor:
-                slow.append(f"GPU {peer['peer']} at {rate:.0f} GB/s")
+    slow, unmeasured, measured = _copies(peers, floor)
     if slow:
         return ctx.fail(f"peer copies below the floor of {floor:.0f} GB/s: {', '.join(slow)}",
                         **observed)
@@ -129,3 +134,22 @@ def bandwidth(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
         return ok(f"peer copies with {', '.join(measured)}; no NVLink up on this GPU: "
                   "not judged against an NVLink floor", **observed)
     return ok(f"peer copies with {', '.join(measured)} (floor {floor:.0f} GB/s)", **observed)
+
+
+def _copies(peers: list[dict[str, Any]], floor: float | None
+            ) -> tuple[list[str], list[str], list[str]]:
+    """The peer copies, said as text: those slower than the floor (none without one),
+    those not measured (an error, or access not known), and every measured one at its
+    slower direction. A peer without access is none of these: p2p.status judges access."""
+    slow: list[str] = []
+    unmeasured: list[str] = []
+    measured: list[str] = []
+    for peer in peers:
+        if peer.get("error") or peer.get("access") is None:
+            unmeasured.append(f"GPU {peer['peer']}: {peer.get('error') or 'not measured'}")
+        elif peer.get("access"):
+            rate = min(peer.get("gbps") or 0.0, peer.get("reverse_gbps") or 0.0)
+            measured.append(f"GPU {peer['peer']} {rate:.0f} GB/s")
+            if floor is not None and rate < floor:
+                slow.append(f"GPU {peer['peer']} at {rate:.0f} GB/s")
+    return slow, unmeasured, measured

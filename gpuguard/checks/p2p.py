@@ -8,6 +8,7 @@ over NVLink yet cannot peer over it (traffic silently falls back to PCIe). The p
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuguard.judge.registry import CheckContext, Finding, gpu_check, ok, unknown, warning
@@ -44,6 +45,14 @@ def wired(a: GpuSnapshot, b: GpuSnapshot, gpu_pcis: set[str]) -> bool:
     return bool(ra - gpu_pcis) and bool(rb - gpu_pcis)
 
 
+@dataclass
+class Pairs:
+    """A GPU's pairs that are not as expected, each a line naming the peer."""
+    failed: list[str] = field(default_factory=list)    # refused, the profile requires it
+    fallback: list[str] = field(default_factory=list)  # wired over NVLink, refused over it
+    unread: list[str] = field(default_factory=list)    # cannot be told
+
+
 @gpu_check("p2p.status")
 def status(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     peers = {p["peer"]: p for p in gpu.p2p_status.get()}
@@ -55,35 +64,47 @@ def status(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     require = ctx.profile.p2p_require_nvlink
     gpu_pcis = {normalise_pci(g.pci_bus_id.get()) for g in ctx.snapshot.gpus
                 if g.pci_bus_id.is_ok}
-    failed: list[str] = []
-    fallback: list[str] = []
-    unread: list[str] = []
+    pairs = _judge_pairs(gpu, others, peers, require, gpu_pcis)
+    if pairs.failed:
+        return ctx.fail("peer access over NVLink that the profile requires is missing: "
+                        + "; ".join(pairs.failed), **observed)
+    if pairs.fallback:
+        return warning("NVLink is up to these peers, but NVML refuses P2P over it (peer "
+                       "traffic falls back to PCIe): " + "; ".join(pairs.fallback), **observed)
+    if pairs.unread:
+        return unknown("cannot tell P2P status: " + "; ".join(pairs.unread), **observed)
+    basis = "read, write and NVLink" if require else "NVLink where wired"
+    return ok(f"P2P with {len(others)} peer(s): {basis} as expected", **observed)
+
+
+def _judge_pairs(gpu: GpuSnapshot, others: list[GpuSnapshot], peers: dict[int, Any],
+                 require: bool, gpu_pcis: set[str]) -> Pairs:
+    """The GPU's pair with each other GPU that is not as expected, by verdict (a pair
+    that is fine, or not judged, is in none)."""
+    pairs = Pairs()
     for other in others:
         # Judged: every pair when the profile requires NVLink, else pairs wired over it;
         # whether a pair is wired cannot be told when either GPU's links were not read.
         if not require and not wired(gpu, other, gpu_pcis):
             if gpu.nvlink_links.state == "error" or other.nvlink_links.state == "error":
-                unread.append(f"GPU {other.index}: NVLinks not read, wiring unknown")
+                pairs.unread.append(f"GPU {other.index}: NVLinks not read, wiring unknown")
             continue
         entry = peers.get(other.index)
         if entry is None:
-            unread.append(f"GPU {other.index}: no P2P status")
+            pairs.unread.append(f"GPU {other.index}: no P2P status")
             continue
-        wanted = KINDS if require else ("nvlink",)
-        bad = {kind: entry.get(kind) for kind in wanted if entry.get(kind) != "ok"}
+        bad = _refused(entry, require)
         if any(v in (None, "unknown") for v in bad.values()):
-            unread.append(f"GPU {other.index}: " + ", ".join(f"{k} {v or 'unread'}"
-                                                             for k, v in bad.items()))
+            pairs.unread.append(f"GPU {other.index}: " + ", ".join(f"{k} {v or 'unread'}"
+                                                                   for k, v in bad.items()))
         elif bad:
             text = f"GPU {other.index}: " + ", ".join(f"{k} {v}" for k, v in bad.items())
-            (failed if require else fallback).append(text)
-    if failed:
-        return ctx.fail("peer access over NVLink that the profile requires is missing: "
-                        + "; ".join(failed), **observed)
-    if fallback:
-        return warning("NVLink is up to these peers, but NVML refuses P2P over it (peer "
-                       "traffic falls back to PCIe): " + "; ".join(fallback), **observed)
-    if unread:
-        return unknown("cannot tell P2P status: " + "; ".join(unread), **observed)
-    basis = "read, write and NVLink" if require else "NVLink where wired"
-    return ok(f"P2P with {len(others)} peer(s): {basis} as expected", **observed)
+            (pairs.failed if require else pairs.fallback).append(text)
+    return pairs
+
+
+def _refused(entry: dict[str, Any], require: bool) -> dict[str, Any]:
+    """The kinds of peer access judged for a pair that NVML does not report ok (None: not
+    reported): all three when the profile requires NVLink, else NVLink alone."""
+    wanted = KINDS if require else ("nvlink",)
+    return {kind: entry.get(kind) for kind in wanted if entry.get(kind) != "ok"}

@@ -95,34 +95,53 @@ def _replay_rate(samples: list[Sample]) -> tuple[float, float] | None:
 @gpu_check("pcie.aer", thresholds=("max_correctable",))
 def aer(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     chain = gpu.pcie_aer.get()
-    problems: list[str] = []
-    worst_fatal = False
-    for device in chain:
-        where = f"{device['role'].replace('_', ' ')} {device['address']}"
-        for kind in ("fatal", "nonfatal"):
-            counts = device.get(kind) or {}
-            if counts.get("TOTAL", 0) > 0:
-                worst_fatal = True
-                named = ", ".join(f"{k} {v}" for k, v in counts.items() if k != "TOTAL")
-                problems.append(f"{where}: {counts['TOTAL']} {kind} ({named or 'unnamed'})")
-    limit = ctx.threshold("max_correctable")
-    for device in chain:
-        counts = device.get("correctable") or {}
-        if counts.get("TOTAL", 0) > limit:
-            named = ", ".join(f"{k} {v}" for k, v in counts.items() if k != "TOTAL")
-            problems.append(f"{device['role'].replace('_', ' ')} {device['address']}: "
-                            f"{counts['TOTAL']} correctable (> {limit}; {named})")
+    uncorrectable = _uncorrectable(chain)
+    problems = uncorrectable + _correctable_over(chain, ctx.threshold("max_correctable"))
     observed: dict[str, Any] = {"devices": chain}
     if ctx.history is not None and not problems:
         grew = growth(ctx.history.samples(gpu), "aer_correctable")
         if grew is not None and grew[0] > 0:
             problems.append(f"correctable errors grew by {grew[0]} in the last {grew[1]:.0f} s")
-    if worst_fatal:
+    if uncorrectable:
         return ctx.fail("PCIe AER errors: " + "; ".join(problems), **observed)
     if problems:
         return warning("PCIe AER errors: " + "; ".join(problems), **observed)
-    checked = ", ".join(f"{d['role'].replace('_', ' ')} {d['address']}" for d in chain)
+    checked = ", ".join(_aer_device(d) for d in chain)
     return ok(f"no uncorrectable AER errors on {checked}", **observed)
+
+
+def _uncorrectable(chain: list[dict[str, Any]]) -> list[str]:
+    """Each device of the chain (the GPU and the ports above it) with fatal or non-fatal
+    errors: any one of them is the rule's failure."""
+    problems: list[str] = []
+    for device in chain:
+        for kind in ("fatal", "nonfatal"):
+            counts = device.get(kind) or {}
+            if counts.get("TOTAL", 0) > 0:
+                problems.append(f"{_aer_device(device)}: {counts['TOTAL']} {kind} "
+                                f"({_aer_named(counts) or 'unnamed'})")
+    return problems
+
+
+def _correctable_over(chain: list[dict[str, Any]], limit: int) -> list[str]:
+    """Each device of the chain with more correctable errors since boot than the limit."""
+    problems: list[str] = []
+    for device in chain:
+        counts = device.get("correctable") or {}
+        if counts.get("TOTAL", 0) > limit:
+            problems.append(f"{_aer_device(device)}: {counts['TOTAL']} correctable "
+                            f"(> {limit}; {_aer_named(counts)})")
+    return problems
+
+
+def _aer_device(device: dict[str, Any]) -> str:
+    """A device of the chain by its role and address, e.g. "root port 0000:00:01.0"."""
+    return f"{device['role'].replace('_', ' ')} {device['address']}"
+
+
+def _aer_named(counts: dict[str, int]) -> str:
+    """The error kinds counted (sysfs names them), without the TOTAL line."""
+    return ", ".join(f"{k} {v}" for k, v in counts.items() if k != "TOTAL")
 
 
 # Data rate per lane and direction in GB/s after line coding (8b/10b to Gen2, 128b/130b

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuguard.judge.registry import CheckContext, Finding, host_check, ok, skipped, unknown
-from gpuguard.judge.trend import Limits, judge
+from gpuguard.judge.trend import Growth, Limits, Point, judge
 from gpuguard.model.derived import held_by
 from gpuguard.model.results import Status
+from gpuguard.model.snapshot import Process
 
 MIB = 1024 * 1024
 
@@ -88,17 +89,11 @@ def _gpu_memory_of(ctx: CheckContext, pids: set[int], headroom: float) -> Findin
             # NVML may not account a process (no permission): its share cannot be told
             return unknown(f"NVML does not account the GPU {gpu.index} memory of "
                            f"{', '.join(str(p.pid) for p in held if p.used_memory_bytes is None)}")
-        used = sum(size for _, size in sized)
-        percent = 100.0 * used / total
-        names = ", ".join(f"{p.pid} {p.name or '?'} {size / MIB:.0f} MiB" for p, size in sized)
-        observed[str(gpu.index)] = {"used_bytes": used, "total_bytes": total,
-                                    "percent": percent,
-                                    "processes": [{"pid": p.pid, "name": p.name,
-                                                   "used_bytes": p.used_memory_bytes}
-                                                  for p in held]}
-        text = f"GPU {gpu.index} {percent:.1f}% ({names})"
+        usage = _usage(held, sized, total)
+        observed[str(gpu.index)] = usage
+        text = f"GPU {gpu.index} {usage['percent']:.1f}% ({_names(sized)})"
         held_text.append(text)
-        if percent > 100.0 - headroom:
+        if usage["percent"] > 100.0 - headroom:
             over.append(text)
     if over:
         return ctx.fail(f"holds more than {100 - headroom:g}% of the GPU's memory: "
@@ -106,6 +101,21 @@ def _gpu_memory_of(ctx: CheckContext, pids: set[int], headroom: float) -> Findin
     if not held_text:
         return ok("holds no GPU memory")
     return ok("holds " + "; ".join(held_text), **observed)
+
+
+def _usage(held: list[Process], sized: list[tuple[Process, int]], total: int
+           ) -> dict[str, Any]:
+    """One GPU's entry in `observed`: what the service's processes hold of the GPU's
+    memory (every one of them accounted by NVML), in bytes and percent, and each process."""
+    used = sum(size for _, size in sized)
+    return {"used_bytes": used, "total_bytes": total, "percent": 100.0 * used / total,
+            "processes": [{"pid": p.pid, "name": p.name, "used_bytes": p.used_memory_bytes}
+                          for p in held]}
+
+
+def _names(sized: list[tuple[Process, int]]) -> str:
+    """Each process with its name ("?" once it exited) and its share in MiB."""
+    return ", ".join(f"{p.pid} {p.name or '?'} {size / MIB:.0f} MiB" for p, size in sized)
 
 
 @host_check("service.memory_growth", thresholds=(
@@ -130,18 +140,10 @@ def _growth_of(ctx: CheckContext, entry: dict[str, Any], window: float,
         # a model still loading grows its memory: its warm-up has not even begun
         return ok("has not answered its probe yet: its memory is not judged before the "
                   "warm-up after its first answer")
-    now = samples[-1][0]
-    recent = [s for s in samples if now - s[0] <= window]
-    series = {
-        "host RSS": ([(s[0], float(s[1])) for s in recent if s[1] is not None],
-                     entry.get("host_headroom_bytes")),
-        "GPU memory": ([(s[0], float(s[2])) for s in recent if s[2] is not None],
-                       entry.get("gpu_headroom_bytes")),
-    }
     leaks: list[str] = []
     calm: list[str] = []
     observed: dict[str, Any] = {}
-    for label, (points, headroom) in series.items():
+    for label, (points, headroom) in _series(entry, samples, window).items():
         if headroom is None or not points:
             continue
         growth = judge(points, float(headroom), float(answered), limits)
@@ -149,16 +151,37 @@ def _growth_of(ctx: CheckContext, entry: dict[str, Any], window: float,
                            "r2": growth.r2, "recent_slope_bytes_per_s": growth.recent_slope,
                            "projected_s": growth.projected_s, "headroom_bytes": headroom}
         if growth.leak:
-            assert growth.slope is not None
-            assert growth.projected_s is not None
-            leaks.append(f"{label} grows {growth.slope * 60 / MIB:.1f} MiB/min over "
-                         f"{growth.samples} samples (r² {growth.r2:.2f}): its limit in "
-                         f"{growth.projected_s / 60:.0f} min")
+            leaks.append(_leak_text(label, growth))
         else:
             calm.append(f"{label}: {growth.reason}")
     if leaks:
         return ctx.fail("; ".join(leaks), **observed)
     return ok("; ".join(calm) or "nothing to judge", **observed)
+
+
+def _series(entry: dict[str, Any], samples: list[Any], window: float
+            ) -> dict[str, tuple[list[Point], Any]]:
+    """The two series judged, each with its headroom: host RSS and GPU memory of the
+    samples (time, rss, gpu) in the window that ends at the newest one; a sample that did
+    not read a value is left out of that series."""
+    now = samples[-1][0]
+    recent = [s for s in samples if now - s[0] <= window]
+    return {
+        "host RSS": ([(s[0], float(s[1])) for s in recent if s[1] is not None],
+                     entry.get("host_headroom_bytes")),
+        "GPU memory": ([(s[0], float(s[2])) for s in recent if s[2] is not None],
+                       entry.get("gpu_headroom_bytes")),
+    }
+
+
+def _leak_text(label: str, growth: Growth) -> str:
+    """A leak as judge() found it: the slope, how well it fits and when the limit is hit."""
+    # judge() sets both whenever it finds a leak: the asserts only tell mypy so
+    assert growth.slope is not None
+    assert growth.projected_s is not None
+    return (f"{label} grows {growth.slope * 60 / MIB:.1f} MiB/min over "
+            f"{growth.samples} samples (r² {growth.r2:.2f}): its limit in "
+            f"{growth.projected_s / 60:.0f} min")
 
 
 @host_check("service.inference")

@@ -10,7 +10,7 @@ from typing import Any
 
 from gpuguard.judge.registry import CheckContext, Finding, host_check, ok, skipped, warning
 from gpuguard.judge.sxids import grade
-from gpuguard.judge.xids import select, span
+from gpuguard.judge.xids import Selection, select, span
 
 
 @host_check("sxid.recent")
@@ -21,35 +21,51 @@ def recent(ctx: CheckContext) -> Finding:
         return skipped("this kernel log summary has no SXid list (an older input)")
     # (a malformed list never gets here: readings.py makes the kernel log an error reading)
     window_s = ctx.profile.xid_window_s
-    acked = log.get("acked_seq")
     catalog = ctx.ruleset.sxid_catalog
     chosen = select(events, log, window_s,
                     lambda event: grade(event["sxid"], event.get("text"), catalog))
-    counted, aged, ignored = chosen.counted, chosen.aged, chosen.ignored
+    counted, ignored = chosen.counted, chosen.ignored
     window = "since boot" if window_s is None else f"in the last {span(window_s)}"
     dropped = log.get("sxids_dropped") or 0
-    observed = {"window": window, "counted": len(counted), "aged_out": aged,
-                "older_not_kept": dropped, "not_counted": ignored, "acked_seq": acked,
-                "events": [{k: e.get(k) for k in ("sxid", "switch", "link", "severity", "seq",
-                                                    "age_s")} for e in counted]}
+    observed = _observed(chosen, window, dropped, log.get("acked_seq"))
     if not counted:
         extra = f" ({ignored} informational)" if ignored else ""
         return ok(f"no NVSwitch SXid {window}{extra}", **observed)
-    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-    for e in counted:
-        groups[(str(e.get("switch") or "unknown switch"), e["sxid"])].append(e)
-    parts = []
-    for (switch, sxid), group in sorted(groups.items()):
-        last = group[-1]
-        links = sorted({e["link"] for e in group if isinstance(e.get("link"), int)})
-        on = f" link {', '.join(map(str, links))}" if links else ""
-        age = f", last {span(last['age_s'])} ago" if last["age_s"] is not None else ""
-        times = f" x{len(group)}" if len(group) > 1 else ""
-        parts.append(f"NVSwitch {switch}{on}: SXid {sxid}{times} ({last['meaning']}){age}: "
-                     f"{last['action']}")
-    message = " | ".join(parts)
-    if dropped:
-        message += f" (and {dropped} older SXid line(s) not kept)"
+    message = _message(counted, dropped)
     if any(e["severity"] == "critical" for e in counted):
         return ctx.fail(message, **observed)
     return warning(message, **observed)
+
+
+def _observed(chosen: Selection, window: str, dropped: int, acked: int | None
+              ) -> dict[str, Any]:
+    """What the finding records: the counts of the selection and each counted SXid."""
+    return {"window": window, "counted": len(chosen.counted), "aged_out": chosen.aged,
+            "older_not_kept": dropped, "not_counted": chosen.ignored, "acked_seq": acked,
+            "events": [{k: e.get(k) for k in ("sxid", "switch", "link", "severity", "seq",
+                                                "age_s")} for e in chosen.counted]}
+
+
+def _message(counted: list[dict[str, Any]], dropped: int) -> str:
+    """One part per NVSwitch and SXid (in that order), and the lines the log summary did
+    not keep."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for e in counted:
+        groups[(str(e.get("switch") or "unknown switch"), e["sxid"])].append(e)
+    message = " | ".join(_part(switch, sxid, group)
+                         for (switch, sxid), group in sorted(groups.items()))
+    if dropped:
+        message += f" (and {dropped} older SXid line(s) not kept)"
+    return message
+
+
+def _part(switch: str, sxid: int, group: list[dict[str, Any]]) -> str:
+    """One SXid of one NVSwitch: its links, how often, and the latest line's meaning, age
+    and action."""
+    last = group[-1]
+    links = sorted({e["link"] for e in group if isinstance(e.get("link"), int)})
+    on = f" link {', '.join(map(str, links))}" if links else ""
+    age = f", last {span(last['age_s'])} ago" if last["age_s"] is not None else ""
+    times = f" x{len(group)}" if len(group) > 1 else ""
+    return (f"NVSwitch {switch}{on}: SXid {sxid}{times} ({last['meaning']}){age}: "
+            f"{last['action']}")

@@ -155,3 +155,14 @@ def test_unread_links_make_the_wiring_unknown_not_ok(pair, run_rule):
     results = run_rule("p2p.status", pair)
     assert {r.status for r in results} == {Status.UNKNOWN}
     assert "NVLinks not read, wiring unknown" in results[0].message
+
+
+def test_links_unread_on_one_side_only_still_make_the_wiring_unknown(pair, run_rule):
+    """GPU 0 has no NVLink, GPU 1's link list could not be read: the pair is not seen as
+    wired, yet whether it is cannot be told from GPU 0 either (either side unread)."""
+    set_gpu(pair, 0, nvlink_links=Reading.not_supported(),
+            p2p_status=[peer(1, nvlink="not_supported")])
+    set_gpu(pair, 1, nvlink_links=Reading.failed("nvmlDeviceGetNvLinkState: boom"))
+    [first, _] = run_rule("p2p.status", pair)
+    assert first.status is Status.UNKNOWN
+    assert first.message == "cannot tell P2P status: GPU 1: NVLinks not read, wiring unknown"

@@ -242,3 +242,19 @@ def test_a_probe_asked_for_without_docker_is_unknown_not_skipped(h200, run_rule)
     h200.host.probe_image = Reading()  # not asked: nothing to compare, skipped
     h200.host.__post_init__()
     assert run_rule("toolkit.docker", h200)[0].status is Status.SKIPPED
+
+
+def test_a_probe_asked_for_without_docker_names_the_reason_or_says_none_is_configured(
+        h200, run_rule):
+    """Docker's own reason when the source gave one, else a plain one: never "None"."""
+    h200.host.docker = Reading.not_supported()
+    h200.host.probe_image = Reading.not_supported("no Docker daemon configured")
+    h200.host.__post_init__()
+    [result] = run_rule("toolkit.docker", h200)
+    assert result.status is Status.UNKNOWN
+    assert result.message == ("--probe-image asked for a GPU container, but no Docker daemon "
+                              "is configured")
+    h200.host.docker = Reading.not_supported("DOCKER_HOST is not set")
+    h200.host.__post_init__()
+    [result] = run_rule("toolkit.docker", h200)
+    assert result.message == "--probe-image asked for a GPU container, but DOCKER_HOST is not set"
