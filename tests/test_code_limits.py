@@ -21,13 +21,6 @@ LONG_WAITING = {
     "gpuguard/supervisor/service.py",
 }
 COMPLEX_WAITING = {
-    ("gpuguard/checks/gpu.py", "identity"), ("gpuguard/checks/host.py", "disk"),
-    ("gpuguard/checks/host.py", "memory"), ("gpuguard/checks/nvlink.py", "bandwidth"),
-    ("gpuguard/checks/nvlink.py", "errors"), ("gpuguard/checks/p2p.py", "status"),
-    ("gpuguard/checks/pcie.py", "aer"), ("gpuguard/checks/service.py", "_gpu_memory_of"),
-    ("gpuguard/checks/service.py", "_growth_of"), ("gpuguard/checks/sxid.py", "recent"),
-    ("gpuguard/checks/toolkit.py", "docker"), ("gpuguard/checks/toolkit.py", "parity"),
-    ("gpuguard/checks/xid.py", "recent"),
     ("gpuguard/config/profile.py", "load_profile"), ("gpuguard/config/ruleset.py", "_rule"),
     ("gpuguard/config/schema.py", "locate"),
     ("gpuguard/events/commands.py", "list_events"),
