@@ -18,11 +18,11 @@ from gpuguard.model.snapshot import GpuSnapshot
 def hw_slowdown(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     mask = gpu.clock_event_reasons.get()
     active = [name for bit, name in clock_events.HW_NAMES.items() if mask & bit]
-    if ctx.history is not None:
+    if ctx.samples is not None:
         # gpud's rule: unhealthy when slowdown was seen in most minutes of a window,
         # not on one blip.
         window_s = ctx.threshold("window_s")
-        minutes = _minutes_with_slowdown(ctx.history.samples(gpu), window_s)
+        minutes = _minutes_with_slowdown(ctx.samples.of(gpu), window_s)
         needed = ctx.threshold("min_fraction") * window_s / 60
         observed = {"reasons": f"0x{mask:x}", "minutes_with_slowdown": minutes,
                     "minutes_needed": needed}
@@ -78,10 +78,10 @@ def power_cap(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     draw_floor = ctx.threshold("low_draw_ratio") * limit
     clock_floor = ctx.threshold("min_sm_clock_ratio") * sm_max
     low_draw, low_clock = draw < draw_floor, sm < clock_floor
-    if ctx.history is not None:
+    if ctx.samples is not None:
         window_s = ctx.threshold("window_s")
         needed = ctx.threshold("min_fraction") * window_s / 60
-        samples = ctx.history.samples(gpu)
+        samples = ctx.samples.of(gpu)
         clock_minutes = _minutes_all(samples, window_s, lambda s: bool(
             s.power_cap and s.clock_sm_mhz is not None and s.clock_sm_mhz < clock_floor))
         draw_minutes = _minutes_all(samples, window_s, lambda s: bool(

@@ -59,8 +59,8 @@ def corrected(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     if over:
         return ctx.fail("corrected ECC errors since the driver loaded above threshold: "
                         + ", ".join(over), **observed)
-    if ctx.history is not None:
-        grew = growth(ctx.history.samples(gpu), "ecc_corrected")
+    if ctx.samples is not None:
+        grew = growth(ctx.samples.of(gpu), "ecc_corrected")
         if grew is not None and grew[0] > 0:
             return ctx.fail(f"corrected ECC errors grew by {grew[0]} in the last {grew[1]:.0f} s",
                             grew_by=grew[0], **observed)

@@ -54,14 +54,14 @@ def errors(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     shown = ", ".join(f"{LABELS[k]} {v}" for k, v in totals.items() if v is not None)
     observed: dict[str, Any] = {"totals": totals}
     if all(v is None for v in totals.values()):
-        if ctx.history is not None:  # the daemon reads them: none read is not "no errors"
+        if ctx.samples is not None:  # the daemon reads them: none read is not "no errors"
             return unknown("no NVLink error counter could be read", **observed)
         # `gpuguard check` does not read them (most of an NVLink GPU's sweep): never ok
         # about what was not read.
         return skipped("NVLink error counters are read by the daemon, which judges their "
                        "growth, and by `gpuguard snapshot`; `check` leaves them out",
                        **observed)
-    if ctx.history is None:
+    if ctx.samples is None:
         # One instant: counts since the driver loaded are not a rate (a healthy link
         # carries some CRC data errors); the daemon judges their growth.
         return ok(f"totals since the driver loaded: {shown or 'none read'} (the daemon "
@@ -71,7 +71,7 @@ def errors(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
               "recovery": ctx.threshold("max_recovery_growth"),
               "crc_flit": ctx.threshold("max_crc_flit_growth"),
               "crc_data": ctx.threshold("max_crc_data_growth")}
-    over, grown = _growth_over(_comparable(ctx.history.samples(gpu)), window_s, limits)
+    over, grown = _growth_over(_comparable(ctx.samples.of(gpu)), window_s, limits)
     observed |= {"growth": grown, "window_s": window_s}
     if over:
         return ctx.fail("NVLink errors growing: " + ", ".join(over), **observed)

@@ -57,8 +57,8 @@ def expected_replays_per_minute(gen: int, width: int) -> float:
 @gpu_check("pcie.replays", thresholds=("max_replays",))
 def replays(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     count = gpu.pcie_replay_counter.get()
-    if ctx.history is not None:
-        rate = _replay_rate(ctx.history.samples(gpu))
+    if ctx.samples is not None:
+        rate = _replay_rate(ctx.samples.of(gpu))
         if rate is not None:
             per_minute, span_s = rate
             limit = expected_replays_per_minute(gpu.pcie_link_gen_current.get(),
@@ -98,8 +98,8 @@ def aer(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     uncorrectable = _uncorrectable(chain)
     problems = uncorrectable + _correctable_over(chain, ctx.threshold("max_correctable"))
     observed: dict[str, Any] = {"devices": chain}
-    if ctx.history is not None and not problems:
-        grew = growth(ctx.history.samples(gpu), "aer_correctable")
+    if ctx.samples is not None and not problems:
+        grew = growth(ctx.samples.of(gpu), "aer_correctable")
         if grew is not None and grew[0] > 0:
             problems.append(f"correctable errors grew by {grew[0]} in the last {grew[1]:.0f} s")
     if uncorrectable:

@@ -57,7 +57,7 @@ class Daemon:
         self.cfg = cfg
         self.store = LatestResults()
         self.stats = DaemonStats()
-        self.history = Samples()
+        self.samples = Samples()
         self.sampler: NvmlSampler | None = None
         self._config: tuple[Profile, RuleSet] | None = None
         self._last: Snapshot | None = None
@@ -88,7 +88,7 @@ class Daemon:
         self.cfg.host.disk_paths = tuple(config[0].disk_paths)
 
     def _fit_history(self, ruleset: RuleSet) -> None:
-        self.history.keep_s, self.service_watch.keep_s = sample_spans(ruleset)
+        self.samples.keep_s, self.service_watch.keep_s = sample_spans(ruleset)
 
     def _do_reload(self) -> None:
         notify.reloading()
@@ -191,9 +191,9 @@ class Daemon:
         if hung:
             with self.stats.lock:
                 self.stats.deadline_exceeded_total += 1
-        self.history.add(snap, time.time())
+        self.samples.add(snap, time.time())
         self.service_watch.sample(snap, time.time())
-        results = evaluate(snap, ruleset, profile, cadence="fast", history=self.history)
+        results = evaluate(snap, ruleset, profile, cadence="fast", samples=self.samples)
         if self.recorder is not None:
             results = self.recorder.on_cycle(results, snap.gpu_ids(), ruleset)
         self.xids.count_kernel_log(snap, ruleset)

@@ -37,7 +37,7 @@ def evaluate(
     only: Iterable[str] = (),
     skip: Iterable[str] = (),
     cadence: str | None = None,
-    history: Samples | None = None,
+    samples: Samples | None = None,
 ) -> list[Result]:
     """Every selected rule (of one cadence, for the daemon) for the host or each GPU."""
     only, skip = list(only), list(skip)
@@ -46,7 +46,7 @@ def evaluate(
         if not selected(rule.id, only, skip) or (cadence and rule.cadence != cadence):
             continue
         ctx = CheckContext(rule=rule, snapshot=snapshot, profile=profile, ruleset=ruleset,
-                           history=history)
+                           samples=samples)
         if rule.scope == "host":
             results.append(_run(rule, ctx, None))
         else:

@@ -45,7 +45,7 @@ class CheckContext:
     profile: Profile
     ruleset: RuleSet
     # The daemon's short history (gpuguard.model.samples.Samples); None in `gpuguard check`.
-    history: Samples | None = None
+    samples: Samples | None = None
 
     def threshold(self, name: str) -> Any:
         if name not in THRESHOLDS.get(self.rule.id, ()) or name not in self.rule.thresholds:

@@ -3,7 +3,7 @@
 `gpuguard check` sees one instant; the daemon keeps, per GPU, small samples of the
 counters whose growth matters (ECC corrected, AER correctable, PCIe replays, NVLink
 error counters summed over the GPU's links) and of the HW-slowdown bit, for about ten
-minutes. Checks get it as `ctx.history` (None in
+minutes. Checks get it as `ctx.samples` (None in
 `check`) and judge rates and persistence instead of single values.
 """
 
@@ -99,7 +99,7 @@ class Samples:
         for key in set(self._by_gpu) - seen:  # a GPU that left takes its history with it
             del self._by_gpu[key]
 
-    def samples(self, gpu: GpuSnapshot) -> list[Sample]:
+    def of(self, gpu: GpuSnapshot) -> list[Sample]:
         """Older samples first; the last one is this cycle's."""
         return list(self._by_gpu.get(gpu_key(gpu), ()))
 

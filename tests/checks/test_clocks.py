@@ -109,7 +109,7 @@ def run_with_history(h200, default_rules, history):
     from gpuguard.model.profile import Profile
 
     [result] = evaluate(h200, default_rules, Profile(), only=["clocks.power_cap"],
-                        history=history)
+                        samples=history)
     return result
 
 
@@ -176,7 +176,7 @@ def slowdown_result(h200, rules, t_and_reasons, keep_s=660.0, rule="clocks.hw_sl
     history = Samples(keep_s=keep_s)
     for t, reasons in t_and_reasons:
         history.add(set_gpu(h200, clock_event_reasons=reasons), t)
-    [result] = evaluate(h200, rules, Profile(), only=[rule], history=history)
+    [result] = evaluate(h200, rules, Profile(), only=[rule], samples=history)
     return result
 
 
@@ -221,7 +221,7 @@ def test_daemon_window_edge_and_first_cycle(h200, default_rules):
 
     set_gpu(h200, clock_event_reasons=0x8)
     [result] = evaluate(h200, default_rules, Profile(), only=["clocks.hw_slowdown"],
-                        history=Samples())
+                        samples=Samples())
     assert result.status is Status.OK and result.observed["minutes_with_slowdown"] == 0
 
 
@@ -246,7 +246,7 @@ def test_power_cap_window_and_floors_come_from_the_rule(h200, tmp_path):
         history = Samples(keep_s=keep_s)
         for t, values in t_and_values:
             history.add(busy(h200, **values), t)
-        [result] = evaluate(h200, rules, Profile(), only=["clocks.power_cap"], history=history)
+        [result] = evaluate(h200, rules, Profile(), only=["clocks.power_cap"], samples=history)
         return result
 
     # 1455 MHz is below 80% of 1980 (1584), and 5 of 50 minutes is 10%

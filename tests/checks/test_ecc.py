@@ -114,7 +114,7 @@ def test_daemon_fails_when_corrected_errors_grow(h200, default_rules):
         for t, total in counts:
             history.add(set_gpu(h200, ecc_volatile_corrected=total), t)
         [result] = evaluate(h200, default_rules, Profile(), only=["ecc.corrected"],
-                            history=history)
+                            samples=history)
         return result
 
     result = judged([(0, 3), (10, 7)])

@@ -45,7 +45,7 @@ def test_the_real_nvlink_host_is_healthy_in_check_and_in_the_daemon(pair, defaul
     history = Samples()
     for t in (0.0, 5.0, 10.0):
         history.add(pair, t)
-    results += evaluate(pair, default_rules, Profile(), only=list(NEW_RULES), history=history)
+    results += evaluate(pair, default_rules, Profile(), only=list(NEW_RULES), samples=history)
     assert {r.rule for r in results} == set(NEW_RULES)
     assert {r.status for r in results} <= {Status.OK, Status.SKIPPED}, \
         [(r.rule, r.status, r.message) for r in results if r.status is not Status.OK]
@@ -120,7 +120,7 @@ def grow(pair: Snapshot, history: Samples, t: float, **by: int) -> None:
 
 
 def daemon_result(pair: Snapshot, rules: Any, history: Samples) -> Any:
-    return evaluate(pair, rules, Profile(), only=["nvlink.errors"], history=history)[0]
+    return evaluate(pair, rules, Profile(), only=["nvlink.errors"], samples=history)[0]
 
 
 def test_check_reports_totals_and_never_fails_on_them(pair, run_rule):
@@ -231,7 +231,7 @@ def test_the_daemon_with_no_counter_read_is_unknown_not_ok(run_rule):
         gpu.__post_init__()
     history = Samples()
     history.add(snap, 0.0)
-    results = evaluate(snap, load_ruleset(), Profile(), only=["nvlink.errors"], history=history)
+    results = evaluate(snap, load_ruleset(), Profile(), only=["nvlink.errors"], samples=history)
     assert {r.status for r in results} == {Status.UNKNOWN}
     assert "no NVLink error counter could be read" in results[0].message
 

@@ -135,7 +135,7 @@ def run_replays(h200, default_rules, counts, **gpu):
 
     set_gpu(h200, **gpu) if gpu else None
     history = replay_history(h200, counts)
-    [result] = evaluate(h200, default_rules, Profile(), only=["pcie.replays"], history=history)
+    [result] = evaluate(h200, default_rules, Profile(), only=["pcie.replays"], samples=history)
     return result
 
 
@@ -189,7 +189,7 @@ def test_an_unread_replay_counter_is_left_out_of_the_rate(h200, default_rules):
     from gpuguard.judge.engine import evaluate
     from gpuguard.model.profile import Profile
 
-    [result] = evaluate(h200, default_rules, Profile(), only=["pcie.replays"], history=history)
+    [result] = evaluate(h200, default_rules, Profile(), only=["pcie.replays"], samples=history)
     assert result.status is Status.OK and result.observed["over_s"] == 90
 
 
@@ -244,7 +244,7 @@ def test_daemon_warns_when_correctable_errors_grow(h200, default_rules):
         history = Samples()
         for t, total in counts:
             history.add(set_gpu(h200, pcie_aer=[aer_device(correctable={"TOTAL": total})]), t)
-        [result] = evaluate(h200, default_rules, Profile(), only=["pcie.aer"], history=history)
+        [result] = evaluate(h200, default_rules, Profile(), only=["pcie.aer"], samples=history)
         return result
 
     result = judged([(0, 3), (10, 8)])

@@ -97,7 +97,7 @@ def run_with_history(rule, snapshot, history, default_rules):
     from gpuguard.judge.engine import evaluate
     from gpuguard.model.profile import Profile
 
-    [res] = evaluate(snapshot, default_rules, Profile(), only=[rule], history=history)
+    [res] = evaluate(snapshot, default_rules, Profile(), only=[rule], samples=history)
     return res
 
 
@@ -134,10 +134,10 @@ def test_hw_slowdown_needs_most_minutes_of_the_window(h200, default_rules):
 def test_history_forgets_a_gpu_that_left(h200):
     history = Samples()
     history.add(h200, 0.0)
-    assert history.samples(h200.gpus[0])
+    assert history.of(h200.gpus[0])
     gone = h200.gpus.pop()
     history.add(h200, 5.0)
-    assert history.samples(gone) == []
+    assert history.of(gone) == []
 
 
 def test_aer_growth_warns(h200, default_rules):
@@ -161,7 +161,7 @@ def test_the_history_is_as_long_as_the_longest_window_a_rule_judges(tmp_path):
     profile.write_text("rules:\n  nvlink.errors:\n    thresholds: {window_s: 3600}\n")
     daemon = Daemon(DaemonConfig(profile_path=profile))
     daemon._fit_history(daemon.load_config()[1])
-    assert daemon.history.keep_s == 3660.0
+    assert daemon.samples.keep_s == 3660.0
     profile.write_text("")
     daemon._fit_history(daemon.load_config()[1])
-    assert daemon.history.keep_s == 660.0
+    assert daemon.samples.keep_s == 660.0
