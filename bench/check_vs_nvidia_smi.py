@@ -23,10 +23,16 @@ import time
 from pathlib import Path
 
 
-def timed(cmd: list[str]) -> tuple[float, int]:
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, int, str]:
     start = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    return (time.perf_counter() - start) * 1000, proc.returncode
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          check=False, env=env)
+    return (time.perf_counter() - start) * 1000, proc.returncode, proc.stderr
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> int:
@@ -49,16 +55,23 @@ def main() -> int:
     if shutil.which("nvidia-smi"):
         commands["nvidia_smi_q"] = ["nvidia-smi", "-q"]
         commands["nvidia_smi_L"] = ["nvidia-smi", "-L"]
+    # GPUGUARD_TIMING=1: each check's stderr says where its time went (parent ready, sources
+    # in, done, the NVML worker's own time), kept per run to find where the spread is
+    env = {**os.environ, "GPUGUARD_TIMING": "1"}
     for _ in range(args.warmup):
         for cmd in commands.values():
-            timed(cmd)
+            timed(cmd, env)
     samples: dict[str, list[float]] = {name: [] for name in commands}
     codes: dict[str, int] = {}
+    phases: list[dict[str, float | str]] = []
     for _ in range(args.runs):
         for name, cmd in commands.items():
-            ms, code = timed(cmd)
+            ms, code, err = timed(cmd, env)
             samples[name].append(ms)
             codes[name] = code
+            if name == "gpuguard_check_json":
+                line = next((x for x in err.splitlines() if x.startswith("gpuguard timing")), "")
+                phases.append({"wall_ms": round(ms, 1), "timing": line})
     result = {
         "machine": {"node": platform.node(), "cpu_count": os.cpu_count(),
                     "python": platform.python_version(), "platform": platform.platform()},
@@ -67,12 +80,18 @@ def main() -> int:
         "median_ms": {n: round(statistics.median(s), 1) for n, s in samples.items()},
         "min_ms": {n: round(min(s), 1) for n, s in samples.items()},
         "max_ms": {n: round(max(s), 1) for n, s in samples.items()},
+        "p90_ms": {n: round(percentile(s, 0.9), 1) for n, s in samples.items()},
+        "samples_ms": {n: [round(x, 1) for x in s] for n, s in samples.items()},
+        "check_json_timing": phases,
         "exit_codes": codes,
     }
     if "nvidia_smi_q" in samples:
         ref = result["median_ms"]["nvidia_smi_q"]
         result["ratio_vs_nvidia_smi_q"] = {
             n: round(result["median_ms"][n] / ref, 2) for n in commands if n.startswith("gpuguard")
+        }
+        result["p90_ratio_vs_nvidia_smi_q_median"] = {
+            n: round(result["p90_ms"][n] / ref, 2) for n in commands if n.startswith("gpuguard")
         }
     text = json.dumps(result, indent=2)
     print(text)

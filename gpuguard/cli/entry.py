@@ -35,17 +35,20 @@ def _start_worker_early(args: list[str]) -> None:
         return  # click will explain the bad value
     if timeout < 0.2:
         return
-    from gpuguard.io.paths import host_default
+    from gpuguard.io.guard import HostPathForbidden, host_default_text
     from gpuguard.sources import nvml
 
-    procfs = _option(args, "--path.procfs") or str(host_default("procfs"))
+    try:
+        procfs = _option(args, "--path.procfs") or host_default_text("procfs")
+    except HostPathForbidden:
+        return  # the command says so, naming the option (exit 4)
 
     nvml.start_early(procfs, nvml.deadline_for(timeout))
 
 
 def main() -> None:
     timing.start()  # GPUGUARD_TIMING=1 prints each phase of `check` from here
-    from gpuguard.io.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden
+    from gpuguard.io.guard import EXIT_HOST_FORBIDDEN, HostPathForbidden
 
     try:
         _run()

@@ -149,7 +149,10 @@ def load_rules(profile_path: Path | None,
 def start_collection(opts: HostOptions, input_path: Path | None, timeout: float,
                 link_counters: bool = True) -> Collection:
     from gpuguard.sources.collect import Collection
-    from gpuguard.sources.replay import InputError
+
+    if input_path is None:
+        return Collection(opts, input_path, timeout, link_counters)
+    from gpuguard.sources.replay import InputError  # the replay's error: only with --input
 
     try:
         return Collection(opts, input_path, timeout, link_counters)

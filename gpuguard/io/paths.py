@@ -17,62 +17,19 @@ Live tests lift the switch explicitly (tests/conftest.py: `live`).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-FORBID_ENV = "GPUGUARD_FORBID_HOST"
-# Distinct from the Nagios codes 0-3: not a verdict, a test that reached for the host.
-EXIT_HOST_FORBIDDEN = 4
-
-# kind -> (the host's path, the option that replaces it)
-HOST_DEFAULTS: dict[str, tuple[Path, str]] = {
-    "kmsg": (Path("/dev/kmsg"), "--kmsg-file"),
-    "procfs": (Path("/proc"), "--path.procfs"),
-    "sysfs": (Path("/sys"), "--path.sysfs"),
-    "rootfs": (Path("/"), "--path.rootfs"),
-    "etc": (Path("/etc/gpuguard"), "--profile, --rules or --config"),
-    "state": (Path("/var/lib/gpuguard"), "--state-dir"),
-    "boot_id": (Path("/proc/sys/kernel/random/boot_id"), "--path.procfs"),
-    "udev": (Path("/run/udev"), "--no-udev"),
-}
-
-
-class HostPathForbidden(Exception):
-    """A default host path was about to be used while GPUGUARD_FORBID_HOST is set."""
-
-    def __init__(self, kind: str) -> None:
-        path, option = HOST_DEFAULTS[kind]
-        self.kind, self.path, self.option = kind, path, option
-        super().__init__(f"refused to use the host's {path} ({FORBID_ENV} is set: a test "
-                         f"reached for the host; give {option})")
-
-
-def _switch() -> dict[str, str] | None:
-    """None when the guard is off; else the kinds replaced by a path of the test's own."""
-    value = os.environ.get(FORBID_ENV, "")
-    if value in ("", "0"):
-        return None
-    redirects: dict[str, str] = {}
-    for item in value.split(","):
-        kind, sep, path = item.partition("=")
-        if sep and kind in HOST_DEFAULTS and path:
-            redirects[kind] = path
-    return redirects
+# the switch and its error live in io/guard (no pathlib: read before check's fork)
+from gpuguard.io.guard import EXIT_HOST_FORBIDDEN as EXIT_HOST_FORBIDDEN
+from gpuguard.io.guard import FORBID_ENV as FORBID_ENV
+from gpuguard.io.guard import HostPathForbidden as HostPathForbidden
+from gpuguard.io.guard import forbidden as forbidden
+from gpuguard.io.guard import host_default_text
 
 
 def host_default(kind: str) -> Path:
     """The host's own path of this kind, unless the guard refuses or replaces it."""
-    redirects = _switch()
-    if redirects is None:
-        return HOST_DEFAULTS[kind][0]
-    if kind in redirects:
-        return Path(redirects[kind])
-    raise HostPathForbidden(kind)
-
-
-def forbidden() -> bool:
-    """Whether the guard is on (for sources that are not a path, such as udev)."""
-    return _switch() is not None
+    return Path(host_default_text(kind))
 
 
 def profile_or_default(path: Path | None) -> Path | None:

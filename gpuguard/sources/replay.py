@@ -7,7 +7,6 @@ from pathlib import Path
 
 from gpuguard.io.bounded import MIB, BoundedReadError, read_text
 from gpuguard.model.snapshot import Snapshot
-from gpuguard.sources import nvidia_smi_xml
 
 # An 8-GPU snapshot is ~200 KiB and an 8-GPU `nvidia-smi -q -x` ~400 KiB.
 MAX_INPUT_BYTES = 32 * MIB
@@ -26,6 +25,9 @@ def load(path: Path, deadline_s: float = 10.0) -> Snapshot:
         raise InputError(str(exc)) from exc
     head = text.lstrip()[:1]
     if head == "<":
+        # XML's parser only for an XML dump: a live check imports none of it
+        from gpuguard.sources import nvidia_smi_xml
+
         try:
             return nvidia_smi_xml.parse(text, str(path))
         except nvidia_smi_xml.XmlDumpError as exc:
