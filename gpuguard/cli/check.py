@@ -91,15 +91,24 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
         raise ConfigProblem("--record writes this host's history; it cannot record a "
                             "replayed --input (check it without --record)")
     paths = paths_from(path_sysfs, path_procfs, path_rootfs)
-    # The NVML worker runs already (cli/entry.py); the configuration is loaded meanwhile,
-    # then the host sources start with what the profile says (Docker, disk paths).
-    profile, ruleset = _configuration(profile_path, rules_dirs, only, skip, xid_window,
-                                      active is not None and input_path is not None)
     host_opts = host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
-                             docker, "auto", profile, host_resources is True)
+                             docker, "auto", None, host_resources is True)
+    # The NVML worker runs already (cli/entry.py), the host sources start now, and the
+    # configuration is loaded meanwhile; the sources that need the profile's settings
+    # (Docker's `required`, the disk paths) get them when it is (it is read once, here).
     # check never judges the NVLink error counters (the daemon does, by growth): left out
-    collection = start_collection(host_opts, input_path, timeout, link_counters=False)
+    collection = start_collection(host_opts, input_path, timeout, link_counters=False,
+                                  profile_later=True)
     early = _early_probe(paths.procfs) if active is not None and input_path is None else None
+    try:
+        profile, ruleset = _configuration(profile_path, rules_dirs, only, skip, xid_window,
+                                          active is not None and input_path is not None)
+    except click.ClickException:
+        collection.abandon()  # no worker is left behind
+        if early is not None:
+            early.abandon()
+        raise
+    collection.tell(profile.docker_required, tuple(profile.disk_paths))
 
     # Everything imported from here to the result overlaps with the NVML worker.
     from gpuguard.judge.engine import evaluate
@@ -135,20 +144,14 @@ def _configuration(profile_path: Path | None, rules_dirs: tuple[Path, ...],
                    only: tuple[str, ...], skip: tuple[str, ...], xid_window: str | None,
                    active_on_replay: bool) -> tuple[Profile, RuleSet]:
     """The profile and rules, with the command line's filters and window checked; a bad
-    one is exit 3, and the NVML worker started early is not left behind."""
-    try:
-        profile, ruleset = load_rules(profile_path, rules_dirs)
-        _check_filters(only, skip, list(ruleset.rules))
-        if xid_window is not None:
-            profile.xid_window_s = _window(xid_window)
-        if active_on_replay:
-            raise ConfigProblem("--active probes this host's GPUs; it cannot check a saved "
-                                "--input (a snapshot saved after a probe keeps its results)")
-    except click.ClickException:
-        from gpuguard.sources import nvml
-
-        nvml.abandon_early()  # do not leave the worker behind
-        raise
+    one is exit 3 (ConfigProblem)."""
+    profile, ruleset = load_rules(profile_path, rules_dirs)
+    _check_filters(only, skip, list(ruleset.rules))
+    if xid_window is not None:
+        profile.xid_window_s = _window(xid_window)
+    if active_on_replay:
+        raise ConfigProblem("--active probes this host's GPUs; it cannot check a saved "
+                            "--input (a snapshot saved after a probe keeps its results)")
     return profile, ruleset
 
 

@@ -147,15 +147,15 @@ def load_rules(profile_path: Path | None,
 
 
 def start_collection(opts: HostOptions, input_path: Path | None, timeout: float,
-                link_counters: bool = True) -> Collection:
+                     link_counters: bool = True, profile_later: bool = False) -> Collection:
     from gpuguard.sources.collect import Collection
 
     if input_path is None:
-        return Collection(opts, input_path, timeout, link_counters)
+        return Collection(opts, input_path, timeout, link_counters, profile_later)
     from gpuguard.sources.replay import InputError  # the replay's error: only with --input
 
     try:
-        return Collection(opts, input_path, timeout, link_counters)
+        return Collection(opts, input_path, timeout, link_counters, profile_later)
     except InputError as exc:
         raise ConfigProblem(str(exc)) from exc
 

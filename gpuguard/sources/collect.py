@@ -22,7 +22,8 @@ class Collection:
     started now; result() gathers them by the deadline that --timeout gives."""
 
     def __init__(self, opts: host_sources.HostOptions, input_path: Path | None,
-                 timeout: float, link_counters: bool = True) -> None:
+                 timeout: float, link_counters: bool = True,
+                 profile_later: bool = False) -> None:
         self.started = time.monotonic()
         self.opts = opts
         self.timeout = timeout
@@ -30,7 +31,12 @@ class Collection:
         self.replayed = load_input(input_path, timeout) if input_path is not None else None
         self.sweep = None if input_path is not None else \
             nvml.start_sweep(str(opts.paths.procfs), nvml.deadline_for(timeout), link_counters)
-        self.host = host_sources.ForkedHostFacts(opts)  # beside the NVML worker
+        # beside the NVML worker; with `profile_later`, before the profile is loaded (tell())
+        self.host = host_sources.ForkedHostFacts(opts, profile_later)
+
+    def tell(self, docker_required: bool, disk_paths: tuple[Path, ...]) -> None:
+        """The profile's settings for the host sources that need them."""
+        self.host.tell(docker_required, disk_paths)
 
     def result(self) -> Snapshot:
         snapshot = self.replayed if self.sweep is None else self.sweep.result()

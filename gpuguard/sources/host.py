@@ -7,6 +7,7 @@ customer's dump must not get the facts of their own laptop mixed in.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -82,6 +83,9 @@ class HostSource:
     fields: tuple[str, ...]
     wanted: Callable[[HostOptions], bool]
     read: Callable[[HostOptions], dict[str, Reading[Any]]]
+    # What it needs of the profile (Docker's `required`, the disk paths): `check` starts
+    # the sources before its profile is loaded and hands those over once it is.
+    needs_profile: Callable[[HostOptions], bool] = lambda o: False
 
 
 def _procfs(opts: HostOptions) -> dict[str, Reading[Any]]:
@@ -157,8 +161,10 @@ HOST_SOURCES: tuple[HostSource, ...] = (
                lambda o: o.rootfs, _rootfs),
     HostSource("kernel_log", ("kernel_log",), lambda o: o.kernel_log,
                lambda o: {"kernel_log": read_kernel_log(o)}),
-    HostSource("docker", ("docker",), lambda o: o.rootfs, _docker),
-    HostSource("disk_space", ("disk_space",), lambda o: o.rootfs, _disk_space),
+    HostSource("docker", ("docker",), lambda o: o.rootfs, _docker,
+               lambda o: o.docker == "auto" and not o.probe_image),
+    HostSource("disk_space", ("disk_space",), lambda o: o.rootfs, _disk_space,
+               lambda o: o.host_resources),
     HostSource("probe_image", ("probe_image",), lambda o: o.rootfs and bool(o.probe_image),
                _probe_image),
 )
@@ -166,16 +172,20 @@ HOST_SOURCES: tuple[HostSource, ...] = (
 
 def collect_host(snapshot: Snapshot, opts: HostOptions,
                  done: Callable[[str, dict[str, Reading[Any]]], None] | None = None,
-                 only: frozenset[str] | None = None, skip: frozenset[str] = frozenset()
-                 ) -> None:
+                 only: frozenset[str] | None = None, skip: frozenset[str] = frozenset(),
+                 profile_settings: Callable[[], None] | None = None) -> None:
     """Everything that does not need NVML's GPU list (runs while the NVML worker runs).
     `done` hears each source's readings as soon as that source has them; `only` and
     `skip` pick sources by name (the daemon reads the kernel log every fast cycle and
-    the rest every slow one)."""
+    the rest every slow one); `profile_settings` fills in the profile's settings before
+    the first source that needs them."""
     for source in HOST_SOURCES:
         if not source.wanted(opts) or source.name in skip or \
                 (only is not None and source.name not in only):
             continue
+        if profile_settings is not None and source.needs_profile(opts):
+            profile_settings()
+            profile_settings = None
         started = time.monotonic()
         try:
             values = source.read(opts)
@@ -202,13 +212,37 @@ class ForkedHostFacts:
     one line per source as it finishes; at the deadline the sources that have not
     answered are unknown, and only they: NVML's own host facts are never touched."""
 
-    def __init__(self, opts: HostOptions) -> None:
+    def __init__(self, opts: HostOptions, profile_later: bool = False) -> None:
         self.started = time.monotonic()
         self.opts = opts
         opts.look_up_host_paths()
-        self.worker = forked.Worker(lambda out: _write_host_facts(out, opts))
+        # `check` forks this before its profile is loaded: the sources that need the
+        # profile's settings wait for them on this pipe (tell()), the rest start at once
+        self._tell_fd: int | None = None
+        settings_fd: int | None = None
+        if profile_later:
+            settings_fd, self._tell_fd = os.pipe()
+        self.worker = forked.Worker(
+            lambda out: _write_host_facts(out, opts, settings_fd, self._tell_fd))
+        if settings_fd is not None:
+            os.close(settings_fd)
+
+    def tell(self, docker_required: bool, disk_paths: tuple[Path, ...]) -> None:
+        """The profile's settings, once the parent has loaded it (it is read once)."""
+        self.opts.docker_required, self.opts.disk_paths = docker_required, disk_paths
+        if self._tell_fd is None:
+            return
+        line = json.dumps({"docker_required": docker_required,
+                           "disk_paths": [str(p) for p in disk_paths]}) + "\n"
+        with contextlib.suppress(OSError):  # a worker gone already: its ending says so
+            os.write(self._tell_fd, line.encode())
+        os.close(self._tell_fd)
+        self._tell_fd = None
 
     def abandon(self) -> None:
+        if self._tell_fd is not None:
+            os.close(self._tell_fd)
+            self._tell_fd = None
         self.worker.kill()
 
     def result(self, deadline_at: float) -> Snapshot:
@@ -245,16 +279,30 @@ class ForkedHostFacts:
         return facts
 
 
-def _write_host_facts(out: TextIO, opts: HostOptions) -> None:
+def _write_host_facts(out: TextIO, opts: HostOptions, settings_fd: int | None,
+                      tell_fd: int | None) -> None:
     """In the worker: one line per source as it finishes (its readings and how it did)."""
     facts = Snapshot()
+    if tell_fd is not None:
+        os.close(tell_fd)  # the parent's end
 
     def done(name: str, values: dict[str, Reading[Any]]) -> None:
         out.write(json.dumps({"source": name, "run": facts.sources[name].to_json(),
                               "readings": {field_name: reading.to_json()
                                            for field_name, reading in values.items()}}) + "\n")
 
-    collect_host(facts, opts, done)
+    def settings() -> None:
+        assert settings_fd is not None
+        with os.fdopen(settings_fd, "rb") as pipe:
+            line = pipe.readline(1 << 20)
+        if not line:
+            raise SystemExit(1)  # the parent gave up (a bad profile): nothing more to read
+        told = json.loads(line)
+        opts.docker_required = bool(told["docker_required"])
+        opts.disk_paths = tuple(Path(p) for p in told["disk_paths"])
+
+    collect_host(facts, opts, done, profile_settings=settings if settings_fd is not None
+                 else None)
 
 
 HOST_SOURCE_FIELDS = frozenset(name for source in HOST_SOURCES for name in source.fields)

@@ -11,7 +11,8 @@ process from exiting, so the sweep runs in a forked child:
 - before every call it writes the call's name into a shared anonymous mmap, which
   costs no syscall, so the parent can name the call that hung.
 
-This module imports only the standard library at the top: it is imported before
+This module imports only light standard modules at the top (not json, which pulls in re:
+~5 ms on an H200 host): it is imported before
 the fork, on the critical path of `gpuguard check` (docs/benchmarks.md). The worker
 writes readings in the snapshot's JSON form (a value, or {"state": ...}).
 
@@ -21,8 +22,6 @@ a process in D state cannot be reaped until the kernel lets go of it).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import signal
 import time
 
@@ -79,6 +78,8 @@ class NvmlSweep:
         self.worker.kill()
 
     def _drain(self) -> tuple[list[dict[str, Any]], bool]:
+        import json  # after the fork: json pulls in re, ~5 ms before it otherwise
+
         data = self.worker.read(self.started + self.deadline_s)
         messages = []
         for line in data.splitlines():
@@ -222,5 +223,7 @@ def _child_main(out: Any, progress: Progress, procfs: str, link_counters: bool) 
         emit({"t": "fatal", "kind": type(exc).__name__, "error": str(exc)})
     # Hand the result over before shutting NVML down: the parent stops waiting at EOF.
     out.close()
+    import contextlib
+
     with contextlib.suppress(pynvml.NVMLError):
         pynvml.nvmlShutdown()
