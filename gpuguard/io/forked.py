@@ -55,39 +55,17 @@ def fork(body: Callable[[], None]) -> int:
     """Fork a child that dies with us, runs `body` and exits (0, or 1 when `body` raised:
     the parent learns the rest from what the child wrote and how it ended); its pid."""
     parent = os.getpid()
-    parent_cpu = _current_cpu() if os.environ.get("GPUGUARD_CHILD_APART") == "1" else None
     pid = os.fork()
     if pid == 0:  # child
         code = 0
         try:
             die_with_parent(parent)
-            if parent_cpu is not None:
-                _apart_from(parent_cpu)
             body()
         except BaseException:
             code = 1
         finally:
             os._exit(code)
     return pid
-
-
-def _current_cpu() -> int | None:
-    """The CPU this process runs on now (field 39 of /proc/self/stat), None if unread."""
-    try:
-        with open("/proc/self/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-        return int(fields[36])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _apart_from(cpu: int) -> None:
-    """Run on another CPU than the parent's (where there is one): a child forked onto its
-    parent's CPU shares it until the scheduler moves one of them."""
-    with contextlib.suppress(OSError):
-        allowed = os.sched_getaffinity(0)
-        if cpu in allowed and len(allowed) > 1:
-            os.sched_setaffinity(0, allowed - {cpu})
 
 
 class Worker:
