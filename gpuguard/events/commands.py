@@ -16,7 +16,8 @@ from typing import Any
 from gpuguard.events import store as eventstore
 from gpuguard.events.escalation import apply_history
 from gpuguard.events.recording import kernel_log_xids, rule_transitions
-from gpuguard.events.store import Event, EventWriter, StoreUnreadable
+from gpuguard.events.store import Event, StoreUnreadable
+from gpuguard.events.writer import EventWriter
 from gpuguard.io.paths import Paths
 from gpuguard.judge.actions import of_xid
 from gpuguard.judge.xids import grade
