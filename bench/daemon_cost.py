@@ -179,7 +179,8 @@ def year(gpus: int = 8, every_s: float = 300.0) -> dict:
     through the store's own writer and retention at their defaults; one flush per
     simulated minute, as the daemon's thread would (it flushes every second)."""
     sys.path.insert(0, str(REPO))
-    from gpuguard.events.store import Event, EventWriter
+    from gpuguard.events.store import Event
+    from gpuguard.events.writer import EventWriter
 
     tmp = Path(tempfile.mkdtemp(prefix="gpuguard-year-"))
     path = tmp / "events.db"

@@ -26,9 +26,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuguard.config.yamlfile import ConfigError, Mapping, load, short
 from gpuguard.model.profile import Profile
+
+if TYPE_CHECKING:
+    from gpuguard.config.shapes import ProfileFile
+
+# The helpers below import `given` from gpuguard.config.shapes when they run, as
+# load_profile does: importing this module must not load msgspec (see config_shapes).
 
 
 def load_profile(path: Path) -> Profile:
@@ -47,46 +54,86 @@ def load_profile(path: Path) -> Profile:
                           "xid_window, docker, nvlink_links_per_gpu, p2p, mig, disk_paths, "
                           "active_probe, rules)")
     spec = schema.convert(doc, ProfileFile, path)
+    _read_gpu_expectations(profile, spec)
+    # of two values wrong in a way the shapes cannot tell, the one written first in the
+    # documented order is named: the driver's versions, the Xid window, the disk paths
+    _read_driver(profile, path, doc, spec)
+    profile.xid_window_s = _xid_window(path, doc, spec)
+    profile.docker_required = spec.docker == "required"
+    profile.disk_paths = _disk_paths(path, doc, spec)
+    _read_active_probe(profile, spec)
+    if given(spec.rules) is not None:
+        profile.rule_overrides = doc["rules"]
+    return profile
+
+
+def _read_gpu_expectations(profile: Profile, spec: ProfileFile) -> None:
+    """What each GPU must be: count, VBIOS, ECC and MIG modes, NVLink links, P2P."""
+    from gpuguard.config.shapes import given
+
     profile.gpu_count = given(spec.gpu_count)
-    if (driver := given(spec.driver)) is not None:
-        lines = doc["driver"]
-        profile.driver_min_version = _version(path, lines, "min_version",
-                                              given(driver.min_version))
-        profile.cuda_min_version = _version(path, lines, "min_cuda_version",
-                                            given(driver.min_cuda_version))
     if (vbios := given(spec.vbios)) is not None:
         profile.vbios_allowed = {model: [v.upper() for v in versions]
                                  for model, versions in vbios.allowed.items()}
     if (ecc := given(spec.ecc)) is not None:
         profile.ecc_expected = ecc in ("enabled", True)
-    if (window := given(spec.xid_window)) is not None:
-        try:
-            profile.xid_window_s = parse_window(window)
-        except ValueError as exc:
-            raise ConfigError(path, doc.line_of("xid_window"), str(exc)) from exc
-    profile.docker_required = spec.docker == "required"
     profile.nvlink_links_per_gpu = given(spec.nvlink_links_per_gpu)
     if (p2p := given(spec.p2p)) is not None:
         profile.p2p_require_nvlink = given(p2p.require_nvlink) is True
     if (mig := given(spec.mig)) is not None:
         profile.mig_expected = mig in ("enabled", True)
+
+
+def _read_driver(profile: Profile, path: Path, doc: Mapping, spec: ProfileFile) -> None:
+    from gpuguard.config.shapes import given
+
+    if (driver := given(spec.driver)) is None:
+        return
+    lines = doc["driver"]
+    profile.driver_min_version = _version(path, lines, "min_version",
+                                          given(driver.min_version))
+    profile.cuda_min_version = _version(path, lines, "min_cuda_version",
+                                        given(driver.min_cuda_version))
+
+
+def _xid_window(path: Path, doc: Mapping, spec: ProfileFile) -> float | None:
+    """Seconds of kernel log in which an Xid counts; None: since boot (also when unset)."""
+    from gpuguard.config.shapes import given
+
+    if (window := given(spec.xid_window)) is None:
+        return None
+    try:
+        return parse_window(window)
+    except ValueError as exc:
+        raise ConfigError(path, doc.line_of("xid_window"), str(exc)) from exc
+
+
+def _disk_paths(path: Path, doc: Mapping, spec: ProfileFile) -> list[Path]:
+    from gpuguard.config.shapes import given
+
+    paths = []
     for text in given(spec.disk_paths) or []:
         if not text.startswith("/"):
             raise ConfigError(path, doc.line_of("disk_paths"),
                               f"disk_paths: {short(text)} is not an absolute path")
-        profile.disk_paths.append(Path(text))
-    if (probe := given(spec.active_probe)) is not None:
-        profile.probe_settings = {
-            name: value for name in ("deadline_s", "buffer_mib", "pattern_mib",
-                                     "max_memory_percent", "max_utilization_percent")
-            if (value := given(getattr(probe, name))) is not None}
-        profile.probe_floors_gbps = {
-            model: {kind: value for kind in ("pcie", "memory", "nvlink")
-                    if (value := given(getattr(floors, kind))) is not None}
-            for model, floors in (given(probe.floors_gbps) or {}).items()}
-    if given(spec.rules) is not None:
-        profile.rule_overrides = doc["rules"]
-    return profile
+        paths.append(Path(text))
+    return paths
+
+
+def _read_active_probe(profile: Profile, spec: ProfileFile) -> None:
+    """The settings and GB/s floors given; those left out keep the probe's defaults."""
+    from gpuguard.config.shapes import given
+
+    if (probe := given(spec.active_probe)) is None:
+        return
+    profile.probe_settings = {
+        name: value for name in ("deadline_s", "buffer_mib", "pattern_mib",
+                                 "max_memory_percent", "max_utilization_percent")
+        if (value := given(getattr(probe, name))) is not None}
+    profile.probe_floors_gbps = {
+        model: {kind: value for kind in ("pcie", "memory", "nvlink")
+                if (value := given(getattr(floors, kind))) is not None}
+        for model, floors in (given(probe.floors_gbps) or {}).items()}
 
 
 def _version(path: Path, section: Mapping, key: str, value: str | None) -> str | None:

@@ -9,8 +9,9 @@ raises ConfigError naming the file and the line, before a single rule runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuguard.config import schema
 from gpuguard.config.profile import load_profile
@@ -21,6 +22,12 @@ from gpuguard.model.profile import Profile
 from gpuguard.model.results import Status
 from gpuguard.model.rule import Rule, RuleSet, XidEntry
 from gpuguard.model.snapshot import GPU_READING_FIELDS, HOST_READING_FIELDS
+
+if TYPE_CHECKING:
+    from gpuguard.model.expr import Condition
+
+# makes the ConfigError for a key of the entry at hand: its line, and the problem given
+Fail = Callable[[str, str], ConfigError]
 
 GPU_CONDITION_NAMES = (*GPU_READING_FIELDS, "index", *HOST_READING_FIELDS)
 HOST_CONDITION_NAMES = HOST_READING_FIELDS
@@ -153,27 +160,7 @@ def _rule(path: Path, spec: RuleSpec, entry: Mapping, default_pack: bool) -> Rul
     def fail(key: str, problem: str) -> ConfigError:
         return ConfigError(path, entry.line_of(key), problem)
 
-    registered = registry.GPU_CHECKS if spec.scope == "gpu" else registry.HOST_CHECKS
-    other = registry.HOST_CHECKS if spec.scope == "gpu" else registry.GPU_CHECKS
-    condition = None
-    if (when := given(spec.when)) is not None:
-        if rule_id in registered or rule_id in other:
-            raise fail("when", f"{rule_id}: has Python logic already; it takes no `when:`")
-        # simpleeval is imported only when some rule has a condition (none in the pack).
-        from gpuguard.model.expr import Condition, ConditionError
-
-        names = GPU_CONDITION_NAMES if spec.scope == "gpu" else HOST_CONDITION_NAMES
-        try:
-            condition = Condition(when, names)
-        except ConditionError as exc:
-            raise fail("when", f"{rule_id}: {exc}") from exc
-    elif rule_id not in registered:
-        if rule_id in other:
-            raise fail("scope", f"{rule_id}: its check is registered for the other scope")
-        hint = "" if default_pack else " (a user rule needs a `when:` condition)"
-        raise fail("id", f"{rule_id}: no check is registered under this id{hint}")
-    if not default_pack and condition is None:
-        raise fail("id", f"{rule_id}: a user rule needs a `when:` condition")
+    condition = _condition(spec, default_pack, fail)
     if condition is not None and given(spec.message) is None:
         raise ConfigError(path, entry.line, f"{rule_id}: a `when:` rule needs a `message`")
 
@@ -194,14 +181,51 @@ def _rule(path: Path, spec: RuleSpec, entry: Mapping, default_pack: bool) -> Rul
     )
     if (action := given(spec.action)) is not None:
         rule.action, rule.action_origin = action, f"{path}:{entry.line_of('action')}"
+    _read_spans(rule, spec, fail)
+    return rule
+
+
+def _condition(spec: RuleSpec, default_pack: bool, fail: Fail) -> Condition | None:
+    """The rule's `when:` compiled; None for the pack's rule of a registered check."""
+    rule_id = spec.id
+    registered = registry.GPU_CHECKS if spec.scope == "gpu" else registry.HOST_CHECKS
+    other = registry.HOST_CHECKS if spec.scope == "gpu" else registry.GPU_CHECKS
+    if (when := given(spec.when)) is None:
+        _require_registered_check(rule_id, registered, other, default_pack, fail)
+        return None
+    if rule_id in registered or rule_id in other:
+        raise fail("when", f"{rule_id}: has Python logic already; it takes no `when:`")
+    # simpleeval is imported only when some rule has a condition (none in the pack).
+    from gpuguard.model.expr import Condition, ConditionError
+
+    names = GPU_CONDITION_NAMES if spec.scope == "gpu" else HOST_CONDITION_NAMES
+    try:
+        return Condition(when, names)
+    except ConditionError as exc:
+        raise fail("when", f"{rule_id}: {exc}") from exc
+
+
+def _require_registered_check(rule_id: str, registered: Collection[str],
+                              other: Collection[str], default_pack: bool, fail: Fail) -> None:
+    """A rule without `when:` is the pack's rule of a check registered for its scope."""
+    if rule_id not in registered:
+        if rule_id in other:
+            raise fail("scope", f"{rule_id}: its check is registered for the other scope")
+        hint = "" if default_pack else " (a user rule needs a `when:` condition)"
+        raise fail("id", f"{rule_id}: no check is registered under this id{hint}")
+    if not default_pack:
+        raise fail("id", f"{rule_id}: a user rule needs a `when:` condition")
+
+
+def _read_spans(rule: Rule, spec: RuleSpec, fail: Fail) -> None:
+    """`auto_clear:` and `escalate:`, in seconds."""
     if (auto_clear := given(spec.auto_clear)) is not None:
-        rule.auto_clear_s = _span(auto_clear, fail("auto_clear", f"{rule_id}: auto_clear "
+        rule.auto_clear_s = _span(auto_clear, fail("auto_clear", f"{rule.id}: auto_clear "
                                                    "must be longer than 0"))
     if (escalate := given(spec.escalate)) is not None:
         rule.escalate_count = escalate.count
         rule.escalate_window_s = _span(escalate.window, fail(
-            "escalate", f"{rule_id}: escalate.window must be longer than 0"))
-    return rule
+            "escalate", f"{rule.id}: escalate.window must be longer than 0"))
 
 
 def _span(text: str, error: ConfigError) -> float:

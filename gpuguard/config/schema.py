@@ -67,11 +67,8 @@ def convert(doc: Any, type_: type[T], path: str | Path) -> T:
 def locate(doc: Any, message: str, type_: Any = None) -> tuple[int | None, str]:
     """The line and a readable problem for one msgspec validation message; with the
     `type_` that was converted to, the keys of mappings are found and choices listed."""
-    match = re.match(_AT, message, re.DOTALL)
-    # without ` - at ...` the message is about the document itself
-    what, path = (match["what"], match["path"]) if match else (message, "$")
+    what, path, key_error = _parse(message)
     steps = _steps(path)
-    key_error = bool(match and match["key"])
     bad_key = None
     if type_ is not None:
         steps = _name_keys(doc, type_, steps, message)
@@ -80,29 +77,55 @@ def locate(doc: Any, message: str, type_: Any = None) -> tuple[int | None, str]:
     line, node, reached = _walk(doc, steps)
     where = _dotted(steps)
     if (unknown := re.match(_UNKNOWN, what, re.DOTALL)) is not None:
-        field = unknown["field"]
-        if isinstance(node, Mapping):
-            line = node.line_of(field)
         allowed = _fields(_type_at(type_, steps)) if type_ is not None else []
-        hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
-        return line, f"{_join(where, field)}: unknown key{hint}"
+        return _unknown_key(line, node, where, unknown["field"], allowed)
     if (missing := re.match(_MISSING, what, re.DOTALL)) is not None:
         # the line that introduced the object (its key), where the field should be added
         return line, f"{_join(where, missing['field'])} is missing"
     if key_error:
-        if isinstance(node, Mapping):
-            if bad_key is None:
-                bad_key = next((k for k in node if not isinstance(k, str)), None)
-            if bad_key is not None:
-                line = node.line_of(bad_key)
-        if what.startswith("Expected `str`"):
-            return line, f"{where or 'the document'}: every key must be text"
-        return line, f"{where or 'the document'}: key {short(bad_key)}: {_lower_first(what)}"
-    if type_ is not None and re.match(_WRONG, what) and reached:
-        expected = _expected(_type_at(type_, steps))
-        if expected:
-            return line, f"{_subject(steps)} must be {expected}, not {short(node)}"
+        return _bad_key(line, node, where, what, bad_key)
+    if (wrong := _wrong_value(type_, steps, what, node, reached)) is not None:
+        return line, wrong
     return line, f"{where}: {_lower_first(what)}" if where else _lower_first(what)
+
+
+def _parse(message: str) -> tuple[str, str, bool]:
+    """What msgspec says is wrong, the path where, and whether a key (not a value) is."""
+    match = re.match(_AT, message, re.DOTALL)
+    if match is None:
+        # without ` - at ...` the message is about the document itself
+        return message, "$", False
+    return match["what"], match["path"], bool(match["key"])
+
+
+def _unknown_key(line: int | None, node: Any, where: str, field: str,
+                 allowed: list[str]) -> tuple[int | None, str]:
+    if isinstance(node, Mapping):
+        line = node.line_of(field)
+    hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+    return line, f"{_join(where, field)}: unknown key{hint}"
+
+
+def _bad_key(line: int | None, node: Any, where: str, what: str,
+             bad_key: Any) -> tuple[int | None, str]:
+    """A key of the wrong type; `bad_key` as found by converting entry by entry, if it was."""
+    if isinstance(node, Mapping):
+        if bad_key is None:
+            bad_key = next((k for k in node if not isinstance(k, str)), None)
+        if bad_key is not None:
+            line = node.line_of(bad_key)
+    if what.startswith("Expected `str`"):
+        return line, f"{where or 'the document'}: every key must be text"
+    return line, f"{where or 'the document'}: key {short(bad_key)}: {_lower_first(what)}"
+
+
+def _wrong_value(type_: Any, steps: list[Step], what: str, node: Any,
+                 reached: bool) -> str | None:
+    """A wrong value in words, where its field says what it takes; else None."""
+    if type_ is None or not reached or not re.match(_WRONG, what):
+        return None
+    expected = _expected(_type_at(type_, steps))
+    return f"{_subject(steps)} must be {expected}, not {short(node)}" if expected else None
 
 
 def _steps(path: str) -> list[Step]:

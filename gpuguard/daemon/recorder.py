@@ -21,7 +21,8 @@ import structlog
 from gpuguard.events import store as eventstore
 from gpuguard.events.escalation import apply_history
 from gpuguard.events.recording import rule_transitions
-from gpuguard.events.store import Event, EventWriter, StoreUnreadable
+from gpuguard.events.store import Event, StoreUnreadable
+from gpuguard.events.writer import EventWriter
 from gpuguard.judge.actions import FAILING
 from gpuguard.model.identity import GpuId, finding_key
 from gpuguard.model.results import Result

@@ -16,7 +16,8 @@ from typing import Any
 from gpuguard.events import store as eventstore
 from gpuguard.events.escalation import apply_history
 from gpuguard.events.recording import kernel_log_xids, rule_transitions
-from gpuguard.events.store import Event, EventWriter, StoreUnreadable
+from gpuguard.events.store import Event, StoreUnreadable
+from gpuguard.events.writer import EventWriter
 from gpuguard.io.paths import Paths
 from gpuguard.judge.actions import of_xid
 from gpuguard.judge.xids import grade
@@ -110,21 +111,25 @@ def list_events(state_dir: Path, since_s: float, gpu: str | None, rule: str | No
     lines = [f"{'TIME (UTC)':<19}  {'KIND':<10}  {'WHAT':<20}  {'GPU':<5}  {'CHANGE':<20}  "
              f"{'ACTION':<16}  MESSAGE"]
     for e in found:
-        what = f"Xid {e.code}" if e.kind == "xid" else (e.rule or "-")
-        gpu_text = "-" if e.gpu_index is None else str(e.gpu_index)
-        change = (f"{e.old_status or 'new'} -> {e.status}" if e.kind == "rule"
-                  else (e.status or "-"))
-        message = e.message
-        if e.kind == "ack":
-            message = f"{e.data.get('reason', '')} (until {_when(e.data.get('until'))})"
-        prefix = (f"{_when(e.time):<19}  {e.kind:<10}  {what:<20}  {gpu_text:<5}  "
-                  f"{change:<20}  {(e.action or '-'):<16}  ")
-        # the message wrapped under its column (as `check`'s table does), never one line
-        # of hundreds of characters
-        wrapped = textwrap.wrap(message[:MAX_MESSAGE], max(30, width - len(prefix))) or [""]
-        lines.append(prefix + wrapped[0])
-        lines.extend(" " * len(prefix) + more for more in wrapped[1:])
+        lines.extend(_table_row(e, width))
     return "\n".join(lines) + "\n"
+
+
+def _table_row(e: Event, width: int) -> list[str]:
+    """One event in `events`'s table: a line, and more where its message wraps."""
+    what = f"Xid {e.code}" if e.kind == "xid" else (e.rule or "-")
+    gpu_text = "-" if e.gpu_index is None else str(e.gpu_index)
+    change = (f"{e.old_status or 'new'} -> {e.status}" if e.kind == "rule"
+              else (e.status or "-"))
+    message = e.message
+    if e.kind == "ack":
+        message = f"{e.data.get('reason', '')} (until {_when(e.data.get('until'))})"
+    prefix = (f"{_when(e.time):<19}  {e.kind:<10}  {what:<20}  {gpu_text:<5}  "
+              f"{change:<20}  {(e.action or '-'):<16}  ")
+    # the message wrapped under its column (as `check`'s table does), never one line
+    # of hundreds of characters
+    wrapped = textwrap.wrap(message[:MAX_MESSAGE], max(30, width - len(prefix))) or [""]
+    return [prefix + wrapped[0], *(" " * len(prefix) + more for more in wrapped[1:])]
 
 
 def _when(t: object) -> str:

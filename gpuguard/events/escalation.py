@@ -28,7 +28,7 @@ from typing import Any
 from gpuguard.judge.actions import FAILING, Action, with_action
 from gpuguard.model.identity import GpuId, finding_key, stored
 from gpuguard.model.results import Result, Status
-from gpuguard.model.rule import RuleSet
+from gpuguard.model.rule import Rule, RuleSet
 
 
 def apply_history(results: list[Result], conn: sqlite3.Connection, boot_id: str | None,
@@ -81,34 +81,11 @@ def _escalate_xids(r: Result, conn: sqlite3.Connection, boot_id: str | None,
                    ruleset: RuleSet, known: dict[int, GpuId], now: float) -> Result:
     rule = ruleset.rules.get(r.rule)
     reasons: list[str] = []
-    events = [e for e in r.observed.get("events") or [] if isinstance(e, dict)
-              and e.get("severity") == "critical" and isinstance(e.get("gpu"), int)]
-    seen: set[tuple[int, int]] = set()
     escalated: list[dict[str, Any]] = []
-    for e in events:
-        board = known.get(e["gpu"])
-        if board is None or not board.uuid or (e["xid"], e["gpu"]) in seen:
-            continue
-        seen.add((e["xid"], e["gpu"]))
-        why = None
-        if boot_id is not None:
-            row = conn.execute(
-                "SELECT boot_id, time FROM events WHERE rule = 'xid.recent' AND gpu_uuid = ? "
-                "AND kind = 'xid' AND code = ? AND status = 'critical' AND boot_id IS NOT NULL "
-                "AND boot_id != ? ORDER BY time DESC LIMIT 1",
-                (board.uuid, e["xid"], boot_id)).fetchone()
-            if row is not None:
-                why = (f"Xid {e['xid']} on GPU {e['gpu']} also seen on boot {row[0]} at "
-                       f"{_when(row[1])}")
-        if why is None and rule is not None and rule.escalate_count and rule.escalate_window_s:
-            count = conn.execute(
-                "SELECT count(*) FROM events WHERE rule = 'xid.recent' AND gpu_uuid = ? "
-                "AND kind = 'xid' AND time >= ? AND code = ? AND status = 'critical'",
-                (board.uuid, now - rule.escalate_window_s, e["xid"])).fetchone()[0]
-            if count >= rule.escalate_count:
-                why = (f"Xid {e['xid']} on GPU {e['gpu']} {count} times within "
-                       f"{_span(rule.escalate_window_s)} (escalate.count "
-                       f"{rule.escalate_count})")
+    for e, uuid in _fatal_xids_by_board(r, known):
+        why = _xid_seen_in_an_earlier_boot(conn, e, uuid, boot_id)
+        if why is None:
+            why = _xid_burst(conn, e, uuid, rule, now)
         if why is not None:
             reasons.append(why)
             escalated.append(e)
@@ -121,6 +98,53 @@ def _escalate_xids(r: Result, conn: sqlite3.Connection, boot_id: str | None,
                   for e in r.observed.get("events") or []]
     r = dataclasses.replace(r, observed={**r.observed, "events": events_out})
     return with_action(r, Action.INSPECT_HARDWARE, "; ".join(reasons))
+
+
+def _fatal_xids_by_board(r: Result, known: dict[int, GpuId]) -> list[tuple[dict[str, Any], str]]:
+    """xid.recent's critical Xids, each (Xid, GPU) once, with the UUID of its board; an
+    Xid on a GPU without one is left out (an index says nothing about the board)."""
+    events = [e for e in r.observed.get("events") or [] if isinstance(e, dict)
+              and e.get("severity") == "critical" and isinstance(e.get("gpu"), int)]
+    seen: set[tuple[int, int]] = set()
+    out: list[tuple[dict[str, Any], str]] = []
+    for e in events:
+        board = known.get(e["gpu"])
+        if board is None or not board.uuid or (e["xid"], e["gpu"]) in seen:
+            continue
+        seen.add((e["xid"], e["gpu"]))
+        out.append((e, board.uuid))
+    return out
+
+
+def _xid_seen_in_an_earlier_boot(conn: sqlite3.Connection, e: dict[str, Any], uuid: str,
+                                 boot_id: str | None) -> str | None:
+    """Why the Xid escalates when the same board logged it in an earlier boot; else None."""
+    if boot_id is None:
+        return None
+    row = conn.execute(
+        "SELECT boot_id, time FROM events WHERE rule = 'xid.recent' AND gpu_uuid = ? "
+        "AND kind = 'xid' AND code = ? AND status = 'critical' AND boot_id IS NOT NULL "
+        "AND boot_id != ? ORDER BY time DESC LIMIT 1",
+        (uuid, e["xid"], boot_id)).fetchone()
+    if row is None:
+        return None
+    return f"Xid {e['xid']} on GPU {e['gpu']} also seen on boot {row[0]} at {_when(row[1])}"
+
+
+def _xid_burst(conn: sqlite3.Connection, e: dict[str, Any], uuid: str, rule: Rule | None,
+               now: float) -> str | None:
+    """Why the Xid escalates when the board logged it `escalate.count` times within
+    `escalate.window`; else None (also for a rule that sets no escalation)."""
+    if rule is None or not rule.escalate_count or not rule.escalate_window_s:
+        return None
+    count = conn.execute(
+        "SELECT count(*) FROM events WHERE rule = 'xid.recent' AND gpu_uuid = ? "
+        "AND kind = 'xid' AND time >= ? AND code = ? AND status = 'critical'",
+        (uuid, now - rule.escalate_window_s, e["xid"])).fetchone()[0]
+    if count < rule.escalate_count:
+        return None
+    return (f"Xid {e['xid']} on GPU {e['gpu']} {count} times within "
+            f"{_span(rule.escalate_window_s)} (escalate.count {rule.escalate_count})")
 
 
 def _span(seconds: float) -> str:

@@ -112,45 +112,64 @@ def aer(value: Any) -> str | None:
 def kernel_log(value: Any) -> str | None:
     if not isinstance(value, dict):
         return f"must be a kernel log summary, not {_show(value)}"
-    xids = value.get("xids")
-    if not isinstance(xids, list):
+    if not isinstance(value.get("xids"), list):
         return "kernel log summary has no list of xids"
-    for event in xids:
-        if not isinstance(event, dict) or not _optional_int(event.get("xid")) \
-                or event.get("xid") is None:
-            return f"an Xid event is not {{xid: number, ...}}: {_show(event)}"
-        if not (_optional_int(event.get("seq")) and _optional_int(event.get("usec"))):
-            return f"an Xid event's seq/usec is not a count: {_show(event)}"
-        if event.get("pci") is not None and not isinstance(event.get("pci"), str):
-            return f"an Xid event's pci is not text: {_show(event)}"
-    sxids = value.get("sxids", [])
-    if not isinstance(sxids, list):
-        return "kernel log summary's sxids is not a list"
-    for event in sxids:
-        if not isinstance(event, dict) or not _optional_int(event.get("sxid")) \
-                or event.get("sxid") is None:
-            return f"an SXid event is not {{sxid: number, ...}}: {_show(event)}"
-        if not (_optional_int(event.get("seq")) and _optional_int(event.get("usec"))
-                and _optional_int(event.get("link"))):
-            return f"an SXid event's seq/usec/link is not a count: {_show(event)}"
-        if event.get("switch") is not None and not isinstance(event.get("switch"), str):
-            return f"an SXid event's switch is not text: {_show(event)}"
-    ooms = value.get("ooms", [])
-    if not isinstance(ooms, list):
-        return "kernel log summary's ooms is not a list"
-    for event in ooms:
-        if not isinstance(event, dict) or not _optional_int(event.get("pid")) \
-                or event.get("pid") is None:
-            return f"an OOM kill is not {{pid: number, ...}}: {_show(event)}"
-        if not (_optional_int(event.get("seq")) and _optional_int(event.get("usec"))):
-            return f"an OOM kill's seq/usec is not a count: {_show(event)}"
-        if any(event.get(key) is not None and not isinstance(event.get(key), str)
-               for key in ("process", "scope", "cgroup")):
-            return f"an OOM kill's process/scope/cgroup is not text: {_show(event)}"
+    # xids is a list by now; sxids and ooms came later and may be left out
+    for key, event_problem in (("xids", _xid_event), ("sxids", _sxid_event),
+                               ("ooms", _oom_kill)):
+        events = value.get(key, [])
+        if not isinstance(events, list):
+            return f"kernel log summary's {key} is not a list"
+        for event in events:
+            if (problem := event_problem(event)) is not None:
+                return problem
     for key in ("now_usec", "acked_seq", "xids_dropped", "sxids_dropped", "ooms_dropped"):
         if not _optional_int(value.get(key)):
             return f"kernel log {key} is not a count: {_show(value.get(key))}"
     return None
+
+
+def _xid_event(event: Any) -> str | None:
+    if not isinstance(event, dict) or not _count(event.get("xid")):
+        return f"an Xid event is not {{xid: number, ...}}: {_show(event)}"
+    if not _optional_counts(event, "seq", "usec"):
+        return f"an Xid event's seq/usec is not a count: {_show(event)}"
+    if not _optional_texts(event, "pci"):
+        return f"an Xid event's pci is not text: {_show(event)}"
+    return None
+
+
+def _sxid_event(event: Any) -> str | None:
+    if not isinstance(event, dict) or not _count(event.get("sxid")):
+        return f"an SXid event is not {{sxid: number, ...}}: {_show(event)}"
+    if not _optional_counts(event, "seq", "usec", "link"):
+        return f"an SXid event's seq/usec/link is not a count: {_show(event)}"
+    if not _optional_texts(event, "switch"):
+        return f"an SXid event's switch is not text: {_show(event)}"
+    return None
+
+
+def _oom_kill(event: Any) -> str | None:
+    if not isinstance(event, dict) or not _count(event.get("pid")):
+        return f"an OOM kill is not {{pid: number, ...}}: {_show(event)}"
+    if not _optional_counts(event, "seq", "usec"):
+        return f"an OOM kill's seq/usec is not a count: {_show(event)}"
+    if not _optional_texts(event, "process", "scope", "cgroup"):
+        return f"an OOM kill's process/scope/cgroup is not text: {_show(event)}"
+    return None
+
+
+def _count(value: Any) -> bool:
+    """A count that must be there: a whole number 0 <= n < 2**64, not None."""
+    return value is not None and _optional_int(value)
+
+
+def _optional_counts(event: dict[str, Any], *keys: str) -> bool:
+    return all(_optional_int(event.get(key)) for key in keys)
+
+
+def _optional_texts(event: dict[str, Any], *keys: str) -> bool:
+    return all(event.get(key) is None or isinstance(event.get(key), str) for key in keys)
 
 
 HOST_MEMORY_KEYS = ("total_bytes", "available_bytes", "swap_total_bytes", "swap_used_bytes")

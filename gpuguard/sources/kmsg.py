@@ -228,44 +228,73 @@ class OomKills:
 MAX_XIDS = 2000
 
 
+class NvrmLines:
+    """The NVIDIA driver's own lines: Xid events, the newest MAX_XIDS kept, and the
+    versions the last "API mismatch" named: library (client) and kernel module."""
+
+    def __init__(self) -> None:
+        self.xids: deque[dict[str, Any]] = deque(maxlen=MAX_XIDS)
+        self.seen = 0
+        self.mismatch: dict[str, str] = {}
+
+    def add(self, record: Record) -> None:
+        event = xid_event(record)
+        if event is not None:
+            self.xids.append(event)
+            self.seen += 1
+        elif m := _CLIENT_VERSION.search(record.text):
+            self.mismatch["client"] = m.group(1)
+        if m := _MODULE_VERSION.search(record.text):
+            self.mismatch["kernel"] = m.group(1)
+
+    def dropped(self) -> int:
+        return self.seen - len(self.xids)
+
+
+def _line_kind(text: str) -> str | None:
+    """Which summary a line belongs to: nvrm, sxid, oom or unsigned (a module refused
+    under Secure Boot); None for the rest. Plain substring tests first: nearly every line
+    of a kernel log is none of them."""
+    if "NVRM" in text or "fallen off the bus" in text:
+        return "nvrm"
+    if "SXid" in text:
+        return "sxid"
+    if ("Kill" in text and " process " in text) or text.startswith("oom-kill:"):
+        return "oom"
+    if _UNSIGNED.search(text) and "nvidia" in text.lower():
+        return "unsigned"
+    return None
+
+
 def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> dict[str, Any]:
-    xids: deque[dict[str, Any]] = deque(maxlen=MAX_XIDS)
-    seen_xids = 0
+    nvrm = NvrmLines()
+    sxids = SxidEvents()
+    ooms = OomKills()
     count = 0
     last_usec: int | None = None
     unsigned_rejected = False
-    mismatch: dict[str, str] = {}
-    sxids = SxidEvents()
-    ooms = OomKills()
     for record in records:
         count += 1
         if record.usec is not None:
             # the highest, not the last: a saved log may hold an earlier boot after a later
             # one, and an age is never negative
             last_usec = record.usec if last_usec is None else max(last_usec, record.usec)
-        if "NVRM" in record.text or "fallen off the bus" in record.text:
-            event = xid_event(record)
-            if event is not None:
-                xids.append(event)
-                seen_xids += 1
-            elif m := _CLIENT_VERSION.search(record.text):
-                mismatch["client"] = m.group(1)
-            if m := _MODULE_VERSION.search(record.text):
-                mismatch["kernel"] = m.group(1)
-        elif "SXid" in record.text:
+        kind = _line_kind(record.text)
+        if kind == "nvrm":
+            nvrm.add(record)
+        elif kind == "sxid":
             sxids.add(record)
-        elif ("Kill" in record.text and " process " in record.text) or \
-                record.text.startswith("oom-kill:"):
+        elif kind == "oom":
             ooms.add(record)
-        elif _UNSIGNED.search(record.text) and "nvidia" in record.text.lower():
+        elif kind == "unsigned":
             unsigned_rejected = True
     return {
         "source": source,
         "records": count,
         # A live read knows the time now; a saved log ends when it was saved.
         "now_usec": now_usec if now_usec is not None else last_usec,
-        "xids": list(xids),
-        "xids_dropped": seen_xids - len(xids),
+        "xids": list(nvrm.xids),
+        "xids_dropped": nvrm.dropped(),
         # NVSwitch errors: {"sxid", "switch" (PCI id), "link", "text", "seq", "usec"}.
         "sxids": list(sxids.events),
         "sxids_dropped": sxids.dropped(),
@@ -274,7 +303,7 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
         "ooms_dropped": ooms.dropped(),
         "unsigned_module_rejected": unsigned_rejected,
         # The last "API mismatch" the driver logged: library (client) and kernel module versions.
-        "api_mismatch": mismatch or None,
+        "api_mismatch": nvrm.mismatch or None,
         "acked_seq": None,
     }
 

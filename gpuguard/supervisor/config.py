@@ -284,28 +284,39 @@ def _service(path: Path, spec: ServiceSpec, entry: Mapping) -> Service:
 def _request(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> Request | None:
     """The probe's request, when any of its keys is set; checks across its keys."""
     probe = spec.probe
-    if probe.method is None and probe.body is None and probe.body_file is None \
-            and probe.json_path is None and probe.headers is None:
+    if not _asks_for_a_request(probe):
         return None
     if probe.http is None:
         raise fail("probe", "method, body, body_file, headers and json_path need `http: URL`")
     if probe.body is not None and probe.body_file is not None:
         raise fail("probe", "probe takes `body` or `body_file`, not both")
-    body: bytes | None = None
+    body = _request_body(probe, fail)
     headers = dict(probe.headers or {})
-    if probe.body is not None:
-        body = msgspec.json.encode(probe.body)
-    elif probe.body_file is not None:
-        from gpuguard.io import bounded as boundedio
-
-        try:
-            body = boundedio.read_bytes(probe.body_file, 1024 * 1024, 5.0)
-        except OSError as exc:
-            raise fail("probe", f"body_file: {exc}") from exc
     if body is not None and not any(k.lower() == "content-type" for k in headers):
         headers["Content-Type"] = "application/json"
     method = probe.method or ("POST" if body is not None else "GET")
     return Request(method, body, headers, probe.json_path, probe.request_timeout)
+
+
+def _asks_for_a_request(probe: ProbeSpec) -> bool:
+    """Whether the probe sends a real request (service.inference), not a plain health URL."""
+    return any(value is not None for value in (probe.method, probe.body, probe.body_file,
+                                               probe.json_path, probe.headers))
+
+
+def _request_body(probe: ProbeSpec, fail: Callable[[str, str], ConfigError]) -> bytes | None:
+    """`body` as JSON, or the bytes of `body_file` (read now: a missing file is a config
+    error, not a probe that fails later); None without either."""
+    if probe.body is not None:
+        return msgspec.json.encode(probe.body)
+    if probe.body_file is None:
+        return None
+    from gpuguard.io import bounded as boundedio
+
+    try:
+        return boundedio.read_bytes(probe.body_file, 1024 * 1024, 5.0)
+    except OSError as exc:
+        raise fail("probe", f"body_file: {exc}") from exc
 
 
 def _plain(value: Any) -> Any:

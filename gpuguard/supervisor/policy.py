@@ -48,22 +48,28 @@ def outcome(results: list[Result], rules: list[str] | None, tagged: set[str],
         if active == "cpu" and each.rule.startswith(SERVICE_RULES):
             continue
         r = own_status(each, service)
-        if r is None:
-            continue
-        if rules is not None:
-            if not any(fnmatch.fnmatchcase(r.rule, p) for p in rules):
-                continue
-        elif r.rule not in tagged:
-            continue
-        if gpus is not None and r.gpu is not None and r.gpu.index not in gpus:
-            continue
-        counted.append(r)
+        if r is not None and _counts_for_failover(r.rule, rules, tagged) \
+                and _on_its_gpus(r, gpus):
+            counted.append(r)
     critical = [r for r in counted if r.status is Status.CRITICAL]
     if critical:
         return "failed", critical
     if any(r.status is Status.UNKNOWN for r in counted):
         return "unknown", []
     return "passed", []
+
+
+def _counts_for_failover(rule: str, rules: list[str] | None, tagged: set[str]) -> bool:
+    """Whether a rule counts for a service: one its `rules:` patterns match, or, where it
+    names none, one tagged `failover`."""
+    if rules is not None:
+        return any(fnmatch.fnmatchcase(rule, p) for p in rules)
+    return rule in tagged
+
+
+def _on_its_gpus(result: Result, gpus: list[int] | None) -> bool:
+    """A host result is every service's; a GPU's only of a service that uses that GPU."""
+    return gpus is None or result.gpu is None or result.gpu.index in gpus
 
 
 def own_status(result: Result, service: str | None) -> Result | None:

@@ -1,9 +1,10 @@
 """One supervised service: counts cycles, moves it between its GPU and CPU variants.
 
-Transitions are a list of idempotent steps, each written to the state file before it
-runs. With a router it is make before break: start the target, wait until it is
-ready, switch the route, stop the source. Without one both variants want the same
-port, so it is stop, start, wait (the downtime is measured in docs/benchmarks.md).
+Transitions are a list of idempotent steps (gpuguard.supervisor.steps), each written to
+the state file before it runs. With a router it is make before break: start the target,
+wait until it is ready, switch the route, stop the source. Without one both variants
+want the same port, so it is stop, start, wait (the downtime is measured in
+docs/benchmarks.md).
 
 On start the supervisor reads its state and looks at what actually runs: a
 transition left half done (SIGKILL) is run again from its first step; otherwise the
@@ -33,9 +34,9 @@ import structlog
 from gpuguard.judge.actions import ACTIONS as ACTION_ORDER
 from gpuguard.model.results import Result
 from gpuguard.supervisor import policy, router, state
-from gpuguard.supervisor import readiness as probe
 from gpuguard.supervisor.backends import Backend, BackendError, make
 from gpuguard.supervisor.config import Service
+from gpuguard.supervisor.steps import STEP_ERRORS, converge, other, roll_back, run_step, steps_of
 
 log = structlog.get_logger("gpuguard.failover")
 
@@ -44,16 +45,8 @@ log = structlog.get_logger("gpuguard.failover")
 PAUSE_ENV = "GPUGUARD_FAILOVER_PAUSE_AT"
 
 
-class NotReady(Exception):
-    pass
-
-
 # (the service's GPUs, None: all) -> (passed, why): the supervisor's failback probe
 ActiveCheck = Callable[[list[int] | None], tuple[bool, str]]
-
-
-def other(variant: str) -> str:
-    return "cpu" if variant == "gpu" else "gpu"
 
 
 @dataclass
@@ -190,16 +183,8 @@ class Supervisor:
         if self.dry_run:
             return
         try:
-            if not self.backend.running(active):
-                self.log.warning("failover_converge_start", variant=active)
-                self.backend.start(active)
-                self._wait_ready(active)
-            if self.service.nginx and router.routed(self.service.nginx) != active:
-                router.route(self.service.name, self.service.nginx, active)
-            if self.backend.running(other(active)):
-                self.log.warning("failover_converge_stop", variant=other(active))
-                self.backend.stop(other(active))
-        except (BackendError, router.RouterError, NotReady) as exc:
+            converge(self.service, self.backend, active, self.log)
+        except STEP_ERRORS as exc:
             self.log.error("failover_converge_failed", active=active, error=str(exc))
             with self._lock:
                 self.state.errors = min(self.state.errors + 1, state.MAX_COUNT)
@@ -276,9 +261,7 @@ class Supervisor:
 
     def transition(self, to: str, reason: str, manual: bool = False,
                    action: str = "none") -> bool:
-        source = other(to)
-        steps = (["start", "ready", "route", "stop_source"] if self.service.nginx
-                 else ["stop_source", "start", "ready"])
+        steps = steps_of(self.service)
         if self.dry_run:
             self.log.warning("failover_dry_run", to=to, reason=reason, steps=steps)
             return False
@@ -299,16 +282,8 @@ class Supervisor:
                 self._save()
                 self._pause_for_tests(step)
                 self.log.info("failover_step", to=to, step=step)
-                if step == "start":
-                    self.backend.start(to)
-                elif step == "ready":
-                    self._wait_ready(to)
-                elif step == "route":
-                    assert self.service.nginx is not None
-                    router.route(self.service.name, self.service.nginx, to)
-                elif step == "stop_source":
-                    self.backend.stop(source)
-        except (BackendError, router.RouterError, NotReady) as exc:
+                run_step(self.service, self.backend, step, to)
+        except STEP_ERRORS as exc:
             self._failed(to, str(exc))
             return False
         except Exception as exc:  # whatever went wrong, the source is put back
@@ -343,7 +318,7 @@ class Supervisor:
         # First put the source back as it was (running, routed; the target stopped), in
         # its own guard: nothing of the bookkeeping below may come before it or skip it.
         try:
-            self._roll_back(to)
+            roll_back(self.service, self.backend, to)
         except Exception as exc:  # nothing more to do here than say so
             rollback_error: str | None = f"{type(exc).__name__}: {exc}"
         else:
@@ -365,37 +340,6 @@ class Supervisor:
         self._tell({"to": to, "reason": error, "action": "none", "outcome": "failed",
                     "step": step})
         self._save()
-
-    def _roll_back(self, to: str) -> None:
-        source = other(to)
-        if not self.backend.running(source):
-            self.backend.start(source)
-        if self.service.nginx and router.routed(self.service.nginx) != source:
-            router.route(self.service.name, self.service.nginx, source)
-        if self.backend.running(to):
-            self.backend.stop(to)
-
-    def _wait_ready(self, variant: str) -> None:
-        cfg = self.service.probe
-        if cfg.docker_health:
-            def check() -> bool:
-                return self.backend.healthy(variant)
-        elif cfg.exec is not None:
-            command = cfg.exec if isinstance(cfg.exec, list) else cfg.exec[variant]
-
-            def check() -> bool:
-                return probe.command_ready(command)
-        else:
-            url = cfg.http if isinstance(cfg.http, str) else (cfg.http or {}).get(variant)
-            request = cfg.request
-
-            def check() -> bool:
-                # a real request: ready only when inference answers, not just /health
-                if request is not None:
-                    return probe.send(str(url), cfg.status, request).ok
-                return probe.http_ready(str(url), cfg.status)
-        if not probe.wait(check, cfg.timeout):
-            raise NotReady(f"the {variant} variant was not ready within {cfg.timeout:g} s")
 
     def _save(self) -> None:
         with self._lock:

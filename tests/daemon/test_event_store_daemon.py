@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from gpuguard.events.store import Event, EventWriter
+from gpuguard.events.store import Event
+from gpuguard.events.writer import EventWriter
 from tests.conftest import FIXTURES, gpuguard
 from tests.daemon.conftest import host_snapshot, metric_lines, write_snapshot
 

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from gpuguard.events import corrupt_store
 from gpuguard.events import store as eventstore
-from gpuguard.events.store import Event, EventWriter, StoreUnreadable
+from gpuguard.events.store import Event, StoreUnreadable
+from gpuguard.events.writer import EventWriter
 from tests.conftest import REPO
 
 ROOT = os.geteuid() == 0
@@ -127,7 +129,8 @@ def test_a_corrupt_store_is_moved_aside_and_a_new_one_started(tmp_path):
 WRITER = """
 import sys, time
 sys.path.insert(0, {repo!r})
-from gpuguard.events.store import Event, EventWriter
+from gpuguard.events.store import Event
+from gpuguard.events.writer import EventWriter
 w = EventWriter(__import__("pathlib").Path({path!r}), boot_id="b1")
 i = 0
 while True:
@@ -452,7 +455,7 @@ def test_corrupt_copies_are_bounded_the_newest_kept(tmp_path):
     writer.close()
     assert writer.stats.corrupt_moved == 1 and rows(path) == 1
     left = sorted(p.name for p in tmp_path.glob("events.db.corrupt-*"))
-    kept = eventstore.CORRUPT_KEPT
+    kept = corrupt_store.CORRUPT_KEPT
     assert len([n for n in left if n.startswith("events.db.corrupt-20")]) == \
         2 * (kept - 1) + 1  # the newest older ones with their -wal, and the new one
     assert "events.db.corrupt-20240101T000000" in left
