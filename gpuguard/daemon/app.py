@@ -335,7 +335,7 @@ class Daemon:
     def _registry(self) -> CollectorRegistry:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(DaemonCollector(self.store, self.stats, lambda: self._last,
-                                          lambda: [s.snapshot() for s in self.supervisors],
+                                          lambda: [s.view() for s in self.supervisors],
                                           self.recorder.metrics if self.recorder else None))
         return registry
 

@@ -26,8 +26,7 @@ import structlog
 from gpuguard.judge.trend import fit
 from gpuguard.model.derived import held_by
 from gpuguard.model.snapshot import Reading, Snapshot
-from gpuguard.supervisor import processes
-from gpuguard.supervisor import readiness as probe
+from gpuguard.supervisor import processes, readiness
 from gpuguard.supervisor.service import Supervisor
 
 log = structlog.get_logger("gpuguard.services")
@@ -63,7 +62,7 @@ class ServiceWatch:
             return
         # The inference requests of all services at once, each under its own deadline: a
         # cycle waits for the slowest one, not for their sum, and never past the longest
-        # deadline (and a second): probe.send keeps its deadline, this holds even if it
+        # deadline (and a second): readiness.send keeps its deadline, this holds even if it
         # did not (a name that does not resolve). The pool is not waited for on the way
         # out; a request still running answers nobody.
         pool = ThreadPoolExecutor(max_workers=2 * len(self.supervisors),
@@ -125,7 +124,7 @@ class ServiceWatch:
 
     def _entry(self, supervisor: Supervisor, snap: Snapshot, now: float) -> dict[str, Any]:
         service = supervisor.service
-        variant = supervisor.snapshot().state.active
+        variant = supervisor.view().state.active
         entry: dict[str, Any] = {"variant": variant}
         try:
             tree = processes.tree(service, variant, TREE_DEADLINE_S)
@@ -206,11 +205,11 @@ def _health_answers(supervisor: Supervisor) -> bool | None:
     cfg = supervisor.service.probe
     if cfg.request is not None or cfg.http is None:
         return None
-    st = supervisor.snapshot().state
+    st = supervisor.view().state
     if not supervisor.settled.is_set() or st.transition is not None:
         return None
     url = cfg.http if isinstance(cfg.http, str) else cfg.http.get(st.active)
-    return None if url is None else probe.http_ready(url, cfg.status, HEALTH_TIMEOUT_S)
+    return None if url is None else readiness.http_ready(url, cfg.status, HEALTH_TIMEOUT_S)
 
 
 def _inference(supervisor: Supervisor) -> dict[str, Any] | None:
@@ -218,7 +217,7 @@ def _inference(supervisor: Supervisor) -> dict[str, Any] | None:
     cfg = supervisor.service.probe
     if cfg.request is None or cfg.http is None:
         return None
-    st = supervisor.snapshot().state
+    st = supervisor.view().state
     if not supervisor.settled.is_set() or st.transition is not None:
         # starting up or moving: a failed request now says nothing about the service
         # (its result is unknown: it neither counts towards failover nor resets)
@@ -227,6 +226,6 @@ def _inference(supervisor: Supervisor) -> dict[str, Any] | None:
     url = cfg.http if isinstance(cfg.http, str) else cfg.http.get(variant)
     if url is None:
         return None
-    answer = probe.send(url, cfg.status, cfg.request)
+    answer = readiness.send(url, cfg.status, cfg.request)
     return {"ok": answer.ok, "latency_s": round(answer.latency_s, 4), "status": answer.status,
             "error": answer.error, "timed_out": answer.timed_out, "url": url}

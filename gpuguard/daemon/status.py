@@ -47,7 +47,7 @@ def line(last: Snapshot | None, store: LatestResults, supervisors: list[Supervis
     reason = store.stale_reason()
     text += f" (results stale: {reason})" if reason else ""
     for supervisor in supervisors:
-        snap = supervisor.snapshot()
+        snap = supervisor.view()
         moving = f", moving to {snap.state.transition.to}" if snap.state.transition else ""
         text += f"; {snap.service} on {snap.state.active.upper()}{moving}"
     return text

@@ -18,6 +18,7 @@ from gpuguard.events.escalation import apply_history
 from gpuguard.events.recording import kernel_log_xids, rule_transitions
 from gpuguard.events.store import Event, StoreUnreadable
 from gpuguard.events.writer import EventWriter
+from gpuguard.io.clock import utc
 from gpuguard.io.paths import Paths
 from gpuguard.judge.actions import of_xid
 from gpuguard.judge.xids import grade
@@ -135,7 +136,7 @@ def _table_row(e: Event, width: int) -> list[str]:
 def _when(t: object) -> str:
     if not isinstance(t, int | float):
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+    return utc(t, suffix=False)  # under a column that says UTC
 
 
 def record_ack(state_dir: Path, paths: Paths, kmsg: Path | None, rule: str, gpu: str | None,

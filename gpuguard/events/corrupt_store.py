@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import time
 from pathlib import Path
+
+from gpuguard.io.clock import utc_stamp
 
 # Corrupt stores moved aside (events.db.corrupt-<time>) kept for a post-mortem, newest first
 CORRUPT_KEPT = 3
@@ -16,7 +17,7 @@ CORRUPT_KEPT = 3
 def move_aside(path: Path) -> Path | None:
     """A corrupt store keeps its bytes for a post-mortem, out of the way; only the newest
     CORRUPT_KEPT copies stay (a failing disk corrupts again and again: up to 64 MiB each)."""
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    stamp = utc_stamp()
     aside = path.with_name(f"{path.name}.corrupt-{stamp}")
     try:
         os.replace(path, aside)

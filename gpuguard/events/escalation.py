@@ -25,6 +25,7 @@ import sqlite3
 import time
 from typing import Any
 
+from gpuguard.io.clock import utc
 from gpuguard.judge.actions import FAILING, Action, with_action
 from gpuguard.model.identity import GpuId, finding_key, stored
 from gpuguard.model.results import Result, Status
@@ -53,7 +54,7 @@ def apply_history(results: list[Result], conn: sqlite3.Connection, boot_id: str 
 
 
 def _when(t: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
+    return utc(t)
 
 
 def _escalate(r: Result, conn: sqlite3.Connection, boot_id: str | None, ruleset: RuleSet,

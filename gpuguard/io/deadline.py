@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpuguard.io.clock import utc
+
 
 class DeadlineExceeded(Exception):
     pass
@@ -35,7 +37,7 @@ def call_all(calls: dict[str, Callable[[], Any]], timeout_s: float
         with _lock:
             held = _stuck.get(key)
             if held is not None and held[0].is_alive():
-                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held[1]))
+                since = utc(held[1])
                 results[key] = DeadlineExceeded(f"the call made at {since} has still not "
                                                 "returned")
                 continue

@@ -174,12 +174,12 @@ class Probe:
     # a command whose exit 0 means ready (one for both variants, or {gpu: [...], cpu: [...]})
     exec: list[str] | dict[str, list[str]] | None = None
     timeout: float = 60.0
-    # a real request (probe.Request); None: `http` is a plain health URL
-    request: Request | None = None
+    # a real request (probe.InferenceRequest); None: `http` is a plain health URL
+    request: InferenceRequest | None = None
 
 
 @dataclass(frozen=True)
-class Request:
+class InferenceRequest:
     """An inference request the probe sends: ready only when it answers `status` with a
     JSON document that has `json_path` (dots; numbers index lists)."""
 
@@ -281,7 +281,7 @@ def _service(path: Path, spec: ServiceSpec, entry: Mapping) -> Service:
     )
 
 
-def _request(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> Request | None:
+def _request(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> InferenceRequest | None:
     """The probe's request, when any of its keys is set; checks across its keys."""
     probe = spec.probe
     if not _asks_for_a_request(probe):
@@ -295,7 +295,7 @@ def _request(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> Requ
     if body is not None and not any(k.lower() == "content-type" for k in headers):
         headers["Content-Type"] = "application/json"
     method = probe.method or ("POST" if body is not None else "GET")
-    return Request(method, body, headers, probe.json_path, probe.request_timeout)
+    return InferenceRequest(method, body, headers, probe.json_path, probe.request_timeout)
 
 
 def _asks_for_a_request(probe: ProbeSpec) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.supervisor.config import Request
+from gpuguard.supervisor.config import InferenceRequest
 
 # An answer longer than this is not a one-token completion: read no further.
 MAX_BODY = 1024 * 1024
@@ -65,7 +65,7 @@ class Answer:
     timed_out: bool = False
 
 
-def send(url: str, status: int, request: Request) -> Answer:
+def send(url: str, status: int, request: InferenceRequest) -> Answer:
     """Send the request; ok when it answers `status` within its deadline with a JSON body
     (read up to MAX_BODY) that has `json_path`. Never raises, and returns within about
     `request.timeout` whatever the server does: the socket is shut down at the deadline,
@@ -101,7 +101,7 @@ def send(url: str, status: int, request: Request) -> Answer:
     return Answer(True, latency, code)
 
 
-def _exchange(url: str, request: Request, end: float, cut: threading.Event
+def _exchange(url: str, request: InferenceRequest, end: float, cut: threading.Event
               ) -> tuple[int, bytes]:
     """The status and body (at most MAX_BODY) of one request. The socket's own timeout
     bounds each read only; a timer shuts the socket down at `end` and sets `cut`, which

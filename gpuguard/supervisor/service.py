@@ -50,7 +50,7 @@ ActiveCheck = Callable[[list[int] | None], tuple[bool, str]]
 
 
 @dataclass
-class Snapshot:
+class ServiceView:
     """What the metrics and `failover status` show of a service."""
 
     service: str
@@ -100,9 +100,9 @@ class Supervisor:
         self._stop.set()
         self._queue.put(("stop",))
 
-    def snapshot(self) -> Snapshot:
+    def view(self) -> ServiceView:
         with self._lock:
-            return Snapshot(self.service.name, state.ServiceState(**vars(self.state)),
+            return ServiceView(self.service.name, state.ServiceState(**vars(self.state)),
                             self.corrupt_file)
 
     # --- the loop ------------------------------------------------------------------
@@ -192,7 +192,7 @@ class Supervisor:
     def handle_cycle(self, results: list[Result], now: float) -> None:
         svc = self.service
         result, why = policy.outcome(results, svc.rules, self.tagged, svc.gpus, svc.name,
-                                     active=self.snapshot().state.active)
+                                     active=self.view().state.active)
         with self._lock:
             st = self.state
             counts, action = policy.decide(

@@ -23,6 +23,7 @@ from pathlib import Path
 import msgspec
 
 from gpuguard.io.atomic import write_text
+from gpuguard.io.clock import utc
 
 # A state file is a few hundred bytes; a request less. Anything bigger is not ours.
 MAX_FILE_BYTES = 64 * 1024
@@ -86,7 +87,7 @@ class NoSuchService(Exception):
 
 
 @dataclass
-class Request:
+class MoveRequest:
     """`gpuguard failover to`: move the service to `to`."""
 
     to: str
@@ -195,7 +196,7 @@ def move_done(state_dir: Path, service: str, to: str) -> bool:
     return current is not None and current.active == to and current.transition is None
 
 
-def take_request(state_dir: Path, service: str) -> Request | None:
+def take_request(state_dir: Path, service: str) -> MoveRequest | None:
     """The pending request, consumed; None when there is none. A request path that is not
     a small regular file of ours, or not a valid request, is moved aside and BadRequest
     raised: it is never read twice, and never blocks (a FIFO) or fills memory."""
@@ -216,7 +217,7 @@ def take_request(state_dir: Path, service: str) -> Request | None:
         raise _reject(path, 'not a request ({"to": "gpu" or "cpu", "reason": text})')
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    return Request(str(to), (reason or "manual")[:MAX_REASON_CHARS])
+    return MoveRequest(str(to), (reason or "manual")[:MAX_REASON_CHARS])
 
 
 def _check_trusted(path: Path, info: os.stat_result) -> None:
@@ -292,7 +293,7 @@ def describe(service: str, st: ServiceState) -> list[str]:
 
 def _when(stamp: float) -> str:
     try:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+        return utc(stamp)
     except (OverflowError, OSError, ValueError):
         return f"{stamp!r} (not a time)"
 

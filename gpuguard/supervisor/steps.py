@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuguard.supervisor import readiness as probe
-from gpuguard.supervisor import router
+from gpuguard.supervisor import readiness, router
 from gpuguard.supervisor.backends import Backend, BackendError
 from gpuguard.supervisor.config import Service
 
@@ -83,7 +82,7 @@ def wait_ready(service: Service, backend: Backend, variant: str) -> None:
         command = cfg.exec if isinstance(cfg.exec, list) else cfg.exec[variant]
 
         def check() -> bool:
-            return probe.command_ready(command)
+            return readiness.command_ready(command)
     else:
         url = cfg.http if isinstance(cfg.http, str) else (cfg.http or {}).get(variant)
         request = cfg.request
@@ -91,7 +90,7 @@ def wait_ready(service: Service, backend: Backend, variant: str) -> None:
         def check() -> bool:
             # a real request: ready only when inference answers, not just /health
             if request is not None:
-                return probe.send(str(url), cfg.status, request).ok
-            return probe.http_ready(str(url), cfg.status)
-    if not probe.wait(check, cfg.timeout):
+                return readiness.send(str(url), cfg.status, request).ok
+            return readiness.http_ready(str(url), cfg.status)
+    if not readiness.wait(check, cfg.timeout):
         raise NotReady(f"the {variant} variant was not ready within {cfg.timeout:g} s")

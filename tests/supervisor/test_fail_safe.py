@@ -171,12 +171,12 @@ def test_a_bad_request_path_never_stops_the_cycles(quiet_service, kind):
         try:
             for _ in range(3):
                 supervisor.on_cycle(BAD)
-            assert wait(lambda: supervisor.snapshot().state.failed_cycles == 3, 10), \
-                supervisor.snapshot()
+            assert wait(lambda: supervisor.view().state.failed_cycles == 3, 10), \
+                supervisor.view()
             time.sleep(1.2)  # two more idle turns of the loop: still logged only once
         finally:
             supervisor.stop()
-    assert supervisor.snapshot().state.active == "gpu"  # nothing it said was done
+    assert supervisor.view().state.active == "gpu"  # nothing it said was done
     assert not os.path.lexists(path)
     assert len(list(state_dir.glob(f"{path.name}.rejected-*"))) == 1
     rejected = [e for e in logs if e["event"] == "failover_request_rejected"]
@@ -193,4 +193,4 @@ def test_a_good_request_still_moves_the_service(quiet_service):
         assert wait(lambda: state.move_done(state_dir, service.name, "cpu"), 10)
     finally:
         supervisor.stop()
-    assert supervisor.snapshot().state.reason == "manual: driver upgrade"
+    assert supervisor.view().state.reason == "manual: driver upgrade"

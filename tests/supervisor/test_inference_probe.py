@@ -1,5 +1,5 @@
 """The probe as a real inference request: its config keys (file:line errors) and
-probe.send against real HTTP servers on loopback (status, JSON path, size and time bounds)."""
+readiness.send against real HTTP servers on loopback (status, JSON path, size and time bounds)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import pytest
 
 from gpuguard.config.yamlfile import ConfigError
-from gpuguard.supervisor import readiness as probe
-from gpuguard.supervisor.config import Request, load_services
+from gpuguard.supervisor import readiness
+from gpuguard.supervisor.config import InferenceRequest, load_services
 
 SERVICE = """\
 services:
@@ -86,7 +86,7 @@ def test_bad_request_keys_are_file_line_errors(tmp_path: Path, lines: str,
         load(tmp_path, lines)
 
 
-# --- probe.send against real servers --------------------------------------------------
+# --- readiness.send against real servers --------------------------------------------------
 
 class Handler(BaseHTTPRequestHandler):
     # what the test's server answers: (status, body bytes, seconds to wait first)
@@ -127,7 +127,7 @@ def server() -> Iterator[str]:
     httpd.server_close()
 
 
-REQUEST = Request("POST", b'{"prompt": "hi"}', {"Content-Type": "application/json"},
+REQUEST = InferenceRequest("POST", b'{"prompt": "hi"}', {"Content-Type": "application/json"},
                   "choices.0.text", 2.0)
 
 
@@ -138,7 +138,7 @@ def answer(status: int, doc: Any, wait: float = 0.0) -> None:
 
 def test_send_ok_when_status_and_path_match(server: str) -> None:
     answer(200, {"choices": [{"text": ""}]})  # an empty text is present
-    result = probe.send(server, 200, REQUEST)
+    result = readiness.send(server, 200, REQUEST)
     assert result.ok and result.status == 200 and result.error is None
     assert 0 < result.latency_s < 2
     assert Handler.seen == [("POST", b'{"prompt": "hi"}', "application/json")]
@@ -146,38 +146,38 @@ def test_send_ok_when_status_and_path_match(server: str) -> None:
 
 def test_send_fails_on_another_status(server: str) -> None:
     answer(500, {"error": "CUDA error"})
-    result = probe.send(server, 200, REQUEST)
+    result = readiness.send(server, 200, REQUEST)
     assert not result.ok and result.status == 500 and not result.timed_out
     assert result.error == "answered 500, expected 200"
 
 
 def test_send_fails_when_the_path_is_missing(server: str) -> None:
     answer(200, {"choices": []})
-    result = probe.send(server, 200, REQUEST)
+    result = readiness.send(server, 200, REQUEST)
     assert not result.ok and result.error == "the answer has no choices.0"
     answer(200, {"choices": [{"message": "x"}]})
-    assert probe.send(server, 200, REQUEST).error == "the answer has no choices.0.text"
+    assert readiness.send(server, 200, REQUEST).error == "the answer has no choices.0.text"
     answer(200, b"<html>ok</html>")
-    assert probe.send(server, 200, REQUEST).error.startswith("the answer is not JSON")
+    assert readiness.send(server, 200, REQUEST).error.startswith("the answer is not JSON")
 
 
 def test_send_without_a_path_needs_only_the_status(server: str) -> None:
     answer(200, b"not json")
-    assert probe.send(server, 200, Request("GET", None, {}, None, 2.0)).ok
+    assert readiness.send(server, 200, InferenceRequest("GET", None, {}, None, 2.0)).ok
 
 
 def test_send_reads_at_most_a_mebibyte(server: str) -> None:
-    answer(200, b" " * (probe.MAX_BODY + 1))
-    result = probe.send(server, 200, REQUEST)
+    answer(200, b" " * (readiness.MAX_BODY + 1))
+    result = readiness.send(server, 200, REQUEST)
     assert not result.ok and "larger than 1024 KiB" in str(result.error)
-    answer(200, json.dumps({"choices": [{"text": "x"}]}).encode().ljust(probe.MAX_BODY))
-    assert probe.send(server, 200, REQUEST).ok
+    answer(200, json.dumps({"choices": [{"text": "x"}]}).encode().ljust(readiness.MAX_BODY))
+    assert readiness.send(server, 200, REQUEST).ok
 
 
 def test_send_gives_up_at_its_deadline(server: str) -> None:
     answer(200, {"choices": [{"text": "x"}]}, wait=5.0)
     started = time.monotonic()
-    result = probe.send(server, 200, Request("POST", b"{}", {}, "choices", 0.5))
+    result = readiness.send(server, 200, InferenceRequest("POST", b"{}", {}, "choices", 0.5))
     assert not result.ok and result.timed_out and "timed out" in str(result.error)
     assert time.monotonic() - started < 3  # does not hang: well below the server's 5 s
 
@@ -216,16 +216,16 @@ def test_send_has_one_deadline_for_the_whole_answer(head: bytes) -> None:
     """Every read is shorter than the 1 s request_timeout, so only a deadline over the
     whole exchange stops the request: it ends near 1 s, timed out, not failed."""
     url, stop = _trickle(head)
-    result: list[probe.Answer] = []
+    result: list[readiness.Answer] = []
     thread = threading.Thread(
-        target=lambda: result.append(probe.send(url, 200, Request("POST", b"{}", {},
+        target=lambda: result.append(readiness.send(url, 200, InferenceRequest("POST", b"{}", {},
                                                                   "choices", 1.0))),
         daemon=True)
     started = time.monotonic()
     thread.start()
     thread.join(10)
     stop.set()
-    assert result, "probe.send still reading after 10 s with request_timeout 1 s"
+    assert result, "readiness.send still reading after 10 s with request_timeout 1 s"
     assert time.monotonic() - started < 5  # does not hang
     [answer] = result
     assert not answer.ok and answer.timed_out and "timed out" in str(answer.error)
@@ -237,14 +237,14 @@ def test_send_to_nothing_fails() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    result = probe.send(f"http://127.0.0.1:{port}/", 200, REQUEST)
+    result = readiness.send(f"http://127.0.0.1:{port}/", 200, REQUEST)
     assert not result.ok and not result.timed_out and "refused" in str(result.error)
 
 
 def test_send_to_a_bad_url_or_a_server_speaking_no_http_fails() -> None:
     import socket
 
-    assert probe.send("not a url", 200, REQUEST).ok is False
+    assert readiness.send("not a url", 200, REQUEST).ok is False
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen(1)
@@ -258,7 +258,7 @@ def test_send_to_a_bad_url_or_a_server_speaking_no_http_fails() -> None:
 
         thread = threading.Thread(target=garbage, daemon=True)
         thread.start()
-        result = probe.send(f"http://127.0.0.1:{port}/", 200, REQUEST)
+        result = readiness.send(f"http://127.0.0.1:{port}/", 200, REQUEST)
         thread.join(5)
     assert not result.ok and result.status is None and "BadStatusLine" in str(result.error)
 
@@ -311,7 +311,7 @@ def test_a_variant_whose_inference_fails_is_never_ready(tmp_path: Path) -> None:
         assert supervisor.state.active == "cpu" and supervisor.state.errors == 1
         # put back (started again: without a router both variants share nothing)
         cpu = f"http://127.0.0.1:{ports['cpu']}/v1/completions"
-        assert probe.wait(lambda: probe.send(cpu, 200, service.probe.request).ok, 10)
+        assert readiness.wait(lambda: readiness.send(cpu, 200, service.probe.request).ok, 10)
     finally:
         for v in ports:
             supervisor.backend.stop(v)

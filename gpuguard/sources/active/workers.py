@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from gpuguard.io import forked
+from gpuguard.io.clock import utc
 from gpuguard.model.pci import normalise_pci
 from gpuguard.sources.active import assemble, child
 from gpuguard.sources.active.plan import (
@@ -57,7 +58,7 @@ class ActiveProbe:
             if killed is not None:
                 pid, when, where = killed
                 self.stuck[gpu.index] = (
-                    f"its worker of {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))} "
+                    f"its worker of {utc(when)} "
                     f"(pid {pid}, killed at the deadline in {where or 'its start'}) is still "
                     "stuck in the driver; no new one is started until it is gone")
             elif reason is None:
