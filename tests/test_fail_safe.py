@@ -184,3 +184,16 @@ def test_each_source_reports_its_own_success(tmp_path, fake_env, host_args):
     assert 'gpuguard_source_success{source="nvml"} 1.0' in lines
     assert any(line.startswith('gpuguard_source_duration_seconds{source="nvml"}')
                for line in lines)
+
+
+def test_a_replay_that_counts_gpus_it_does_not_list_never_passes(tmp_path):
+    """gpu_count 2 and no GPU listed (issue 20): the input is inconsistent, never exit 0."""
+    raw = json.loads(LIVE.read_text())
+    raw["host"]["gpu_count"] = 2
+    raw["gpus"] = []
+    snap = tmp_path / "two-counted-none-listed.json"
+    snap.write_text(json.dumps(raw))
+    proc = gpuguard("check", "--format", "json", "--input", str(snap))
+    assert proc.returncode == 3, proc.stdout
+    count = results_of(proc)[("gpu.count", None)]
+    assert count["status"] == "unknown" and "inconsistent" in count["message"]

@@ -13,6 +13,12 @@ from gpuguard.model.snapshot import GpuSnapshot
 @host_check("gpu.count")
 def count(ctx: CheckContext) -> Finding:
     seen = ctx.snapshot.host.gpu_count.get()
+    listed = len(ctx.snapshot.gpus)
+    if listed != seen:
+        # The driver's count and the GPUs listed disagree: a live sweep lists every GPU it
+        # counted (unknown ones included), so this is an inconsistent input, not a count.
+        return unknown(f"the driver counts {seen} GPU(s) but {listed} are listed: the "
+                       "input is inconsistent", gpu_count=seen, listed=listed)
     expected = ctx.profile.gpu_count
     if expected is None:
         if seen == 0:
@@ -43,8 +49,9 @@ def identity(ctx: CheckContext) -> Finding:
         return ok("no GPU to compare")
     if clashes:
         return ctx.fail("; ".join(clashes), clashes=clashes)
+    # an empty UUID or address is no identity: it cannot show the GPUs apart either
     unread = [str(gpu.index) for gpu in ctx.snapshot.gpus
-              if not (gpu.uuid.is_ok and gpu.pci_bus_id.is_ok)]
+              if not (gpu.uuid.get_or("") and gpu.pci_bus_id.get_or(""))]
     nvml = ctx.snapshot.nvml
     if unread or nvml.hung_call or nvml.sweep_error:
         # An identity not read this time (or kept from the last sweep for a GPU that did

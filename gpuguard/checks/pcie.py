@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuguard.checks import not_probed, probe_floor
-from gpuguard.judge.registry import CheckContext, Finding, gpu_check, ok, warning
+from gpuguard.judge.registry import CheckContext, Finding, gpu_check, ok, unknown, warning
 from gpuguard.model.samples import Sample, growth
 from gpuguard.model.snapshot import GpuSnapshot
 
@@ -23,6 +23,9 @@ def link_width(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     current, maximum = gpu.pcie_link_width_current.get(), gpu.pcie_link_width_max.get()
     observed = {"current": current, "max": maximum,
                 "utilization_percent": gpu.utilization_gpu_percent.get()}
+    if current == 0:
+        # no lanes: not a link narrowed to save power; what it is cannot be told from here
+        return unknown(f"the link reports x0 of x{maximum}: no width to judge", **observed)
     if current >= maximum:
         return ok(f"x{current} of x{maximum}", **observed)
     if not _busy(gpu, ctx):

@@ -51,16 +51,20 @@ def test_lost_says_what_it_saw(h200, run_rule):
     assert run_rule("gpu.lost", h200)[0].observed == {"gpu_lost": True}
 
 
-def test_empty_identities_are_not_a_clash_and_no_gpu_is_ok(h200, run_rule):
+def test_empty_identities_are_not_a_clash_nor_distinct_and_no_gpu_is_ok(h200, run_rule):
     from gpuguard.model.snapshot import Reading
     from tests.conftest import with_gpus
 
     snap = with_gpus(h200, ["00000000:3B:00.0", "00000000:86:00.0"])
     for gpu in snap.gpus:
         gpu.uuid = Reading.ok("")
-        gpu.__post_init__()
     [result] = run_rule("gpu.identity", snap)
-    assert result.status is Status.OK
+    # every UUID empty (issue 20): no clash to report, and nothing that tells them apart
+    assert result.status is Status.UNKNOWN and result.observed["unread"] == ["0", "1"]
+    snap.gpus[0].uuid = Reading.ok("GPU-a")
+    snap.gpus[1].uuid = Reading.ok("GPU-b")
+    snap.gpus[1].pci_bus_id = Reading.ok("")
+    assert run_rule("gpu.identity", snap)[0].status is Status.UNKNOWN
     snap.gpus = []
     [result] = run_rule("gpu.identity", snap)
     assert result.status is Status.OK and result.message == "no GPU to compare"
@@ -132,3 +136,17 @@ def test_gpu_compute_ok_reports_no_mismatch(h200, run_rule):
     from tests.checks.probed import probed
 
     assert run_rule("gpu.compute", probed(h200))[0].observed["mismatches"] == 0
+
+
+def test_a_count_the_listed_gpus_do_not_match_is_unknown_never_ok(h200, run_rule):
+    """A replay that says gpu_count 2 and lists no GPU (issue 20): inconsistent input."""
+    from gpuguard.model.snapshot import Reading
+
+    h200.host.gpu_count = Reading.ok(2)
+    [result] = run_rule("gpu.count", h200)
+    assert result.status is Status.UNKNOWN and "counts 2 GPU(s) but 1 are listed" in \
+        result.message
+    h200.gpus = []
+    assert run_rule("gpu.count", h200)[0].status is Status.UNKNOWN
+    h200.host.gpu_count = Reading.ok(0)
+    assert run_rule("gpu.count", h200)[0].status is Status.CRITICAL  # no GPU, consistently

@@ -315,3 +315,14 @@ def test_pcie_bandwidth_floor_of_each_generation(h200, run_rule, gen, floor):
     set_gpu(h200, pcie_link_gen_current=gen)
     [result] = run_rule("pcie.bandwidth", h200)
     assert result.observed["floor_gbps"] == floor, result.observed
+
+
+def test_a_width_of_zero_is_unknown_not_idle(h200, run_rule):
+    """x0 is no lane at all (issue 20): not a link narrowed to save power, never ok."""
+    set_gpu(h200, pcie_link_width_current=0, utilization_gpu_percent=0)
+    [result] = run_rule("pcie.link_width", h200)
+    assert result.status is Status.UNKNOWN and "x0 of x16" in result.message
+    set_gpu(h200, utilization_gpu_percent=100)
+    assert run_rule("pcie.link_width", h200)[0].status is Status.UNKNOWN
+    set_gpu(h200, pcie_link_width_current=1, utilization_gpu_percent=0)
+    assert run_rule("pcie.link_width", h200)[0].status is Status.OK  # idle x1: not judged
