@@ -143,6 +143,14 @@ def test_profile_overrides_apply_last(tmp_path, h200):
          "unknown threshold 'max_replay' (this rule has: max_replays)"),
         ("overrides:\n  pcie.replays:\n    thresholds:\n      max_replays: lots\n", 4,
          "must be a number"),
+        # .nan passes a type check and then silently disables the warning (issue 20)
+        ("overrides:\n  thermal.margin:\n    thresholds:\n      warn_margin_c: .nan\n", 4,
+         "threshold 'warn_margin_c' must be a finite number, not nan"),
+        ("overrides:\n  pcie.replays:\n    thresholds:\n      max_replays: .inf\n", 4,
+         "must be a finite number, not inf"),
+        ("rules:\n  - id: site.x\n    scope: gpu\n    severity: warning\n    summary: s\n"
+         "    when: 'index > 0'\n    message: m\n    thresholds: {x: .nan}\n", 8,
+         "threshold 'x' must be a finite number"),
         ("overrides:\n  pcie.nope: {enabled: false}\n", 2, "override for unknown rule"),
         ("overrides:\n  pcie.replays: {enabled: maybe}\n", 2, "enabled must be true or false"),
         ("rules:\n  - id: site.x\n    scope: gpu\n    scope: host\n", 4, "duplicate key 'scope'"),

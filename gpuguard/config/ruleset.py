@@ -9,6 +9,7 @@ raises ConfigError naming the file and the line, before a single rule runs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,6 +165,9 @@ def _rule(path: Path, spec: RuleSpec, entry: Mapping, default_pack: bool) -> Rul
     if condition is not None and given(spec.message) is None:
         raise ConfigError(path, entry.line, f"{rule_id}: a `when:` rule needs a `message`")
 
+    for key, value in spec.thresholds.items():
+        if (problem_text := _not_finite(rule_id, key, value)) is not None:
+            raise fail("thresholds", problem_text)
     rule = Rule(
         id=rule_id,
         scope=spec.scope,
@@ -269,11 +273,23 @@ def _override_thresholds(rule: Rule, path: Path, new: dict[str, Any], raw: Mappi
             raise ConfigError(path, line,
                               f"{rule.id}: unknown threshold {key!r} (this rule has: {known})")
         old = rule.thresholds[key]
+        if (problem := _not_finite(rule.id, key, value)) is not None:
+            raise ConfigError(path, line, problem)
         if not _same_kind(old, value):
             raise ConfigError(path, line,
                               f"{rule.id}: threshold {key!r} must be {_kind(old)}, "
                               f"not {short(value)}")
         rule.thresholds[key] = value
+
+
+def _not_finite(rule_id: str, key: str, value: Any) -> str | None:
+    """A threshold of .nan or .inf passes a type check and then no comparison ever fires:
+    a warning silently disabled. Refused, as any bad value is (`file:line`)."""
+    values = value if isinstance(value, list) else [value]
+    for item in values:
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{rule_id}: threshold {key!r} must be a finite number, not {item}"
+    return None
 
 
 def _kind(value: Any) -> str:
