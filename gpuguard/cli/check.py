@@ -118,8 +118,10 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     waiting = time.monotonic()
     snapshot = collection.result()
     if active is not None:
+        from gpuguard.io.paths import state_dir_or_default
+
         _active_probe(snapshot, profile, active == "force", active_deadline,
-                      active_buffer_mib, active_pattern_mib, early)
+                      active_buffer_mib, active_pattern_mib, early, state_dir_or_default(state_dir))
     gathered = time.monotonic()
     results = evaluate(snapshot, ruleset, profile, only, skip)
     results, notes = _history(results, snapshot, ruleset, paths, input_path, state_dir, record)
@@ -226,13 +228,15 @@ def _early_probe(procfs: Path) -> EarlyStart:
 
 def _active_probe(snapshot: Snapshot, profile: Profile, force: bool, deadline_s: float | None,
                   buffer_mib: int | None, pattern_mib: int | None,
-                  early: EarlyStart | None) -> None:
+                  early: EarlyStart | None, state_dir: Path) -> None:
     """The active probe on the GPUs the NVML sweep found (it needs their bus ids and how
-    busy they are): its results become the snapshot's probe_* readings."""
-    from gpuguard.sources.active.plan import options
+    busy they are): its results become the snapshot's probe_* readings. One probe per
+    host at a time: the lock is in the state dir, shared with the daemon's probe."""
+    from gpuguard.sources.active.plan import LOCK_FILE, options
     from gpuguard.sources.active.workers import ActiveProbe
 
     opts = options(profile.probe_settings, force, deadline_s, buffer_mib, pattern_mib)
+    opts.lock_path = str(state_dir / LOCK_FILE)
     ActiveProbe(snapshot, opts, early).finish(snapshot)
 
 

@@ -12,7 +12,8 @@
  *   FAKE_CUDA_INIT_ERROR=code      cuInit returns this CUresult (802, 999, 3, ...)
  *   FAKE_CUDA_CTX_ERROR=code       cuDevicePrimaryCtxRetain returns this CUresult
  *   FAKE_CUDA_LAUNCH_ERROR=code    cuLaunchKernel returns this CUresult
- *   FAKE_CUDA_HANG=name            this function never returns (a wedged GPU)
+ *   FAKE_CUDA_HANG=name            this function never returns (a wedged GPU); every
+ *                                  call the probe makes can hang, the releases included
  *   FAKE_CUDA_CRASH=name           this function raises SIGSEGV (a driver bug)
  *   FAKE_CUDA_FAULT_GPU=i          HANG, CRASH, CORRUPT, SLOW and LAUNCH_ERROR apply only
  *                                  to GPU i
@@ -105,7 +106,10 @@ CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) {
 }
 
 CUresult cuDevicePrimaryCtxRelease_v2(int dev) {
-    (void)dev;
+    fake_ctx *saved = current;
+    current = &contexts[dev];
+    faults("cuDevicePrimaryCtxRelease_v2");
+    current = saved;
     log_line("give", "context");
     return 0;
 }
@@ -130,12 +134,14 @@ CUresult cuMemAlloc_v2(uint64_t *ptr, size_t size) {
 }
 
 CUresult cuMemFree_v2(uint64_t ptr) {
+    faults("cuMemFree_v2");
     free((void *)(uintptr_t)ptr);
     log_line("give", "device");
     return 0;
 }
 
 CUresult cuMemAllocHost_v2(void **ptr, size_t size) {
+    faults("cuMemAllocHost_v2");
     *ptr = malloc(size);
     if (!*ptr) return 2;
     log_line("take", "host");
@@ -143,6 +149,7 @@ CUresult cuMemAllocHost_v2(void **ptr, size_t size) {
 }
 
 CUresult cuMemFreeHost(void *ptr) {
+    faults("cuMemFreeHost");
     free(ptr);
     log_line("give", "host");
     return 0;
@@ -197,6 +204,7 @@ CUresult cuCtxEnablePeerAccess(void *peer, unsigned int flags) {
 
 CUresult cuCtxDisablePeerAccess(void *peer) {
     (void)peer;
+    faults("cuCtxDisablePeerAccess");
     return 0;
 }
 
@@ -212,6 +220,7 @@ CUresult cuModuleLoadData(void **module, const void *image) {
 
 CUresult cuModuleUnload(void *module) {
     (void)module;
+    faults("cuModuleUnload");
     log_line("give", "module");
     return 0;
 }
@@ -256,6 +265,7 @@ CUresult cuEventCreate(void **event, unsigned int flags) {
 }
 
 CUresult cuEventDestroy_v2(void *event) {
+    faults("cuEventDestroy_v2");
     free(event);
     log_line("give", "event");
     return 0;

@@ -101,7 +101,30 @@ def test_a_hang_in_one_gpu_keeps_the_others_results_and_names_the_call(probe):
     hung = results[("pcie.bandwidth", 1)]
     assert hung["status"] == "unknown"
     assert "cuMemcpyHtoD_v2" in hung["message"] and "phase pcie" in hung["message"]
-    assert results[("gpu.compute", 1)]["status"] == "ok"  # measured before the hang
+    # measured before the hang, but a GPU whose worker hung vouches for nothing (issue 20)
+    compute = results[("gpu.compute", 1)]
+    assert compute["status"] == "unknown" and "cuMemcpyHtoD_v2" in compute["message"]
+
+
+@pytest.mark.parametrize("call", ["cuMemFree_v2", "cuDevicePrimaryCtxRelease_v2",
+                                  "cuEventDestroy_v2", "cuMemFreeHost", "cuModuleUnload"])
+def test_a_hang_while_releasing_is_unknown_naming_the_call_never_ok(probe, call):
+    """Issue 20: a worker that hung releasing its memory or context used to report every
+    rule ok once the deadline passed. Now its GPU's rules are unknown, naming the call."""
+    began = time.monotonic()
+    code, results = probe("--active", *SMALL, "--active-deadline", "2",
+                          fake_cuda_hang=call, fake_cuda_fault_gpu=1)
+    assert time.monotonic() - began < 30
+    assert code == 3
+    for rule in ("gpu.compute", "memory.pattern", "memory.bandwidth", "pcie.bandwidth"):
+        hung = results[(rule, 1)]
+        assert hung["status"] == "unknown", (rule, hung)
+        assert call in hung["message"] and "phase release" in hung["message"], hung
+        if call != "cuDevicePrimaryCtxRelease_v2":
+            assert results[(rule, 0)]["status"] == "ok"
+    if call == "cuDevicePrimaryCtxRelease_v2":
+        # GPU 0 copies to GPU 1 and releases GPU 1's context after: it hangs there too
+        assert "phase peer" in results[("gpu.compute", 0)]["message"]
 
 
 def test_a_crash_in_libcuda_costs_only_its_gpu(probe):
@@ -351,3 +374,46 @@ def test_a_gpu_whose_last_worker_is_stuck_gets_no_new_one(h200):
         os.waitpid(stuck, 0)
     workers.reap_killed()
     assert key not in workers.KILLED  # gone: the next run may probe it again
+
+
+def test_one_probe_per_host_at_a_time_across_processes(fake_nvml, fake_cuda, tmp_path):
+    """Two `check --active` at once (issue 20) would share the links and each read low: the
+    second waits within its own deadline for the first, then says so, unknown."""
+    import os
+    import subprocess
+    import sys
+
+    host = own_host(tmp_path / "host")  # one state dir: one host
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}", "FAKE_NVML_GPUS": "2",
+           "FAKE_NVML_MEM_TOTAL_MIB": "1000", "FAKE_CUDA_LOG": str(tmp_path / "first.log"),
+           "FAKE_CUDA_HANG": "cuMemcpyHtoD_v2", "FAKE_CUDA_FAULT_GPU": "1"}
+    first = subprocess.Popen([sys.executable, "-m", "gpuguard", "check", *host, "--active",
+                              *SMALL, "--active-deadline", "12", "--format", "json"],
+                             env=env, cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        log = tmp_path / "first.log"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (log.exists() and "take context" in
+                                                   log.read_text()):
+            time.sleep(0.05)
+        second = gpuguard("check", *host, "--active", *SMALL, "--active-deadline", "2",
+                          "--format", "json", "--only", "gpu.compute",
+                          env={"LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}",
+                               "FAKE_NVML_GPUS": "2", "FAKE_NVML_MEM_TOTAL_MIB": "1000"})
+        assert first.poll() is None  # the first still holds the GPUs
+        results = json.loads(second.stdout)["results"]
+        assert {r["status"] for r in results} == {"unknown"}
+        assert all("another active probe holds the GPUs" in r["message"] for r in results)
+    finally:
+        out, _ = first.communicate(timeout=60)
+    # the first, alone, measured GPU 0 and names GPU 1's hang
+    statuses = {(r["rule"], r["gpu"]["index"]): r["status"] for r in json.loads(out)["results"]
+                if r["gpu"]}
+    assert statuses[("gpu.compute", 0)] == "ok" and statuses[("gpu.compute", 1)] == "unknown"
+    # and once it is done, a probe runs again
+    again = gpuguard("check", *host, "--active", *SMALL, "--format", "json", "--only",
+                     "gpu.compute", env={"LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}",
+                                         "FAKE_NVML_GPUS": "2",
+                                         "FAKE_NVML_MEM_TOTAL_MIB": "1000"})
+    assert {r["status"] for r in json.loads(again.stdout)["results"]} == {"ok"}

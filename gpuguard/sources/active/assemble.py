@@ -68,7 +68,8 @@ def readings(snapshot: Snapshot, opts: ProbeOptions, skipped: dict[int, str],
         pairs.update({(gpu.index, peer): msg for peer, msg in outcome.pairs.items()})
         why = _why_not(gpu.index, outcome, lines.get(gpu.index, []), opts, hung, endings,
                        stuck or {})
-        _fill(gpu, outcome, why, gpu.index in hung, elapsed_s)
+        # a worker that did not come to its end (hung, killed, crashed) vouches for nothing
+        _fill(gpu, outcome, why, gpu.index in hung or not outcome.ended, elapsed_s)
     _peer_readings(snapshot, ran, pairs, hung, endings)
 
 
@@ -90,13 +91,16 @@ def _why_not(index: int, outcome: Outcome, lines: list[dict[str, Any]],
     return "not measured"
 
 
-def _fill(gpu: Any, outcome: Outcome, why: str, hung: bool, elapsed_s: float) -> None:
+def _fill(gpu: Any, outcome: Outcome, why: str, unfinished: bool, elapsed_s: float) -> None:
     """The GPU's probe readings: each value measured, else an error saying why."""
     from gpuguard.model.snapshot import Reading
 
-    values = dict(outcome.values)
+    # A worker that hung anywhere, releasing its context or memory included, leaves a GPU
+    # in a state nobody can vouch for: what it measured before is not reported as ok.
+    values = {} if unfinished else dict(outcome.values)
     if "probe_compute" not in values and outcome.failure is not None and \
-            outcome.cuda_code is not None and outcome.cuda_code not in CANNOT_TELL and not hung:
+            outcome.cuda_code is not None and outcome.cuda_code not in CANNOT_TELL and \
+            not unfinished:
         # A CUDA error before or in the kernel is the answer: this GPU cannot compute.
         values["probe_compute"] = {"error": outcome.failure, "mismatches": None,
                                    "words": None}

@@ -28,6 +28,8 @@ REPEATS = 3
 MAX_EARLY = 64
 # CUresult codes that say the GPU could not be had, not that it is broken: unknown.
 CANNOT_TELL = (2, 46, 805)
+# The lock that keeps one probe per host at a time, in the state dir (host_lock.py).
+LOCK_FILE = "active-probe.lock"
 # The snapshot fields the probe fills for each GPU (gpuguard/model/snapshot.py).
 FIELDS = ("probe_compute", "probe_pattern", "probe_pcie", "probe_memory", "probe_peers")
 
@@ -42,6 +44,8 @@ class ProbeOptions:
     # than this, is left alone: the probe must never disturb a serving process.
     max_memory_percent: float = 10.0
     max_utilization_percent: float = 10.0
+    # One probe per host at a time (host_lock.py): the lock file in the state dir
+    lock_path: str | None = None
 
 
 def options(settings: dict[str, float], force: bool = False, deadline_s: float | None = None,

@@ -16,6 +16,7 @@ from gpuguard.io import forked
 from gpuguard.io.clock import utc
 from gpuguard.model.pci import normalise_pci
 from gpuguard.sources.active import assemble, child
+from gpuguard.sources.active.host_lock import HostLock
 from gpuguard.sources.active.plan import (
     FIELDS,
     MAX_EARLY,
@@ -67,6 +68,7 @@ class ActiveProbe:
             else:
                 self.skipped[gpu.index] = reason
         self._stopped: list[int] = []
+        self._host_lock = self._lock_the_host(opts)
         if early is None:
             early = EarlyStart(None)
         self._progress = early.progress
@@ -83,6 +85,8 @@ class ActiveProbe:
             def late(worker: ProbeWorker = worker, peers: list[tuple[int, str]] = peers) -> None:
                 os.close(early.read_fd)
                 early.close_go_ends()
+                if self._host_lock is not None:
+                    self._host_lock.close_in_child()
                 out = os.fdopen(early.write_fd, "w", buffering=1)
                 child.run(out, self._progress, worker, peers, opts, early.lock.fileno())
 
@@ -94,7 +98,30 @@ class ActiveProbe:
             self._read_fd = -1
             os.close(early.read_fd)
 
+    def _lock_the_host(self, opts: ProbeOptions) -> HostLock | None:
+        """Wait (within the deadline) for any other probe on this host to end; if it does
+        not, this one's GPUs are unknown, never measured beside another probe."""
+        if opts.lock_path is None or not self.workers:
+            return None
+        lock = HostLock(opts.lock_path)
+        held = lock.acquire(self.started + opts.deadline_s)
+        if held is False:
+            for worker in self.workers:
+                self.stuck[worker.index] = (
+                    f"another active probe holds the GPUs: waited {opts.deadline_s:g} s "
+                    f"for {opts.lock_path}")
+            self.workers = []
+            return None
+        return lock if held else None
+
     def finish(self, snapshot: Snapshot) -> None:
+        try:
+            self._finish(snapshot)
+        finally:
+            if self._host_lock is not None:
+                self._host_lock.release()
+
+    def _finish(self, snapshot: Snapshot) -> None:
         messages, finished = self._gather()
         ended = {m.get("gpu") for m in messages if m.get("t") == "end"}
         hung = {} if finished else {w.index: self._where(w) for w in self.workers
