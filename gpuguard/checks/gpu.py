@@ -4,14 +4,19 @@ each with an identity of its own."""
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from gpuguard.checks import not_probed
 from gpuguard.judge.registry import CheckContext, Finding, gpu_check, host_check, ok, unknown
+from gpuguard.model.derived import missing_gpu_name
 from gpuguard.model.snapshot import GpuSnapshot
 
 
 @host_check("gpu.count")
 def count(ctx: CheckContext) -> Finding:
+    missing = ctx.snapshot.host.gpus_missing
+    if missing.is_ok and missing.get():
+        return _gone(ctx, missing.get())
     seen = ctx.snapshot.host.gpu_count.get()
     listed = len(ctx.snapshot.gpus)
     if listed != seen:
@@ -28,6 +33,20 @@ def count(ctx: CheckContext) -> Finding:
         return ctx.fail(f"{seen} GPU(s) visible, the profile expects {expected}",
                         gpu_count=seen, expected=expected)
     return ok(f"{seen} GPU(s), as the profile expects", gpu_count=seen, expected=expected)
+
+
+def _gone(ctx: CheckContext, missing: list[dict[str, Any]]) -> Finding:
+    """GPUs the daemon saw since boot that NVML no longer lists (daemon/gpus_seen.py):
+    fallen off the bus, unbound or taken away. Named, and the indexes they had, so that
+    the supervisor moves only the services pinned to them."""
+    names = [missing_gpu_name(gpu) for gpu in missing]
+    indexes = [gpu["index"] for gpu in missing if isinstance(gpu.get("index"), int)]
+    seen, expected = len(ctx.snapshot.gpus), ctx.profile.gpu_count
+    against = f"; {seen} GPU(s) visible, the profile expects {expected}" \
+        if expected is not None and expected != seen else ""
+    return ctx.fail(f"{len(missing)} GPU(s) seen since boot are gone: {'; '.join(names)}"
+                    f"{against}", missing=missing, names=names, gpus=indexes,
+                    gpu_count=seen, expected=expected)
 
 
 @gpu_check("gpu.lost")

@@ -25,6 +25,7 @@ from gpuguard.config.ruleset import load_config
 from gpuguard.config.yamlfile import ConfigError
 from gpuguard.daemon import active, http, logs, notify, status, triggers
 from gpuguard.daemon.active import ProbeKeeper
+from gpuguard.daemon.gpus_seen import SeenGpus
 from gpuguard.daemon.latest import LatestResults
 from gpuguard.daemon.metrics import DaemonCollector, DaemonStats
 from gpuguard.daemon.recorder import EventRecorder, supervisor_event
@@ -40,7 +41,7 @@ from gpuguard.model.pci import normalise_pci
 from gpuguard.model.profile import Profile
 from gpuguard.model.rule import RuleSet
 from gpuguard.model.samples import Samples
-from gpuguard.model.snapshot import Snapshot
+from gpuguard.model.snapshot import Reading, Snapshot
 from gpuguard.sources import collect, nvml, replay
 from gpuguard.sources import host as host_sources
 from gpuguard.supervisor.config import load_services
@@ -75,6 +76,7 @@ class Daemon:
             if cfg.active_probe_interval > 0 and cfg.input_path is None else None
         self.recorder: EventRecorder | None = None
         self.service_watch = ServiceWatch([])
+        self.gpus_seen = SeenGpus(None, None)  # kept in the state dir once started
 
     # --- configuration -------------------------------------------------------------
 
@@ -185,6 +187,9 @@ class Daemon:
         # The slow cycle's host facts, and the kernel log read now (Xids cannot wait a minute).
         host_sources.collect_host(self._slow_facts, self.cfg.host, only=FAST_SOURCES)
         collect.finish(snap, self._slow_facts, self.cfg.host)
+        missing = self.gpus_seen.update(snap)
+        if missing is not None:
+            snap.host.gpus_missing = Reading.ok(missing)
         if self.probes is not None:
             self.probes.apply(snap, time.time())
         hung = snap.nvml.hung_call is not None
@@ -331,6 +336,7 @@ class Daemon:
             self.stats.last_reload_time = time.time()
         if self.cfg.input_path is None:
             self.sampler = NvmlSampler(procfs, self.on_nvml_xid)
+        self.gpus_seen = SeenGpus(state_dir, boot)
 
     def _registry(self) -> CollectorRegistry:
         registry = CollectorRegistry(auto_describe=False)

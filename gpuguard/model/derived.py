@@ -56,3 +56,10 @@ def aer_total(devices: list[dict[str, Any]], kind: str) -> int:
 def held_by(gpu: GpuSnapshot, pids: set[int]) -> list[Process]:
     """The GPU's compute processes that belong to the service (NVML reports host PIDs)."""
     return [p for p in gpu.compute_processes.get() if p.pid in pids]
+
+
+def missing_gpu_name(gpu: dict[str, Any]) -> str:
+    """How a GPU that went missing is named: in gpu.count's message and in the names an
+    ack of it covers (daemon/gpus_seen.py)."""
+    return f"GPU {gpu.get('index')} ({gpu.get('uuid') or 'no UUID'}, " \
+           f"{gpu.get('pci_bus_id') or 'no bus id'})"

@@ -204,6 +204,10 @@ class HostInfo(Validated):
     # starts there), inference {ok, timed_out, latency_s, ...}, ...} or {error}; absent when none
     # is configured (the service.* rules are skipped).
     services: Reading[dict[str, Any]] = reading_field(readings.mapping)
+    # The GPUs the daemon saw since boot that this sweep does not list (daemon only,
+    # gpuguard/daemon/gpus_seen.py): [{"uuid", "pci_bus_id", "index", "name"}]; absent in
+    # `check` and when NVML did not answer (which GPUs are there cannot be told then).
+    gpus_missing: Reading[list[dict[str, Any]]] = reading_field(readings.mapping_list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.hostname, str) or not isinstance(self.source, str):

@@ -68,8 +68,17 @@ def _counts_for_failover(rule: str, rules: list[str] | None, tagged: set[str]) -
 
 
 def _on_its_gpus(result: Result, gpus: list[int] | None) -> bool:
-    """A host result is every service's; a GPU's only of a service that uses that GPU."""
-    return gpus is None or result.gpu is None or result.gpu.index in gpus
+    """A host result is every service's, unless it names the GPUs it is about
+    (`observed["gpus"]`: gpu.count's missing GPUs); a GPU's only of a service that uses
+    that GPU."""
+    if gpus is None:
+        return True
+    if result.gpu is not None:
+        return result.gpu.index in gpus
+    about = result.observed.get("gpus")
+    if isinstance(about, list) and about:
+        return any(index in gpus for index in about)
+    return True
 
 
 def own_status(result: Result, service: str | None) -> Result | None:

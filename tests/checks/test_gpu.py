@@ -150,3 +150,19 @@ def test_a_count_the_listed_gpus_do_not_match_is_unknown_never_ok(h200, run_rule
     assert run_rule("gpu.count", h200)[0].status is Status.UNKNOWN
     h200.host.gpu_count = Reading.ok(0)
     assert run_rule("gpu.count", h200)[0].status is Status.CRITICAL  # no GPU, consistently
+
+
+def test_gpus_seen_since_boot_that_are_gone_are_critical_by_name(h200, run_rule):
+    """The daemon's memory of the GPUs it saw (issue 20): one gone is critical even with
+    the profile's count met (or no count), named so an ack and the supervisor can say
+    which; an empty list is no finding, and no reading (check, a sweep that could not
+    tell) leaves the count as it was."""
+    gone = {"uuid": "GPU-1", "pci_bus_id": "00000000:28:00.0", "index": 1, "name": "H200"}
+    assert run_rule("gpu.count", h200, Profile(gpu_count=1))[0].status is Status.OK
+    h200.host.gpus_missing = Reading.ok([])
+    assert run_rule("gpu.count", h200, Profile(gpu_count=1))[0].status is Status.OK
+    h200.host.gpus_missing = Reading.ok([gone])
+    [result] = run_rule("gpu.count", h200, Profile(gpu_count=1))
+    assert result.status is Status.CRITICAL
+    assert result.observed["names"] == ["GPU 1 (GPU-1, 00000000:28:00.0)"]
+    assert result.observed["gpus"] == [1] and "seen since boot are gone" in result.message

@@ -67,6 +67,13 @@ def test_outcome_counts_only_failover_rules_and_gpus():
     # host rules count for every service
     host = [Result("driver.responsive", Status.CRITICAL, Status.CRITICAL, "m", None)]
     assert outcome(host, None, TAGGED, [2, 3])[0] == "failed"
+    # a host result that names its GPUs (gpu.count's missing GPU 1) counts only for the
+    # services on them
+    gone = [Result("gpu.count", Status.CRITICAL, Status.CRITICAL, "m", None,
+                   observed={"gpus": [1]})]
+    assert outcome(gone, None, TAGGED | {"gpu.count"}, [2, 3])[0] == "passed"
+    assert outcome(gone, None, TAGGED | {"gpu.count"}, [1])[0] == "failed"
+    assert outcome(gone, None, TAGGED | {"gpu.count"}, None)[0] == "failed"
     # explicit rule list
     assert outcome(results(Status.CRITICAL, rule="power.limit"), ["power.*"], TAGGED,
                    None)[0] == "failed"

@@ -1,0 +1,76 @@
+"""A GPU that disappears while the daemon runs is critical (issue 20): the daemon remembers
+the GPUs it saw since boot, in the state dir, across its own restarts within one boot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gpuguard.daemon.gpus_seen import FILE, SeenGpus
+from gpuguard.model.snapshot import GpuSnapshot, Reading, Snapshot
+from tests.conftest import TEST_BOOT_ID
+from tests.daemon.conftest import host_snapshot, write_snapshot
+
+GPU1 = "GPU 1 (GPU-00000000-0000-0000-0000-000000000001, 00000000:28:00.0)"
+
+
+def replay(start_daemon, tmp_path: Path, gpus: int = 2):
+    """A daemon on a replayed host with no gpu_count in its profile (as shipped)."""
+    snap = tmp_path / "host.json"
+    write_snapshot(snap, host_snapshot(gpus))
+    daemon = start_daemon("--input", str(snap), "--fast-interval", "0.3",
+                          "--slow-interval", "5")
+    return daemon, snap
+
+
+def test_a_gpu_that_vanishes_is_critical_and_named_until_it_comes_back(start_daemon, tmp_path):
+    daemon, snap = replay(start_daemon, tmp_path)
+    assert daemon.result("gpu.count")["status"] == "ok"
+    # GPU 1 leaves NVML; the host now reports one GPU, consistently, and no profile says 2
+    write_snapshot(snap, host_snapshot(1))
+    gone = daemon.wait_for(lambda: (r := daemon.result("gpu.count"))["status"] == "critical"
+                           and r, what="gpu.count critical")
+    assert GPU1 in gone["message"] and "seen since boot are gone" in gone["message"]
+    assert gone["observed"]["names"] == [GPU1] and gone["observed"]["gpus"] == [1]
+    # a restart of the daemon within the same boot remembers it
+    daemon.stop()
+    again = start_daemon("--input", str(snap), "--fast-interval", "0.3", "--slow-interval", "5")
+    assert again.result("gpu.count")["status"] == "critical"
+    # it comes back: ok again
+    write_snapshot(snap, host_snapshot(2))
+    again.wait_for(lambda: again.result("gpu.count")["status"] == "ok", what="back")
+
+
+def test_a_new_boot_forgets_and_a_sweep_that_cannot_tell_judges_nothing(tmp_path):
+    def snapshot(*uuids: str, hung: bool = False) -> Snapshot:
+        snap = Snapshot()
+        for i, uuid in enumerate(uuids):
+            snap.gpus.append(GpuSnapshot(index=i, uuid=Reading.ok(uuid),
+                                         pci_bus_id=Reading.ok(f"00000000:{0x18 + i:02X}:00.0")))
+        snap.nvml.hung_call = "nvmlDeviceGetTemperature (GPU 1)" if hung else None
+        return snap
+
+    seen = SeenGpus(tmp_path, "boot-a")
+    assert seen.update(snapshot("GPU-a", "GPU-b")) == []
+    assert [g["uuid"] for g in seen.update(snapshot("GPU-a"))] == ["GPU-b"]
+    assert seen.update(snapshot("GPU-a", hung=True)) is None  # NVML hung: cannot tell
+    saved = json.loads((tmp_path / FILE).read_text())
+    assert saved["boot_id"] == "boot-a" and len(saved["gpus"]) == 2
+    assert [g["uuid"] for g in SeenGpus(tmp_path, "boot-a").update(snapshot("GPU-a"))] == \
+        ["GPU-b"]  # the same boot, a new daemon
+    assert SeenGpus(tmp_path, "boot-b").update(snapshot("GPU-a")) == []  # a reboot
+    # a GPU renumbered (index 0 now) is the same GPU: matched by UUID, not by index
+    renumbered = SeenGpus(tmp_path / "r", "boot-a")
+    renumbered.update(snapshot("GPU-a", "GPU-b"))
+    assert renumbered.update(snapshot("GPU-b")) == [
+        {"uuid": "GPU-a", "pci_bus_id": "00000000:18:00.0", "index": 0, "name": None}]
+    # a corrupt file starts afresh, never crashes
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / FILE).write_text("{not json")
+    assert SeenGpus(tmp_path / "c", "boot-a").update(snapshot("GPU-a")) == []
+
+
+def test_the_seen_file_keeps_the_tests_boot(start_daemon, tmp_path):
+    replay(start_daemon, tmp_path)
+    saved = json.loads((tmp_path / "state" / FILE).read_text())
+    assert saved["boot_id"] == TEST_BOOT_ID and len(saved["gpus"]) == 2
