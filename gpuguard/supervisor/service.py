@@ -21,6 +21,12 @@ Time: every decision (min_cpu_time, the retry backoff) is on CLOCK_BOOTTIME, kep
 state file beside the boot id, so that neither a step of the wall clock nor a restart of
 the daemon changes it (state.rebase says what happens across boots). The wall times in
 the state are for display.
+
+The state file comes second: a transition runs its steps even when the state cannot be
+written (a full or read-only state filesystem); the write that failed is logged and
+counted (gpuguard_failover_state_write_errors_total) and tried again at the next step
+or cycle. Only a restart in the middle of such a transition loses where it stopped, and
+recover() then takes the truth from what runs.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from gpuguard.model.results import Result
 from gpuguard.supervisor import policy, router, state
 from gpuguard.supervisor.backends import Backend, BackendError, make
 from gpuguard.supervisor.config import Service
+from gpuguard.supervisor.state_writes import StateWrites
 from gpuguard.supervisor.steps import STEP_ERRORS, converge, other, roll_back, run_step, steps_of
 
 log = structlog.get_logger("gpuguard.failover")
@@ -62,6 +69,8 @@ class ServiceView:
     service: str
     state: state.ServiceState
     corrupt_file: str | None
+    # writes of the state file that failed (full or read-only state filesystem)
+    state_write_errors: int = 0
 
 
 class Supervisor:
@@ -81,6 +90,7 @@ class Supervisor:
         self._backend = backend
         self.state = state.ServiceState(boot_id=boot_id)
         self.corrupt_file: str | None = None
+        self.writes = StateWrites()
         # the last bad request that could not be moved aside: logged once, not every 0.5 s
         self._ignored_request: str | None = None
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -111,7 +121,7 @@ class Supervisor:
     def view(self) -> ServiceView:
         with self._lock:
             return ServiceView(self.service.name, state.ServiceState(**vars(self.state)),
-                               self.corrupt_file)
+                               self.corrupt_file, self.writes.errors)
 
     # --- the loop ------------------------------------------------------------------
 
@@ -363,9 +373,11 @@ class Supervisor:
         self._save()
 
     def _save(self) -> None:
+        """The state to its file; a write that fails (a full or read-only filesystem) is
+        logged and counted, never raised: what the supervisor does comes first."""
         with self._lock:
             snapshot = state.ServiceState(**vars(self.state))
-        state.save(self.path, snapshot)
+        self.writes.save(self.path, snapshot, self.log)
 
     def _pause_for_tests(self, step: str) -> None:
         wanted = os.environ.get(PAUSE_ENV, "")
