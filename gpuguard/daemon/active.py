@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gpuguard.model.snapshot import Reading, Snapshot
+from gpuguard.sources.active import workers
 from gpuguard.sources.active.plan import FIELDS, options
 from gpuguard.sources.active.workers import ActiveProbe
 
@@ -94,3 +95,9 @@ def passes(snapshot: Snapshot, profile: Profile, ruleset: RuleSet,
                                 f"{r.status.value}: {r.message}" for r in bad[:3])
     return True, f"active probe passed on GPU(s) {', '.join(str(g.index) for g in probed.gpus)}"
 
+
+def stop() -> list[int]:
+    """The daemon stops: every probe worker killed now (a worker hung in a CUDA call would
+    hold a probe until its deadline, past the unit's TimeoutStopSec), none started after;
+    the pids killed."""
+    return workers.stop_all()

@@ -356,6 +356,9 @@ class Daemon:
         notify.notify("STOPPING=1")
         if self._schedule is not None:
             self._schedule.stop()
+        killed = active.stop()
+        if killed:
+            log.info("active_probe_stopped", workers_killed=len(killed))
         for supervisor in self.supervisors:
             supervisor.stop()
         if observer is not None:
