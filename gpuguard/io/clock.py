@@ -1,6 +1,7 @@
-"""Wall time as gpuguard shows it: one format, in UTC, everywhere a time is printed (the
-event list, escalations and acks, failover status, a stuck worker's start). Local time
-would make two hosts' lines, or a host before and after a timezone change, disagree."""
+"""Time in gpuguard: wall time as it is shown (one format, in UTC, everywhere a time is
+printed: the event list, escalations and acks, failover status, a stuck worker's start;
+local time would make two hosts' lines, or a host before and after a timezone change,
+disagree), and the clocks durations are measured with (below)."""
 
 from __future__ import annotations
 
