@@ -1,7 +1,8 @@
 """The daemon's active probe (docs/active-probe.md): at its own low cadence
 (`--active-probe-interval`, off by default), on idle GPUs only (never forced), its
 results kept between runs and laid onto every fast cycle's snapshot; a result older than
-two intervals is stale, and its rules unknown. The supervisor's `failback_probe: active`
+two intervals (on the monotonic clock: a step of the wall clock ages nothing) is stale,
+and its rules unknown. The supervisor's `failback_probe: active`
 asks for a fresh run on a service's GPUs (`passes`)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from gpuguard.model.snapshot import Reading, Snapshot
+from gpuguard.sources.active import workers
 from gpuguard.sources.active.plan import FIELDS, options
 from gpuguard.sources.active.workers import ActiveProbe
 
@@ -43,19 +45,20 @@ class ProbeKeeper:
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
         self._lock = threading.Lock()
-        # GPU key -> (when, its probe readings)
+        # GPU key -> (when: time.monotonic(), its probe readings)
         self._kept: dict[str, tuple[float, dict[str, Reading[object]]]] = {}
 
     def run(self, snapshot: Snapshot, profile: Profile) -> None:
         probed = probe(snapshot, profile)
-        now = time.time()
+        now = time.monotonic()
         with self._lock:
             for gpu in probed.gpus:
                 self._kept[gpu.identity().key] = (now, {name: getattr(gpu, name) for name in KEPT})
 
     def apply(self, snapshot: Snapshot, now: float) -> None:
         """The kept results onto a fresh sweep's GPUs; none kept yet: absent (the rules
-        are skipped, the probe has not run); older than two intervals: unknown."""
+        are skipped, the probe has not run); older than two intervals: unknown. `now` is
+        time.monotonic()."""
         with self._lock:
             kept = dict(self._kept)
         for gpu in snapshot.gpus:
@@ -91,3 +94,10 @@ def passes(snapshot: Snapshot, profile: Profile, ruleset: RuleSet,
         return False, "; ".join(f"{r.rule} (GPU {r.gpu.index if r.gpu else '-'}) "
                                 f"{r.status.value}: {r.message}" for r in bad[:3])
     return True, f"active probe passed on GPU(s) {', '.join(str(g.index) for g in probed.gpus)}"
+
+
+def stop() -> list[int]:
+    """The daemon stops: every probe worker killed now (a worker hung in a CUDA call would
+    hold a probe until its deadline, past the unit's TimeoutStopSec), none started after;
+    the pids killed."""
+    return workers.stop_all()

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuguard.config.ruleset import load_config
 from gpuguard.config.yamlfile import ConfigError
-from gpuguard.daemon import active, http, logs, notify, status, triggers
+from gpuguard.daemon import active, http, logs, main_loop, notify, status, triggers
 from gpuguard.daemon.active import ProbeKeeper
 from gpuguard.daemon.gpus_seen import SeenGpus
 from gpuguard.daemon.latest import LatestResults
@@ -169,13 +169,14 @@ class Daemon:
 
     def _account(self, cadence: str, took_s: float, succeeded: bool) -> None:
         with self.stats.lock:
-            now = time.time()
+            now = time.monotonic()
             self.stats.cycle_duration_s[cadence] = took_s
-            self.stats.last_cycle_time[cadence] = now
+            self.stats.last_cycle_time[cadence] = time.time()  # the metric's timestamp
+            self.stats.last_cycle_mono[cadence] = now
             self.stats.cycles_total[cadence] = self.stats.cycles_total.get(cadence, 0) + 1
             self.stats.last_cycle_ok[cadence] = succeeded
             if succeeded:
-                self.stats.last_success_time[cadence] = now
+                self.stats.last_success_mono[cadence] = now
             else:
                 self.stats.cycle_failures_total[cadence] = \
                     self.stats.cycle_failures_total.get(cadence, 0) + 1
@@ -190,14 +191,17 @@ class Daemon:
         missing = self.gpus_seen.update(snap)
         if missing is not None:
             snap.host.gpus_missing = Reading.ok(missing)
+        # The probe's age and the samples' windows on the monotonic clock: a step of the
+        # wall clock neither ages a result into stale nor empties a window.
+        now = time.monotonic()
         if self.probes is not None:
-            self.probes.apply(snap, time.time())
+            self.probes.apply(snap, now)
         hung = snap.nvml.hung_call is not None
         if hung:
             with self.stats.lock:
                 self.stats.deadline_exceeded_total += 1
-        self.samples.add(snap, time.time())
-        self.service_watch.sample(snap, time.time())
+        self.samples.add(snap, now)
+        self.service_watch.sample(snap, now)
         results = evaluate(snap, ruleset, profile, cadence="fast", samples=self.samples)
         if self.recorder is not None:
             results = self.recorder.on_cycle(results, snap.gpu_ids(), ruleset)
@@ -321,7 +325,7 @@ class Daemon:
                      boot: str | None, procfs: str) -> None:
         tagged = {r.id for r in ruleset.rules.values() if "failover" in r.tags}
         self.supervisors = [Supervisor(s, state_dir, tagged, self.cfg.dry_run,
-                                       active_check=self.active_probe_passes)
+                                       active_check=self.active_probe_passes, boot_id=boot)
                             for s in services if state_dir is not None]
         if self.cfg.event_store and state_dir is not None:
             self.recorder = EventRecorder(eventstore.path_in(state_dir), boot)
@@ -346,37 +350,21 @@ class Daemon:
         return registry
 
     def _loop(self) -> None:
-        """Until SIGTERM: reloads, systemd's READY= and STATUS=, and its watchdog."""
-        ping = notify.watchdog_interval()
-        ready_sent = False
-        last_status = ""
-        last_ping = 0.0
-        while not self._stop.wait(min(1.0, ping or 1.0)):
-            if self._reload.is_set():
-                self._reload.clear()
-                self._do_reload()
-            if self._ready.is_set():
-                line = self.status_line()
-                if not ready_sent:
-                    notify.notify("READY=1", f"STATUS={line}")
-                    ready_sent = True
-                elif line != last_status:
-                    notify.notify(f"STATUS={line}")
-                last_status = line
-            # The watchdog is pinged from this loop, not from cycles: a wedged GPU is
-            # reported (driver.responsive) instead of getting the daemon restarted. But
-            # only while cycles come to an end: every read has a deadline, so a cycle that
-            # does not end is a stuck daemon, and systemd restarting it is the right cure.
-            if ping and time.monotonic() - last_ping >= ping and status.cycles_progress(
-                    self.stats, self._idle, self.cfg.fast_interval, self.cfg.timeout):
-                notify.notify("WATCHDOG=1")
-                last_ping = time.monotonic()
+        """Until SIGTERM: reloads, systemd's READY= and STATUS=, its watchdog, steps of
+        the wall clock (daemon/main_loop.py)."""
+        main_loop.run(main_loop.Parts(
+            stop=self._stop, reload=self._reload, do_reload=self._do_reload,
+            ready=self._ready, status_line=self.status_line, stats=self.stats,
+            fast_interval=self.cfg.fast_interval, timeout=self.cfg.timeout))
 
     def _shutdown(self, server: Any, observer: Any) -> None:
         log.info("daemon_stopping")
         notify.notify("STOPPING=1")
         if self._schedule is not None:
             self._schedule.stop()
+        killed = active.stop()
+        if killed:
+            log.info("active_probe_stopped", workers_killed=len(killed))
         for supervisor in self.supervisors:
             supervisor.stop()
         if observer is not None:

@@ -8,6 +8,7 @@ prefix `gpuguard_` and base units; docs/metrics.md lists them all.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,12 +31,20 @@ from gpuguard.outputs import families
 class DaemonStats:
     lock: threading.Lock = field(default_factory=threading.Lock)
     cycle_duration_s: dict[str, float] = field(default_factory=dict)
+    # When the last cycle of each cadence ended: wall time for the timestamp metric (a
+    # display), monotonic time for every age and freshness (a clock step changes nothing)
     last_cycle_time: dict[str, float] = field(default_factory=dict)
+    last_cycle_mono: dict[str, float] = field(default_factory=dict)
     cycles_total: dict[str, int] = field(default_factory=dict)
-    # Whether the last cycle of each cadence succeeded, when one last did, and failures.
+    # Whether the last cycle of each cadence succeeded, when one last did (monotonic),
+    # and failures.
     last_cycle_ok: dict[str, bool] = field(default_factory=dict)
-    last_success_time: dict[str, float] = field(default_factory=dict)
+    last_success_mono: dict[str, float] = field(default_factory=dict)
     cycle_failures_total: dict[str, int] = field(default_factory=dict)
+    started_mono: float = field(default_factory=time.monotonic)
+    # Steps of the wall clock the daemon saw (io/clock.JumpWatch), and the last one's size
+    clock_jumps_total: int = 0
+    last_clock_jump_s: float = 0.0
     deadline_exceeded_total: int = 0
     reloads_total: int = 0
     reload_success: int = 1
@@ -108,6 +117,10 @@ class DaemonCollector(Collector):
         errors = CounterMetricFamily("gpuguard_failover_errors",
                                      "Transitions that failed (the source was kept).",
                                      labels=["service"])
+        writes = CounterMetricFamily("gpuguard_failover_state_write_errors",
+                                     "Writes of the service's state file that failed (a "
+                                     "full or read-only state directory); failover goes on.",
+                                     labels=["service"])
         for snap in snaps:
             st = snap.state
             active.add_metric([snap.service], 1 if st.active == "cpu" else 0)
@@ -118,7 +131,8 @@ class DaemonCollector(Collector):
                                        st.transitions.get(direction, 0))
             last.add_metric([snap.service], st.last_transition or 0)
             errors.add_metric([snap.service], st.errors)
-        yield from (active, moving, failed, transitions, last, errors)
+            writes.add_metric([snap.service], snap.state_write_errors)
+        yield from (active, moving, failed, transitions, last, errors, writes)
 
     def _rules(self) -> Iterator[Metric]:
         entries = self.store.entries()
@@ -146,10 +160,17 @@ class DaemonCollector(Collector):
             xid_last = dict(stats.xid_last)
             deadline, reloads = stats.deadline_exceeded_total, stats.reloads_total
             reload_ok, reload_time = stats.reload_success, stats.last_reload_time
+            ended = dict(stats.last_cycle_mono)
+            jumps, last_jump = stats.clock_jumps_total, stats.last_clock_jump_s
+        now = time.monotonic()
         duration = GaugeMetricFamily("gpuguard_cycle_duration_seconds",
                                      "Wall time of the last cycle.", labels=["cadence"])
         timestamp = GaugeMetricFamily("gpuguard_last_cycle_timestamp_seconds",
                                       "When the last cycle ended (Unix time).", labels=["cadence"])
+        age = GaugeMetricFamily("gpuguard_last_cycle_age_seconds",
+                                "Seconds since the last cycle ended, on the daemon's "
+                                "monotonic clock (a step of the host's clock does not "
+                                "change it).", labels=["cadence"])
         total = CounterMetricFamily("gpuguard_cycles", "Cycles run.", labels=["cadence"])
         success = GaugeMetricFamily("gpuguard_last_cycle_successful",
                                     "1 when the last cycle ran to its end, 0 when it failed "
@@ -160,11 +181,13 @@ class DaemonCollector(Collector):
         for cadence in sorted(last):
             duration.add_metric([cadence], durations.get(cadence, 0.0))
             timestamp.add_metric([cadence], last[cadence])
+            age.add_metric([cadence], round(max(now - ended.get(cadence, now), 0.0), 3))
             total.add_metric([cadence], cycles.get(cadence, 0))
             success.add_metric([cadence], 1 if last_ok.get(cadence, True) else 0)
             failed.add_metric([cadence], failures.get(cadence, 0))
         yield duration
         yield timestamp
+        yield age
         yield total
         yield success
         yield failed
@@ -198,4 +221,12 @@ class DaemonCollector(Collector):
                                 "1 when results are not all fresh: NVML did not answer in "
                                 "time (those GPUs' rules are unknown) or a cycle failed.",
                                 value=1 if self.store.stale else 0)
+        yield CounterMetricFamily("gpuguard_clock_jumps",
+                                  "Steps of the host's wall clock the daemon saw (NTP, a VM "
+                                  "restored, date -s); its intervals and ages run on the "
+                                  "monotonic clock and are not changed by them.",
+                                  value=jumps)
+        yield GaugeMetricFamily("gpuguard_clock_last_jump_seconds",
+                                "Size of the last step of the wall clock (negative: back; "
+                                "0 when none was seen).", value=last_jump)
         yield families.build_info()

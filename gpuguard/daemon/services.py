@@ -38,7 +38,9 @@ INFERENCE_GRACE_S = 1.0
 # The deadline of asking a plain health URL whether the service answers yet.
 HEALTH_TIMEOUT_S = 2.0
 
-Sample = tuple[float, int, int | None]  # (time, host RSS bytes, GPU bytes or unknown)
+# (time.monotonic(), host RSS bytes, GPU bytes or unknown): the windows and the warm-up are
+# differences of the monotonic clock, which a step of the wall clock does not move
+Sample = tuple[float, int, int | None]
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Run:
     # when this run first answered its probe: its warm-up (service.memory_growth) is
     # counted from here, not from the process start, since a model that loads for 15
     # minutes from network storage grows all that time; None until it answers
+    # (time.monotonic(), as the samples)
     answered_at: float | None = None
 
 
@@ -114,8 +117,9 @@ class ServiceWatch:
             probe_cfg = supervisor.service.probe
             inference = entry.get("inference")
             if probe_cfg.http is None:
-                started = entry.get("started_at")
-                run.answered_at = started if started is not None else run.samples[0][0]
+                started = entry.get("started_at")  # wall time: its age, on our clock
+                run.answered_at = now - max(time.time() - started, 0.0) \
+                    if started is not None else run.samples[0][0]
             elif (inference or {}).get("ok") is True or health is True:
                 run.answered_at = now
                 log.info("service_answered", service=supervisor.service.name,

@@ -68,6 +68,7 @@ def host_paths(cfg: DaemonConfig, services: bool) -> tuple[Path | None, str | No
     # without a store keeps nothing)
     state_dir = state_dir_or_default(cfg.host.state_dir) \
         if cfg.event_store or services else None
-    boot = host_sources.boot_id(cfg.host.paths) if cfg.event_store else None
+    # the store's events and the supervisors' time on CPU are of this boot
+    boot = host_sources.boot_id(cfg.host.paths) if cfg.event_store or services else None
     procfs = str(cfg.host.paths.procfs) if cfg.input_path is None else ""
     return state_dir, boot, procfs

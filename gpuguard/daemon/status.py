@@ -3,7 +3,6 @@ whether its cycles still come to an end (the watchdog's condition)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -17,11 +16,12 @@ from gpuguard.supervisor.service import Supervisor
 
 def health(stats: DaemonStats, store: LatestResults, fast_interval: float,
            timeout: float) -> tuple[bool, dict[str, Any]]:
-    """Healthy: a fast cycle succeeded recently and the last one did not fail."""
+    """Healthy: a fast cycle succeeded recently and the last one did not fail. The age is
+    on the monotonic clock: a wall clock set back or forward changes nothing."""
     with stats.lock:
-        last_ok = stats.last_success_time.get("fast")
+        last_ok = stats.last_success_mono.get("fast")
         last_failed = stats.last_cycle_ok.get("fast") is False
-    age = None if last_ok is None else round(time.time() - last_ok, 3)
+    age = None if last_ok is None else round(time.monotonic() - last_ok, 3)
     limit = 3 * fast_interval + timeout
     fresh = age is not None and age < limit and not last_failed
     return fresh, {"alive": True, "last_successful_cycle_age_s": age,
@@ -53,14 +53,14 @@ def line(last: Snapshot | None, store: LatestResults, supervisors: list[Supervis
     return text
 
 
-def cycles_progress(stats: DaemonStats, idle: threading.Event, fast_interval: float,
-                    timeout: float) -> bool:
-    """Whether cycles still come to an end: between cycles, or the one running is young."""
+def cycles_progress(stats: DaemonStats, fast_interval: float, timeout: float) -> bool:
+    """Whether cycles still come to an end: one ended (or the daemon started) within
+    `3 x fast interval + 2 x timeout`, on the monotonic clock. Between cycles too: a
+    schedule that stopped starting them (it used to wait on the wall clock, which a step
+    back stalled for an hour) is as stuck as a cycle that never ends."""
     with stats.lock:
-        last_end = max(stats.last_cycle_time.values(), default=None)
-    if idle.is_set() or last_end is None:
-        return True  # between cycles, or the first one has not ended yet
-    return time.time() - last_end < 3 * fast_interval + 2 * timeout
+        last_end = max(stats.last_cycle_mono.values(), default=stats.started_mono)
+    return time.monotonic() - last_end < 3 * fast_interval + 2 * timeout
 
 
 def source_failure(snap: Snapshot) -> str | None:

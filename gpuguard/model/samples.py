@@ -5,6 +5,10 @@ counters whose growth matters (ECC corrected, AER correctable, PCIe replays, NVL
 error counters summed over the GPU's links) and of the HW-slowdown bit, for about ten
 minutes. Checks get it as `ctx.samples` (None in
 `check`) and judge rates and persistence instead of single values.
+
+A sample's time `t` is the daemon's time.monotonic(): windows, rates and the span kept are
+differences of it, so a step of the wall clock (NTP, a VM restored from a snapshot, +100
+days for a few seconds) neither empties a window nor makes a rate negative or tiny.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 
 @dataclass(frozen=True)
 class Sample:
-    t: float
+    t: float  # time.monotonic() of the cycle (never the wall clock)
     ecc_corrected: int | None
     aer_correctable: int | None
     replays: int | None

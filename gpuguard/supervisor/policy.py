@@ -94,6 +94,9 @@ def own_status(result: Result, service: str | None) -> Result | None:
 def decide(active: str, counts: Counts, result: Outcome, now: float, on_cpu_since: float | None,
            failover_after: int, failback_after: int, min_cpu_s: float,
            manual_failback: bool) -> tuple[Counts, Action]:
+    """`now` and `on_cpu_since` are readings of one clock that never steps (the
+    supervisor's: CLOCK_BOOTTIME); a wall clock set back would hold the service on CPU
+    for as long as it was set back."""
     if result == "failed":
         counts = Counts(failed=counts.failed + 1, healthy=0)
     elif result == "passed":

@@ -16,6 +16,17 @@ with neither variant running.
 A request file of `gpuguard failover to` is read only when it is a small regular file of
 the daemon's user (state.take_request); anything else is moved aside and logged, and
 never stops the counting of cycles.
+
+Time: every decision (min_cpu_time, the retry backoff) is on CLOCK_BOOTTIME, kept in the
+state file beside the boot id, so that neither a step of the wall clock nor a restart of
+the daemon changes it (state.rebase says what happens across boots). The wall times in
+the state are for display.
+
+The state file comes second: a transition runs its steps even when the state cannot be
+written (a full or read-only state filesystem); the write that failed is logged and
+counted (gpuguard_failover_state_write_errors_total) and tried again at the next step
+or cycle. Only a restart in the middle of such a transition loses where it stopped, and
+recover() then takes the truth from what runs.
 """
 
 from __future__ import annotations
@@ -31,11 +42,13 @@ from typing import Any
 
 import structlog
 
+from gpuguard.io.clock import boottime
 from gpuguard.judge.actions import ACTIONS as ACTION_ORDER
 from gpuguard.model.results import Result
 from gpuguard.supervisor import policy, router, state
 from gpuguard.supervisor.backends import Backend, BackendError, make
 from gpuguard.supervisor.config import Service
+from gpuguard.supervisor.state_writes import StateWrites
 from gpuguard.supervisor.steps import STEP_ERRORS, converge, other, roll_back, run_step, steps_of
 
 log = structlog.get_logger("gpuguard.failover")
@@ -56,13 +69,17 @@ class ServiceView:
     service: str
     state: state.ServiceState
     corrupt_file: str | None
+    # writes of the state file that failed (full or read-only state filesystem)
+    state_write_errors: int = 0
 
 
 class Supervisor:
     def __init__(self, service: Service, state_dir: Path, tagged: set[str],
                  dry_run: bool = False, backend: Backend | None = None,
-                 active_check: ActiveCheck | None = None) -> None:
+                 active_check: ActiveCheck | None = None, boot_id: str | None = None) -> None:
         self.service = service
+        # this boot's id: the state's CLOCK_BOOTTIME readings are of it (state.rebase)
+        self.boot_id = boot_id
         # `failback_probe: active`: a fresh active probe of the service's GPUs (the
         # daemon's Daemon.active_probe_passes), asked before failing back
         self.active_check = active_check
@@ -71,8 +88,9 @@ class Supervisor:
         self.tagged = tagged
         self.dry_run = dry_run
         self._backend = backend
-        self.state = state.ServiceState()
+        self.state = state.ServiceState(boot_id=boot_id)
         self.corrupt_file: str | None = None
+        self.writes = StateWrites()
         # the last bad request that could not be moved aside: logged once, not every 0.5 s
         self._ignored_request: str | None = None
         self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -88,7 +106,7 @@ class Supervisor:
     # --- inputs --------------------------------------------------------------------
 
     def on_cycle(self, results: list[Result]) -> None:
-        self._queue.put(("cycle", results, time.time()))
+        self._queue.put(("cycle", results, boottime()))
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self._run, name=f"failover-{self.service.name}",
@@ -103,7 +121,7 @@ class Supervisor:
     def view(self) -> ServiceView:
         with self._lock:
             return ServiceView(self.service.name, state.ServiceState(**vars(self.state)),
-                            self.corrupt_file)
+                               self.corrupt_file, self.writes.errors)
 
     # --- the loop ------------------------------------------------------------------
 
@@ -146,8 +164,13 @@ class Supervisor:
             loaded = None
         if loaded is None:
             loaded = self._from_reality()
+        rebased = state.rebase(loaded, self.boot_id, policy.BACKOFF_MAX_S)
+        if rebased is not None and loaded.active == "cpu":
+            self.log.info("failover_time_on_cpu_from_restart", file=rebased,
+                          min_cpu_time_s=self.service.min_cpu_time)
         # a retry time far ahead (a clock set back, a file edited by hand) would block
-        # every failover: never wait longer than the longest backoff from now
+        # every failover: never wait longer than the longest backoff from now (shown only:
+        # the wait itself is retry_boottime, bounded the same way by rebase)
         loaded.next_retry = min(loaded.next_retry, time.time() + policy.BACKOFF_MAX_S)
         with self._lock:
             self.state = loaded
@@ -176,7 +199,9 @@ class Supervisor:
                       active=active)
         now = time.time()
         return state.ServiceState(active=active, since=now, reason="recovered from what runs",
-                                  on_cpu_since=now if active == "cpu" else None)
+                                  on_cpu_since=now if active == "cpu" else None,
+                                  boot_id=self.boot_id,
+                                  on_cpu_boottime=boottime() if active == "cpu" else None)
 
     def _ensure(self, active: str) -> None:
         """Exactly `active` runs and is routed; the other variant is stopped."""
@@ -190,6 +215,7 @@ class Supervisor:
                 self.state.errors = min(self.state.errors + 1, state.MAX_COUNT)
 
     def handle_cycle(self, results: list[Result], now: float) -> None:
+        """One cycle's results; `now` is io/clock.boottime() (CLOCK_BOOTTIME)."""
         svc = self.service
         result, why = policy.outcome(results, svc.rules, self.tagged, svc.gpus, svc.name,
                                      active=self.view().state.active)
@@ -197,13 +223,13 @@ class Supervisor:
             st = self.state
             counts, action = policy.decide(
                 st.active, policy.Counts(st.failed_cycles, st.healthy_cycles), result, now,
-                st.on_cpu_since, svc.failover_after, svc.failback_after, svc.min_cpu_time,
+                st.on_cpu_boottime, svc.failover_after, svc.failback_after, svc.min_cpu_time,
                 svc.manual_failback)
             st.failed_cycles, st.healthy_cycles = counts.failed, counts.healthy
         if action is None:
             self._save()
             return
-        if now < self.state.next_retry:
+        if now < self.state.retry_boottime:
             self._save()
             return
         to = "cpu" if action == "to_cpu" else "gpu"
@@ -265,10 +291,10 @@ class Supervisor:
         if self.dry_run:
             self.log.warning("failover_dry_run", to=to, reason=reason, steps=steps)
             return False
-        now = time.time()
+        began = time.monotonic()
         with self._lock:
             self.state.transition = state.Transition(to=to, step=steps[0], reason=reason,
-                                                     started=now)
+                                                     started=time.time())
         self.log.warning("failover_started", to=to, reason=reason)
         try:
             # inside the try: creating the backend reaches Docker, which may be down
@@ -290,20 +316,23 @@ class Supervisor:
             self._failed(to, f"{type(exc).__name__}: {exc}", unexpected=exc)
             return False
         done = time.time()
+        took_s = round(time.monotonic() - began, 3)
         with self._lock:
             st = self.state
             st.active, st.since, st.reason, st.transition = to, done, reason, None
             st.failed_cycles = st.healthy_cycles = 0
             st.on_cpu_since = done if to == "cpu" else None
-            st.next_retry = 0.0
+            st.boot_id = self.boot_id
+            st.on_cpu_boottime = boottime() if to == "cpu" else None
+            st.next_retry = st.retry_boottime = 0.0
             st.failures_in_row = 0
             st.transitions[f"to_{to}"] = st.transitions.get(f"to_{to}", 0) + 1
             st.last_transition = done
         self._save()
         self.log.warning("failover_done", active=to, reason=reason, manual=manual,
-                         took_s=round(done - now, 3))
+                         took_s=took_s)
         self._tell({"to": to, "reason": reason, "action": action, "outcome": "done",
-                    "manual": manual, "took_s": round(done - now, 3)})
+                    "manual": manual, "took_s": took_s})
         return True
 
     def _tell(self, what: dict[str, Any]) -> None:
@@ -330,7 +359,9 @@ class Supervisor:
             st.errors = min(st.errors + 1, state.MAX_COUNT)
             st.failures_in_row = min(st.failures_in_row + 1, state.MAX_COUNT)
             backoff = policy.backoff_s(st.failures_in_row)
-            st.next_retry = time.time() + backoff
+            st.next_retry = time.time() + backoff  # shown
+            st.boot_id = self.boot_id
+            st.retry_boottime = boottime() + backoff
         if unexpected is not None:
             self.log.error("failover_unexpected_error", exc_info=unexpected)
         if rollback_error is not None:
@@ -342,12 +373,15 @@ class Supervisor:
         self._save()
 
     def _save(self) -> None:
+        """The state to its file; a write that fails (a full or read-only filesystem) is
+        logged and counted, never raised: what the supervisor does comes first."""
         with self._lock:
             snapshot = state.ServiceState(**vars(self.state))
-        state.save(self.path, snapshot)
+        self.writes.save(self.path, snapshot, self.log)
 
     def _pause_for_tests(self, step: str) -> None:
         wanted = os.environ.get(PAUSE_ENV, "")
         if wanted and wanted == step:
             self.log.warning("failover_paused_for_test", step=step)
             time.sleep(60)
+

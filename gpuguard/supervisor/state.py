@@ -22,6 +22,7 @@ from pathlib import Path
 
 import msgspec
 
+from gpuguard.io import clock
 from gpuguard.io.atomic import write_text
 from gpuguard.io.clock import utc
 
@@ -31,6 +32,7 @@ MAX_FILE_BYTES = 64 * 1024
 # make a number the bookkeeping cannot handle.
 MAX_COUNT = 1_000_000_000
 MAX_REASON_CHARS = 500
+MAX_BOOT_ID_CHARS = 64  # a boot id is a UUID: 36
 
 
 @dataclass
@@ -44,6 +46,9 @@ class Transition:
 @dataclass
 class ServiceState:
     active: str = "gpu"
+    # Wall times (since, on_cpu_since, next_retry, last_transition, transition.started)
+    # are for display and the metrics' timestamps only; what the supervisor decides with
+    # is measured on CLOCK_BOOTTIME below (a step of the wall clock changes nothing).
     since: float = field(default_factory=time.time)
     reason: str = "initial"
     transition: Transition | None = None
@@ -57,6 +62,14 @@ class ServiceState:
     next_retry: float = 0.0
     transitions: dict[str, int] = field(default_factory=lambda: {"to_cpu": 0, "to_gpu": 0})
     last_transition: float | None = None
+    # The boot the CLOCK_BOOTTIME readings below were taken in (io/clock.boottime): when
+    # the service went to CPU (min_cpu_time counts from it, across restarts of the daemon
+    # within the boot) and when the next try may come after a failed transition. A file
+    # of another boot, or written before these fields (wall times only), is rebased when
+    # loaded (service.Supervisor.recover): its time on CPU counts from the restart.
+    boot_id: str | None = None
+    on_cpu_boottime: float | None = None
+    retry_boottime: float = 0.0
 
 
 # keys without which a file says nothing we can trust (a missing `active` is not "gpu")
@@ -149,19 +162,52 @@ def _parse_state(data: bytes) -> ServiceState:
         state = msgspec.convert(raw, ServiceState)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise Unreadable(str(exc)) from exc
+    _check_values(state)
+    return state
+
+
+def _check_values(state: ServiceState) -> None:
+    """Unreadable for a value no state of ours holds; counts capped at MAX_COUNT."""
     if state.active not in ("gpu", "cpu"):
         raise Unreadable(f"active is {state.active!r}")
     if state.transition is not None and state.transition.to not in ("gpu", "cpu"):
         raise Unreadable(f"transition.to is {state.transition.to!r}")
-    for name in ("since", "next_retry", "on_cpu_since", "last_transition"):
+    for name in ("since", "next_retry", "on_cpu_since", "last_transition",
+                 "on_cpu_boottime", "retry_boottime"):
         value = getattr(state, name)
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise Unreadable(f"{name} is {value!r}")
+    if state.boot_id is not None and len(state.boot_id) > MAX_BOOT_ID_CHARS:
+        raise Unreadable("boot_id is too long to be one")
     for name in ("failed_cycles", "healthy_cycles", "errors", "failures_in_row"):
         if getattr(state, name) < 0:
             raise Unreadable(f"{name} is negative")
         setattr(state, name, min(getattr(state, name), MAX_COUNT))
-    return state
+
+
+def rebase(st: ServiceState, boot_id: str | None, longest_wait_s: float) -> str | None:
+    """A loaded state's CLOCK_BOOTTIME readings made this boot's (changed in place);
+    what was rebased, for the log, or None when the file is of this boot.
+
+    Within one boot, the time on CPU and the retry wait go on from the file's readings
+    (a restart of the daemon loses none of it). From another boot, or from a file written
+    before the boot clock (wall times only), they cannot be told: the wall clock may have
+    stepped since (a failover made under a clock in the future would never fail back),
+    and CLOCK_BOOTTIME started again at 0. So the time on CPU counts from now, the
+    restart: `min_cpu_time` holds the service on CPU at most that long again, never for
+    ever. A retry wait is what the wall clock says is left, at most `longest_wait_s`."""
+    now_boot, now_wall = clock.boottime(), time.time()
+    if boot_id is not None and st.boot_id == boot_id:
+        if st.active == "cpu" and (st.on_cpu_boottime is None or st.on_cpu_boottime > now_boot):
+            st.on_cpu_boottime = now_boot  # a reading ahead of this boot's clock: not one
+        st.retry_boottime = min(st.retry_boottime, now_boot + longest_wait_s)
+        return None
+    why = "written before the boot clock" if st.boot_id is None else "of another boot"
+    st.on_cpu_boottime = now_boot if st.active == "cpu" else None
+    left = min(max(st.next_retry - now_wall, 0.0), longest_wait_s) if st.next_retry else 0.0
+    st.retry_boottime = now_boot + left if left > 0 else 0.0
+    st.boot_id = boot_id
+    return why
 
 
 # --- requests from `gpuguard failover to` ---------------------------------------------

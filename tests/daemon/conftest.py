@@ -149,3 +149,37 @@ def start_daemon(tmp_path: Path) -> Iterator[Any]:
     yield start
     for daemon in started:
         daemon.stop()
+
+
+class WallClock:
+    """The wall clock of the processes started with `env` (tests/fake_clock/fake_clock.c,
+    preloaded): `set(s)` puts it `s` seconds off the real one, at once, as NTP stepping
+    the host's clock would; their monotonic and boot clocks are left alone, and so is
+    every other process's clock (this test's included)."""
+
+    def __init__(self, library: Path, offset_file: Path) -> None:
+        self.offset_file = offset_file
+        self.env = {"LD_PRELOAD": str(library), "FAKE_CLOCK_OFFSET_FILE": str(offset_file)}
+        self.set(0)
+
+    def set(self, seconds: float) -> None:
+        write_text(self.offset_file, f"{seconds}\n")
+        time.sleep(0.1)  # the shim reads the file again at most every 20 ms
+
+
+@pytest.fixture(scope="session")
+def fake_clock_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/fake_clock/fake_clock.c built into libfakeclock.so."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed to build the wall-clock shim (see README)"
+    out = tmp_path_factory.mktemp("fake_clock") / "libfakeclock.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(out),
+                    str(REPO / "tests/fake_clock/fake_clock.c"), "-ldl"], check=True)
+    return out
+
+
+@pytest.fixture
+def wall_clock(fake_clock_library: Path, tmp_path: Path) -> WallClock:
+    return WallClock(fake_clock_library, tmp_path / "wall-clock-offset")

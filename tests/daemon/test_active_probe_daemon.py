@@ -51,9 +51,9 @@ def test_kept_results_turn_stale_after_two_intervals(h200):
     keeper = ProbeKeeper(interval_s=60)
     keeper.run(h200, Profile())
     fresh = h200.gpus[0]
-    keeper.apply(h200, now=time.time() + 119)
+    keeper.apply(h200, now=time.monotonic() + 119)
     assert fresh.probe_skipped.get().startswith("busy")
-    keeper.apply(h200, now=time.time() + 121)
+    keeper.apply(h200, now=time.monotonic() + 121)
     assert fresh.probe_compute.state == "error" and "stale" in (fresh.probe_compute.error or "")
     from gpuguard.config.ruleset import load_ruleset
     from gpuguard.judge.engine import evaluate
@@ -63,9 +63,10 @@ def test_kept_results_turn_stale_after_two_intervals(h200):
 
 
 FAILBACK = """
-import json, sys, time
+import json, sys
 from pathlib import Path
 from gpuguard.daemon import active
+from gpuguard.io.clock import boottime
 from gpuguard.config.profile import load_profile
 from gpuguard.model.identity import GpuId
 from gpuguard.model.results import Result, Status
@@ -85,10 +86,10 @@ ref = GpuId(0, "u", "p")
 bad = [Result("ecc.uncorrected", Status.CRITICAL, Status.CRITICAL, "2 DBE", ref)]
 good = [Result("ecc.uncorrected", Status.OK, Status.CRITICAL, "ok", ref)]
 for _ in range(3):
-    supervisor.handle_cycle(bad, time.time())
+    supervisor.handle_cycle(bad, boottime())
 on_failover = supervisor.state.active
 for _ in range(2):
-    supervisor.handle_cycle(good, time.time())
+    supervisor.handle_cycle(good, boottime())
 print(json.dumps({"after_failover": on_failover, "after_healthy": supervisor.state.active}))
 """
 

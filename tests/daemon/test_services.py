@@ -332,7 +332,7 @@ def test_a_server_that_trickles_its_answer_does_not_hold_the_fast_cycle(
     watch = ServiceWatch([supervisor])
     done = threading.Event()
     started = time.monotonic()
-    thread = threading.Thread(target=lambda: (watch.sample(h200, time.time()), done.set()),
+    thread = threading.Thread(target=lambda: (watch.sample(h200, time.monotonic()), done.set()),
                               daemon=True)
     thread.start()
     thread.join(10)
@@ -377,7 +377,7 @@ def test_the_warmup_starts_when_the_service_first_answers(tmp_path: Path, h200: 
         end = time.monotonic() + 15
         while time.monotonic() < end and (not seen or seen[-1][1] is None
                                           or len([s for s in seen if s[1]]) < 3):
-            now = time.time()
+            now = time.monotonic()  # as the daemon feeds it
             watch.sample(h200, now)
             entry = h200.host.services.get()["llm"]
             assert not entry.get("error"), entry
@@ -386,6 +386,7 @@ def test_the_warmup_starts_when_the_service_first_answers(tmp_path: Path, h200: 
         assert seen[0][1] is None, seen  # still loading: no answer, no warm-up yet
         first = next(now for now, answered in seen if answered is not None)
         assert {answered for _, answered in seen if answered is not None} == {first}, seen
-        assert first > entry["started_at"] + 1  # later than the process start
+        started = time.monotonic() - (time.time() - entry["started_at"])  # wall, on our clock
+        assert first > started + 1  # later than the process start
     finally:
         subprocess.run(variant["stop"], check=False)

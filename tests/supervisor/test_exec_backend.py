@@ -2,8 +2,8 @@
 user's start/stop commands launch and kill; the supervisor runs in-process."""
 
 import sys
-import time
 
+from gpuguard.io.clock import boottime
 from gpuguard.model.identity import GpuId
 from gpuguard.model.results import Result, Status
 from gpuguard.supervisor.config import load_services
@@ -48,12 +48,12 @@ def test_exec_backend_moves_the_service(tmp_path):
                       GpuId(0, "u", "p"))]
         good = [Result("ecc.uncorrected", Status.OK, Status.CRITICAL, "ok", GpuId(0, "u", "p"))]
         for _ in range(3):
-            supervisor.handle_cycle(bad, time.time())
+            supervisor.handle_cycle(bad, boottime())
         assert supervisor.state.active == "cpu"
         assert fetch(f"http://127.0.0.1:{ports['cpu']}/variant") == "cpu"
         assert wait(lambda: fetch(f"http://127.0.0.1:{ports['gpu']}/variant") is None, 5)
         for _ in range(2):
-            supervisor.handle_cycle(good, time.time())
+            supervisor.handle_cycle(good, boottime())
         assert supervisor.state.active == "gpu"
         assert fetch(f"http://127.0.0.1:{ports['gpu']}/variant") == "gpu"
     finally:

@@ -10,6 +10,7 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
+from gpuguard.io.clock import boottime
 from gpuguard.model.identity import GpuId
 from gpuguard.model.results import Result, Status
 from gpuguard.supervisor import policy, state
@@ -88,7 +89,7 @@ def test_a_failed_failover_with_1100_recorded_errors_still_puts_the_gpu_back(tmp
     assert servers["serving"]() == {"gpu"}
     (tmp_path / "cpu-broken").touch()
     for _ in range(3):
-        supervisor.handle_cycle(BAD, time.time())
+        supervisor.handle_cycle(BAD, boottime())
     assert wait(lambda: servers["serving"]() == {"gpu"}, 10), servers["serving"]()
     on_disk = json.loads(servers["path"].read_text())
     assert on_disk["active"] == "gpu" and on_disk["transition"] is None

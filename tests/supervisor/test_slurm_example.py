@@ -3,8 +3,8 @@ reason. scontrol and sinfo cannot run here: stand-ins on PATH record what they w
 asked and keep the node's state in a file, as Slurm would."""
 
 import os
-import time
 
+from gpuguard.io.clock import boottime
 from gpuguard.model.identity import GpuId
 from gpuguard.model.results import Result, Status
 from gpuguard.supervisor.config import load_services
@@ -35,7 +35,7 @@ def test_failover_drains_the_node_with_the_rule_as_reason(tmp_path, monkeypatch)
                      "row remapping failed", GpuId(3, "U3", "0000:3b:00.0"),
                      action="reset_gpu")]
     for _ in range(3):
-        supervisor.handle_cycle(failed, time.time())
+        supervisor.handle_cycle(failed, boottime())
     assert supervisor.state.active == "cpu"
     assert state.read_text().strip() == "drain"
     drain = next(line for line in calls.read_text().splitlines() if "state=drain" in line)

@@ -1,6 +1,7 @@
 """The active probe's parent side: one forked worker per GPU (gpuguard/io/forked.py), some
 started early while `check`'s NVML sweep runs (EarlyStart), their lines gathered by the
-deadline, a worker that hung killed and remembered until it is gone."""
+deadline, a worker that hung killed and remembered until it is gone, and every worker
+of this process killed at once when the daemon stops (stop_all)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import signal
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -28,6 +30,7 @@ from gpuguard.sources.nvml_progress import Progress
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
     from typing import Any
 
@@ -37,6 +40,54 @@ if TYPE_CHECKING:
 # hung). A worker in D state cannot be reaped until the kernel lets go of it; its GPU
 # gets no new worker meanwhile (they would pile up, one per run), only unknown results.
 KILLED: dict[str, tuple[int, float, str]] = {}
+
+
+class _Live:
+    """The workers of this process that may still run: stop_all() kills them at once. A
+    stopping daemon must not wait out a probe's deadline (40 s with a long one, past the
+    unit's TimeoutStopSec=15) for a worker hung in a CUDA call."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pids: set[int] = set()
+        self.stopping = False
+
+    def add(self, pid: int) -> None:
+        with self.lock:
+            self.pids.add(pid)
+            stopping = self.stopping
+        if stopping:  # forked while stop_all ran: it goes too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def discard(self, pid: int) -> None:
+        with self.lock:
+            self.pids.discard(pid)
+
+
+LIVE = _Live()
+
+
+def stop_all(reap_s: float = 1.0) -> list[int]:
+    """Kill every probe worker of this process now, and start no more; the pids killed.
+    They are reaped for up to `reap_s` in all (one in D state cannot be: init reaps it
+    once we are gone). A probe waiting on them returns at once, its GPUs unknown."""
+    with LIVE.lock:
+        LIVE.stopping = True
+        pids = sorted(LIVE.pids)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    until = time.monotonic() + reap_s
+    for pid in pids:
+        forked.exit_code(pid, until)
+    return pids
+
+
+def _fork(body: Callable[[], None]) -> int:
+    pid = forked.fork(body)
+    LIVE.add(pid)
+    return pid
 
 
 class ActiveProbe:
@@ -53,7 +104,8 @@ class ActiveProbe:
         first_slot = len(early.waiting) if early else 0
         reap_killed()
         for gpu in snapshot.gpus:
-            reason = skip_reason(gpu, opts)
+            reason = skip_reason(gpu, opts) or (
+                "gpuguard is stopping: no probe starts" if LIVE.stopping else None)
             killed = KILLED.get(normalise_pci(gpu.pci_bus_id.get())) \
                 if reason is None else None
             if killed is not None:
@@ -90,7 +142,7 @@ class ActiveProbe:
                 out = os.fdopen(early.write_fd, "w", buffering=1)
                 child.run(out, self._progress, worker, peers, opts, early.lock.fileno())
 
-            worker.pid = forked.fork(late)
+            worker.pid = _fork(late)
         self._stopped = early.stop_rest()
         os.close(early.write_fd)
         early.lock.close()
@@ -118,6 +170,8 @@ class ActiveProbe:
         try:
             self._finish(snapshot)
         finally:
+            for worker in self.workers:
+                LIVE.discard(worker.pid)
             if self._host_lock is not None:
                 self._host_lock.release()
 
@@ -143,6 +197,9 @@ class ActiveProbe:
         if self._read_fd < 0:
             return [], True
         data, finished = forked.read_until(self._read_fd, self.started + self.opts.deadline_s)
+        # killed by stop_all: the pipe closed, but no worker finished; each GPU's readings
+        # say where its worker was (unknown, naming the call), never a result
+        finished = finished and not LIVE.stopping
         messages = []
         for line in data.splitlines():
             try:
@@ -235,7 +292,7 @@ class EarlyStart:
                 child.run_early(self.write_fd, go_read, self.progress, slot, name,
                              self.lock.fileno())
 
-            pid = forked.fork(run_early)
+            pid = _fork(run_early)
             os.close(go_read)
             self.waiting[bus_id] = _Waiting(slot, pid, go_write)
 
@@ -260,6 +317,7 @@ class EarlyStart:
             os.close(waiting.go_fd)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(waiting.pid, signal.SIGKILL)
+            LIVE.discard(waiting.pid)
             pids.append(waiting.pid)
         self.waiting.clear()
         return pids

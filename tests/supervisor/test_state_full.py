@@ -1,0 +1,83 @@
+"""A full state filesystem does not block failover (issue 20, item 9): the write of the
+state file before each step used to raise, and 15 critical cycles made no failover. The
+daemon on the fake NVML, the exec backend with real commands, the state directory a real
+tiny tmpfs that fills."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuguard.supervisor import state
+from tests.daemon.conftest import metric_lines
+from tests.daemon.test_clock_steps import exec_service
+
+
+@pytest.fixture
+def small_state_dir(tmp_path: Path) -> Iterator[Path]:
+    """tmp_path/state (the daemon's --state-dir) as a 256 KiB tmpfs, always unmounted."""
+    if os.geteuid() != 0:
+        pytest.fail("mounting a tmpfs needs root (./scripts/test.sh runs as root)")
+    mnt = tmp_path / "state"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "gpuguard-test", str(mnt)],
+                   check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """A file that takes every byte left; its path."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass  # ENOSPC: full
+    finally:
+        os.close(fd)
+    return filler
+
+
+def write_errors(daemon) -> float:
+    lines = [x for x in metric_lines(daemon.metrics(),
+                                     "gpuguard_failover_state_write_errors_total")
+             if 'service="batch"' in x]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+def test_a_full_state_filesystem_fails_over_first_and_writes_the_state_later(
+        start_daemon, fake_env, tmp_path, small_state_dir):
+    temperature = tmp_path / "temperature"
+    temperature.write_text("40\n")
+    config = exec_service(tmp_path, min_cpu_time=0)
+    daemon = start_daemon("--fast-interval", "0.5", "--config", str(config),
+                          env=fake_env(temp_file=str(temperature)))
+    path = state.path_for(small_state_dir, "batch")
+    daemon.wait_for(lambda: path.exists() and (tmp_path / "variants" / "gpu").exists(), 15,
+                    "the GPU variant running, its state written")
+    filler = fill(small_state_dir)
+    assert write_errors(daemon) == 0
+
+    temperature.write_text("95\n")  # critical: failover_after 2
+    daemon.wait_for(lambda: (tmp_path / "variants" / "cpu").exists(), 20,
+                    "the failover to CPU with the state filesystem full")
+    assert not (tmp_path / "variants" / "gpu").exists()
+    assert daemon.wait_for(lambda: write_errors(daemon) >= 1, 5, "the failed writes counted")
+    failed = [json.loads(line) for line in daemon.log.read_text().splitlines()
+              if '"failover_state_write_failed"' in line]
+    assert failed and "No space left" in failed[0]["error"], failed
+    assert state.read(path).active == "gpu"  # the old file is whole (atomic writes)
+
+    filler.unlink()  # room again: the next cycle writes what it could not
+    daemon.wait_for(lambda: state.read(path).active == "cpu", 10, "the state written")
+    assert '"failover_state_write_recovered"' in daemon.log.read_text()
+    assert state.read(path).transitions["to_cpu"] == 1
