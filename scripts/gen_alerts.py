@@ -121,7 +121,9 @@ DAEMON_ALERTS: list[dict[str, Any]] = [
      "annotations": {"summary": "gpuguard on {{ $labels.instance }} does not answer",
                      "runbook": "systemctl status gpuguard; journalctl -u gpuguard."}},
     {"alert": "GPUGuardSilent",
-     "expr": 'time() - gpuguard_last_cycle_timestamp_seconds{cadence="fast"} > 60',
+     # The daemon's own monotonic age, not time() minus its wall-clock stamp: a host
+     # clock that disagrees with Prometheus's neither fires this nor hides it.
+     "expr": 'gpuguard_last_cycle_age_seconds{cadence="fast"} > 60',
      "labels": {"severity": "critical"},
      "annotations": {"summary": "gpuguard on {{ $labels.instance }} has not finished a cycle "
                                 "for over a minute",

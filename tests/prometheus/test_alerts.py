@@ -115,8 +115,11 @@ def test_silent_on_idle_downshift_idle_clock_bit_and_one_old_xid(tmp_path):
         {"series": f'gpuguard_xid_last_seen_timestamp_seconds{{{H},xid="79",'
                    f'severity="critical",{G3}}}', "values": "-7200x20"},
         {"series": f'up{{{H}}}', "values": "1x20"},
+        # a host clock an hour behind Prometheus's: the stamp is old, the age is not
         {"series": f'gpuguard_last_cycle_timestamp_seconds{{{H},cadence="fast"}}',
-         "values": "0+15x20"},
+         "values": "-3600+15x20"},
+        {"series": f'gpuguard_last_cycle_age_seconds{{{H},cadence="fast"}}',
+         "values": "5x20"},
         {"series": f'gpuguard_config_last_reload_successful{{{H}}}', "values": "1x20"},
         {"series": f'gpuguard_results_stale{{{H}}}', "values": "0x20"},
         {"series": f'gpuguard_check_deadline_exceeded_total{{{H}}}', "values": "0x20"},
@@ -139,8 +142,8 @@ def test_daemon_and_supervisor_alerts_fire(tmp_path):
             {"series": f'gpuguard_failover_in_progress{{{H},service="llm"}}',
              "values": "1x12"},
             {"series": f'up{{{H}}}', "values": "0x10"},
-            {"series": f'gpuguard_last_cycle_timestamp_seconds{{{H},cadence="fast"}}',
-             "values": "0x10"},
+            {"series": f'gpuguard_last_cycle_age_seconds{{{H},cadence="fast"}}',
+             "values": "0+15x10"},
             {"series": f'gpuguard_config_last_reload_successful{{{H}}}', "values": "1 0 0"},
             {"series": f'gpuguard_results_stale{{{H}}}', "values": "0 1 1"},
         ],
