@@ -19,7 +19,7 @@ class ExecBackend:
         """The commands of a transition see where it goes, why (a Slurm drain reason) and
         the suggested action (gpuguard.judge.actions: a drain script tells a reboot from an
         inspection)."""
-        self.env.update({"GPUGUARD_VARIANT": to, "GPUGUARD_REASON": reason,
+        self.env.update({"GPUGUARD_VARIANT": to, "GPUGUARD_REASON": _env_value(reason),
                          "GPUGUARD_ACTION": action})
 
     def _run(self, key: str) -> int:
@@ -46,3 +46,16 @@ class ExecBackend:
 
     def healthy(self, variant: str) -> bool:
         return self.running(variant)
+
+
+# The longest GPUGUARD_REASON passed on: the kernel refuses to start a command with one
+# string of the environment over 128 KiB (E2BIG), and the reason quotes result messages.
+MAX_REASON = 4096
+
+
+def _env_value(text: str) -> str:
+    """`text` as a value the environment can hold: no NUL byte (the reason quotes results,
+    which may quote what a service answered; one NUL and no command of a transition could
+    start), at most MAX_REASON characters."""
+    text = text.replace("\0", "\\x00")
+    return text if len(text) <= MAX_REASON else text[:MAX_REASON - 3] + "..."
