@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuguard.supervisor.backends import command as backend_command
 from gpuguard.supervisor.config import InferenceRequest
 
 # An answer longer than this is not a one-token completion: read no further.
@@ -29,13 +30,10 @@ def http_ready(url: str, status: int, timeout: float = 2.0) -> bool:
 
 
 def command_ready(command: list[str], timeout: float = 30.0) -> bool:
-    import subprocess
-
-    try:
-        return subprocess.run(command, capture_output=True, timeout=timeout,
-                              check=False).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    """Whether the probe command exits 0 within `timeout`. Its output is not read (a
+    command that leaves something running in the background would hold a pipe open), and
+    at the deadline it is killed with what it started (backends/command.py)."""
+    return backend_command.run(command, timeout, keep_stderr=False).code == 0
 
 
 def wait(check: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
