@@ -5,6 +5,7 @@ the cycle's. The servers are raw sockets on loopback (tests/supervisor/hostile.p
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -126,16 +127,20 @@ def _run(tmp_path: Path, start_daemon: Any, marks: Path, service_pid: int) -> No
     # about one a second; half of that proves nothing stretches them (a busy machine)
     (t0, n0), (t1, n1) = cycles[0], cycles[-1]
     assert (n1 - n0) >= 0.5 * (t1 - t0) / INTERVAL_S, report
+
+    # bounded: the daemon's threads over the last 15 s are as many as over the first 15
+    # s, give or take a few (medians: each cycle's request threads and their timers, and
+    # the HTTP workers this test's own polling wakes, come and go; a leak of one a cycle,
+    # as before, is +25 here), and each hostile server saw at most three of the daemon's
+    # connections open at once (one request in flight per service; a server notices a
+    # closed connection at its next write, up to a second later)
+    early = statistics.median(n for t, n in threads if t < 15)
+    late = statistics.median(n for t, n in threads if t > WATCH_S - 15)
+    assert late <= early + 5, report
+    assert max(held.values()) <= 3, report
     print(f"\nfast cycles {n1 - n0:g} in {t1 - t0:.1f} s; threads {min(n for _, n in threads)}"
-          f"-{max(n for _, n in threads)}; connections held at most {held}")
-    # bounded: the threads of the last 15 s are no more than those of the first 15 s
-    # plus a little (each cycle's request threads and their timers come and go), and
-    # each hostile server saw at most two of the daemon's connections open at once
-    # (one request in flight per service, the next one started as it closes)
-    early = max(n for t, n in threads if t < 15)
-    late = max(n for t, n in threads if t > WATCH_S - 15)
-    assert late <= early + 4, report
-    assert max(held.values()) <= 2, report
+          f"-{max(n for _, n in threads)}, median {early:g} in the first 15 s and {late:g} "
+          f"in the last; connections held at most {held}")
     # and a stop never waits for a service (the unit's TimeoutStopSec is 15 s)
     assert isinstance(stopped, float) and stopped < 10, report
 
