@@ -14,9 +14,11 @@ With no service configured the reading stays absent: the rules are skipped.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +37,8 @@ log = structlog.get_logger("gpuguard.services")
 TREE_DEADLINE_S = 2.0
 # How long past its request_timeout a cycle waits for an inference request to return.
 INFERENCE_GRACE_S = 1.0
-# The deadline of asking a plain health URL whether the service answers yet.
+# The deadline of asking a plain health URL whether the service answers yet (the cycle
+# does not wait for it: the next cycle takes its answer).
 HEALTH_TIMEOUT_S = 2.0
 
 # (time.monotonic(), host RSS bytes, GPU bytes or unknown): the windows and the warm-up are
@@ -54,52 +57,85 @@ class Run:
     answered_at: float | None = None
 
 
+class Requests:
+    """The services' requests, each in a daemon thread of its own, at most one in flight
+    per key (a service and what is asked). A request that does not return is left behind
+    and nothing is sent in its place until it has: a service that holds its requests costs
+    one thread, never one per cycle. Daemon threads, not a pool: the interpreter's exit
+    joins a pool's threads, and a stop never waits for a service."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[Future[Any], float]] = {}
+
+    def start(self, key: str, fn: Callable[[Supervisor], Any], supervisor: Supervisor
+              ) -> Future[Any] | str:
+        """The new request, or why none was sent (the last one is still on its way)."""
+        held = self._last.get(key)
+        if held is not None and not held[0].done():
+            return (f"the request sent {time.monotonic() - held[1]:.0f} s ago has not "
+                    "returned yet")
+        future: Future[Any] = Future()
+        threading.Thread(target=_settle, args=(future, fn, supervisor), daemon=True,
+                         name=f"service-{key}"[:60]).start()
+        self._last[key] = (future, time.monotonic())
+        return future
+
+    def last(self, key: str) -> Future[Any] | None:
+        held = self._last.get(key)
+        return None if held is None else held[0]
+
+
+def _settle(future: Future[Any], fn: Callable[[Supervisor], Any], supervisor: Supervisor
+            ) -> None:
+    try:
+        future.set_result(fn(supervisor))
+    except BaseException as exc:  # handed to the cycle, which decides
+        future.set_exception(exc)
+
+
 class ServiceWatch:
     def __init__(self, supervisors: list[Supervisor], keep_s: float = 1860.0) -> None:
         self.supervisors = supervisors
         self.keep_s = keep_s
         self._runs: dict[str, Run] = {}
+        self.requests = Requests()
 
     def sample(self, snap: Snapshot, now: float) -> None:
         if not self.supervisors:
             return
         # The inference requests of all services at once, each under its own deadline: a
         # cycle waits for the slowest one, not for their sum, and never past the longest
-        # deadline (and a second): readiness.send keeps its deadline, this holds even if it
-        # did not (a name that does not resolve). The pool is not waited for on the way
-        # out; a request still running answers nobody.
-        pool = ThreadPoolExecutor(max_workers=2 * len(self.supervisors),
-                                  thread_name_prefix="inference")
-        try:
-            asked = {s.service.name: pool.submit(_inference, s) for s in self.supervisors}
-            # a plain health URL is asked only until the run first answers it
-            health = {s.service.name: pool.submit(_health_answers, s)
-                      for s in self.supervisors if not self._answered(s.service.name)}
-            entries = {s.service.name: self._entry(s, snap, now) for s in self.supervisors}
-            end = time.monotonic() + max(_request_timeout(s) for s in self.supervisors) \
-                + INFERENCE_GRACE_S
-            for name, future in asked.items():
-                try:
-                    entries[name]["inference"] = future.result(
-                        timeout=max(end - time.monotonic(), 0.0))
-                except FutureTimeout:
-                    # not known, not failed: the answer came too late to be judged
-                    entries[name]["inference"] = {
-                        "ok": None, "error": "the request did not return within its "
-                                             "deadline"}
-            answered: dict[str, bool | None] = {}
-            for name, health_future in health.items():
-                try:
-                    answered[name] = health_future.result(
-                        timeout=max(end - time.monotonic(), 0.0))
-                except FutureTimeout:
-                    answered[name] = None  # not in time: asked again next cycle
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+        # deadline (and a second). readiness.send keeps its deadline and never raises;
+        # this holds even if it did not (a name that does not resolve): a request that has
+        # not returned answers nobody, and none is sent again until it has.
+        asked = {s.service.name: self.requests.start(f"inference:{s.service.name}",
+                                                     _inference, s)
+                 for s in self.supervisors if s.service.probe.request is not None}
+        # A plain health URL is asked only until the run first answers it, and the cycle
+        # does not wait for it: the answer is taken by the first cycle that finds it.
+        answered = {s.service.name: self._health(s) for s in self.supervisors
+                    if _plain_url(s) and not self._answered(s.service.name)}
+        entries = {s.service.name: self._entry(s, snap, now) for s in self.supervisors}
+        end = time.monotonic() + max(_request_timeout(s) for s in self.supervisors) \
+            + INFERENCE_GRACE_S
+        for name, request in asked.items():
+            entries[name]["inference"] = _inference_result(request, end)
         for supervisor in self.supervisors:
             self._note_answer(supervisor, entries[supervisor.service.name],
                               answered.get(supervisor.service.name), now)
         snap.host.services = Reading.ok(entries)
+
+    def _health(self, supervisor: Supervisor) -> bool | None:
+        """The answer of the plain health URL asked before, when it has come (True: it
+        answered its status); then it is asked again. None while one is on its way."""
+        key = f"health:{supervisor.service.name}"
+        asked = self.requests.last(key)
+        if asked is not None and not asked.done():
+            return None
+        self.requests.start(key, _health_answers, supervisor)
+        if asked is None or asked.exception() is not None:
+            return None
+        return asked.result()  # type: ignore[no-any-return]
 
     def _answered(self, name: str) -> bool:
         run = self._runs.get(name)
@@ -199,8 +235,14 @@ def _gpu_memory(snap: Snapshot, pids: set[int]) -> tuple[int | None, int | None]
 
 
 def _request_timeout(supervisor: Supervisor) -> float:
+    """How long a cycle may wait for the service's request (a plain health URL: not at all)."""
     request = supervisor.service.probe.request
-    return request.timeout if request is not None else HEALTH_TIMEOUT_S
+    return request.timeout if request is not None else 0.0
+
+
+def _plain_url(supervisor: Supervisor) -> bool:
+    probe = supervisor.service.probe
+    return probe.request is None and probe.http is not None
 
 
 def _health_answers(supervisor: Supervisor) -> bool | None:
@@ -233,3 +275,18 @@ def _inference(supervisor: Supervisor) -> dict[str, Any] | None:
     answer = readiness.send(url, cfg.status, cfg.request)
     return {"ok": answer.ok, "latency_s": round(answer.latency_s, 4), "status": answer.status,
             "error": answer.error, "timed_out": answer.timed_out, "url": url}
+
+
+def _inference_result(request: Future[Any] | str, end: float) -> dict[str, Any] | None:
+    """The probe's request as the service.inference rule reads it. Whatever happened to it
+    is the service's result or unknown, never an exception in the cycle."""
+    if isinstance(request, str):
+        return {"ok": None, "error": request}
+    try:
+        return request.result(timeout=max(end - time.monotonic(), 0.0))  # type: ignore[no-any-return]
+    except FutureTimeout:
+        # not known, not failed: the answer came too late to be judged
+        return {"ok": None, "error": "the request did not return within its deadline"}
+    except Exception as exc:  # gpuguard's own fault, not the service's: not known
+        log.error("service_probe_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+        return {"ok": None, "error": f"the probe failed: {type(exc).__name__}"}

@@ -57,6 +57,16 @@ Text = Annotated[str, msgspec.Meta(min_length=1)]
 Command = Annotated[list[Text], msgspec.Meta(min_length=1)]
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 GpuIndex = Annotated[int, msgspec.Meta(ge=0)]
+# A service's name makes file names in the state directory (failover-<name>.json, owned
+# by root), a metric label and a thread name: letters, digits, '_' and '-', at most 64,
+# never '/' or '..' (a name like `/../../x` made root write outside the state dir). No
+# dot either: `x.request` would be the state file of one service and the request file
+# (failover-<name>.request.json) of another.
+# (\A and \Z: `$` would also match before a final newline, and "llm\n" would pass)
+SERVICE_NAME = r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z"
+ServiceName = Annotated[str, msgspec.Meta(
+    pattern=SERVICE_NAME, description="1 to 64 letters, digits, '_' or '-', starting with "
+    "a letter or digit (it names files in the state directory)")]
 
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -141,7 +151,7 @@ class RouterSpec(_Strict):
 
 
 class ServiceSpec(_Strict):
-    name: Text
+    name: ServiceName
     # backend and failback are checked below, with messages that list the choices
     backend: str
     probe: ProbeSpec

@@ -7,15 +7,15 @@ import contextlib
 import http.client
 import json
 import socket
+import ssl
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuguard.supervisor.backends import command as backend_command
 from gpuguard.supervisor.config import InferenceRequest
 
 # An answer longer than this is not a one-token completion: read no further.
@@ -23,23 +23,17 @@ MAX_BODY = 1024 * 1024
 
 
 def http_ready(url: str, status: int, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return bool(resp.status == status)
-    except urllib.error.HTTPError as exc:
-        return exc.code == status
-    except OSError:
-        return False
+    """Whether `url` answers GET with `status` (its own answer: a redirect is not followed),
+    its body read (at most MAX_BODY), all within `timeout`. Never raises: whatever the
+    server sends, or does not, is an answer of False (see send)."""
+    return send(url, status, InferenceRequest("GET", None, {}, None, timeout)).ok
 
 
 def command_ready(command: list[str], timeout: float = 30.0) -> bool:
-    import subprocess
-
-    try:
-        return subprocess.run(command, capture_output=True, timeout=timeout,
-                              check=False).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    """Whether the probe command exits 0 within `timeout`. Its output is not read (a
+    command that leaves something running in the background would hold a pipe open), and
+    at the deadline it is killed with what it started (backends/command.py)."""
+    return backend_command.run(command, timeout, keep_stderr=False).code == 0
 
 
 def wait(check: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
@@ -67,35 +61,56 @@ class Answer:
 
 def send(url: str, status: int, request: InferenceRequest) -> Answer:
     """Send the request; ok when it answers `status` within its deadline with a JSON body
-    (read up to MAX_BODY) that has `json_path`. Never raises, and returns within about
-    `request.timeout` whatever the server does: the socket is shut down at the deadline,
-    so a server that trickles its headers or body a byte at a time cannot hold it."""
+    (read up to MAX_BODY) that has `json_path`. Returns within about `request.timeout`
+    whatever the server does: the socket is shut down at the deadline, so a server that
+    trickles its headers or body a byte at a time cannot hold it. Never raises: anything
+    the server sends (bytes that are no HTTP, 200 headers, JSON nested 100,000 deep, a body
+    without end) is the service's failure, and the caller (a daemon cycle, a transition
+    waiting for its target) carries on."""
     started = time.monotonic()
     cut = threading.Event()
-    code: int | None = None
     try:
         code, body = _exchange(url, request, started + request.timeout, cut)
-    except (OSError, ValueError, http.client.HTTPException) as exc:
-        latency = time.monotonic() - started
+    except Exception as exc:  # what the server sent decides this answer, and nothing else
         if cut.is_set() or isinstance(exc, TimeoutError):
-            return Answer(False, latency, code,
-                          f"TimeoutError: the request timed out after {request.timeout:g} s",
-                          timed_out=True)
-        return Answer(False, latency, code, f"{type(exc).__name__}: {str(exc)[:200]}")
-    latency = time.monotonic() - started
+            return _timed_out(started, None, request)
+        return Answer(False, time.monotonic() - started, None,
+                      f"{type(exc).__name__}: {printable(str(exc)[:200])}")
     if cut.is_set():  # the deadline passed as the answer ended: it may be cut short
-        return Answer(False, latency, code,
-                      f"TimeoutError: the request timed out after {request.timeout:g} s",
-                      timed_out=True)
+        return _timed_out(started, code, request)
+    return _judge(code, body, status, request.json_path, time.monotonic() - started)
+
+
+def printable(text: str) -> str:
+    """`text` with every character that does not print escaped (\\x00, \\n): an error
+    often quotes what the server sent (http.client's BadStatusLine holds the line as it
+    came), and it goes on into messages, logs and the exec backend's environment, where a
+    NUL byte cannot go."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
+def _timed_out(started: float, code: int | None, request: InferenceRequest) -> Answer:
+    return Answer(False, time.monotonic() - started, code,
+                  f"TimeoutError: the request timed out after {request.timeout:g} s",
+                  timed_out=True)
+
+
+def _judge(code: int, body: bytes, status: int, json_path: str | None,
+           latency: float) -> Answer:
+    """A complete answer: the status, then the JSON path."""
     if code != status:
         return Answer(False, latency, code, f"answered {code}, expected {status}")
-    if request.json_path is None:
+    if json_path is None:
         return Answer(True, latency, code)
     try:
         doc = json.loads(body)
+    except RecursionError:
+        # the C parser counts its depth and stops at the interpreter's limit (1,000)
+        return Answer(False, latency, code, "the answer is not JSON: nested too deeply")
     except ValueError as exc:
         return Answer(False, latency, code, f"the answer is not JSON: {str(exc)[:100]}")
-    missing = _missing(doc, request.json_path)
+    missing = _missing(doc, json_path)
     if missing is not None:
         return Answer(False, latency, code, f"the answer has no {missing}")
     return Answer(True, latency, code)
@@ -103,29 +118,42 @@ def send(url: str, status: int, request: InferenceRequest) -> Answer:
 
 def _exchange(url: str, request: InferenceRequest, end: float, cut: threading.Event
               ) -> tuple[int, bytes]:
-    """The status and body (at most MAX_BODY) of one request. The socket's own timeout
-    bounds each read only; a timer shuts the socket down at `end` and sets `cut`, which
-    bounds the whole exchange."""
+    """The status and body (at most MAX_BODY) of one request, under one deadline, `end`.
+    The socket's own timeout bounds each read only (a byte every 0.5 s never trips it), so
+    a timer shuts the connection down at `end` and sets `cut`: the TLS handshake, sending,
+    the status line, the headers and the body all end there. Connecting is bounded by the
+    socket's timeout (what is left at the start); resolving a name is not (a cycle never
+    waits past its own deadline for it: gpuguard/daemon/services.py)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"not an http(s) URL: {url[:200]!r}")
-    kind = (http.client.HTTPSConnection if parts.scheme == "https"
-            else http.client.HTTPConnection)
-    conn = kind(parts.hostname, parts.port, timeout=max(end - time.monotonic(), 0.001))
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    raw = socket.create_connection((parts.hostname, port), timeout=_left(end))
+    # The timer holds a second descriptor of the same connection: TLS takes the first one
+    # over (the wrapped socket detaches it), and a shutdown through either ends both.
+    hold = raw.dup()
+    timer = threading.Timer(_left(end), _shut, (hold, cut))
+    timer.daemon = True
+    timer.start()
     try:
-        conn.connect()
-        timer = threading.Timer(max(end - time.monotonic(), 0.0), _shut, (conn.sock, cut))
-        timer.daemon = True
-        timer.start()
+        conn = http.client.HTTPConnection(parts.hostname, port, timeout=_left(end))
+        conn.sock = (raw if parts.scheme == "http" else ssl.create_default_context()
+                     .wrap_socket(raw, server_hostname=parts.hostname))
         try:
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             conn.request(request.method, path, body=request.body, headers=request.headers)
             resp = conn.getresponse()
             return resp.status, _read_bounded(resp)
         finally:
-            timer.cancel()
+            conn.close()
     finally:
-        conn.close()
+        timer.cancel()
+        hold.close()
+        raw.close()
+
+
+def _left(end: float) -> float:
+    return max(end - time.monotonic(), 0.001)
 
 
 def _shut(sock: socket.socket, cut: threading.Event) -> None:

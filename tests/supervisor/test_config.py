@@ -1,6 +1,8 @@
 """The services file is checked whole when it is loaded: an unknown key at any depth or a
 value of the wrong type is `file:line: what is wrong`, before anything is stopped."""
 
+import json
+
 import pytest
 
 from gpuguard.config.yamlfile import ConfigError
@@ -86,3 +88,26 @@ def test_a_service_defined_twice_names_the_second(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_text(tmp_path, GOOD + second)
     assert caught.value.line == 20 and "'llm' is defined twice" in str(caught.value)
+
+
+@pytest.mark.parametrize("name", [
+    "/../../x", "../x", "a/b", "..", ".hidden", "x.request", "-x", "_x", "with space",
+    "llm\n", "é", "a" * 65, "",
+])
+def test_a_name_that_is_not_safe_in_a_file_name_is_refused_at_load(tmp_path, name):
+    """A service's name makes root's files in the state directory (failover-<name>.json):
+    only letters, digits, '_' and '-' (docs/supervisor.md). `/../../x` used to make the
+    daemon write failover-/../../x.json, outside the state directory."""
+    text = GOOD.replace("  - name: llm", f"  - name: {json.dumps(name)}", 1)
+    with pytest.raises(ConfigError) as caught:
+        load_text(tmp_path, text)
+    assert caught.value.line == 2, str(caught.value)
+    assert str(caught.value).startswith(f"{tmp_path / 'gpuguard.yaml'}:2: ")
+    assert "name must be 1 to 64 letters, digits, '_' or '-'" in caught.value.problem \
+        or (name == "" and "name" in caught.value.problem), caught.value.problem
+
+
+@pytest.mark.parametrize("name", ["llm", "LLM-2", "vllm_8b", "0", "a" * 64])
+def test_safe_names_load(tmp_path, name):
+    [service] = load_text(tmp_path, GOOD.replace("  - name: llm", f"  - name: {name!r}", 1))
+    assert service.name == name
