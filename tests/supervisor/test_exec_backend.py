@@ -4,6 +4,7 @@ user's start/stop commands launch and kill; the supervisor runs in-process."""
 import contextlib
 import json
 import sys
+import time
 
 from gpuguard.io.clock import boottime
 from gpuguard.model.identity import GpuId
@@ -65,6 +66,7 @@ def test_exec_backend_moves_the_service(tmp_path):
 # to stderr, as servers do (the output a start command's background child holds).
 SERVE = """
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 class Handler(BaseHTTPRequestHandler):
