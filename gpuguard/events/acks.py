@@ -25,7 +25,7 @@ from gpuguard.model.rule import RuleSet
 
 # An ack holds at most this long (`gpuguard ack --for`), and no older one is read.
 ACK_MAX_S = 366 * 86400.0
-# The acks of a boot that may still hold, oldest first (index events_kind_boot)
+# The acks of a boot that may still hold, oldest first (partial index events_acks)
 ACKS_SQL = (f"SELECT id, {', '.join(COLUMNS)} FROM events "
             "WHERE kind = 'ack' AND boot_id = ? AND time >= ? ORDER BY id")
 # Where an ack stores the set its finding named

@@ -60,10 +60,9 @@ CREATE INDEX IF NOT EXISTS events_rule_gpu ON events(rule, gpu_uuid, kind, time)
 -- a kernel-log line is recorded once per boot, however many runs read it
 CREATE UNIQUE INDEX IF NOT EXISTS events_kmsg_line ON events(kind, boot_id, seq)
     WHERE seq IS NOT NULL;
--- schema 2: the acks of a boot (gpuguard.events.acks), and each finding's last
--- transition (last_findings), without a scan of the table
-CREATE INDEX IF NOT EXISTS events_kind_boot ON events(kind, boot_id, time);
-CREATE INDEX IF NOT EXISTS events_kind_finding ON events(kind, rule, gpu_uuid, gpu_index, id);
+-- schema 2: the acks of a boot (gpuguard.events.acks), which every `check` with a store
+-- reads, without a scan of the table; partial: it costs a row per ack, not per event
+CREATE INDEX IF NOT EXISTS events_acks ON events(boot_id, time) WHERE kind = 'ack';
 """
 COLUMNS = ("time", "boot_id", "kind", "source", "rule", "code", "seq", "gpu_index", "gpu_uuid",
            "gpu_serial", "gpu_bus_id", "old_status", "status", "action", "message", "data")

@@ -47,7 +47,7 @@ def test_a_schema_1_store_is_read_then_migrated_by_its_first_writer(tmp_path):
         assert conn.execute("PRAGMA quick_check").fetchone()[0] == "ok"
     finally:
         conn.close()
-    assert "events_kind_boot" in indexes(path)
+    assert "events_acks" in indexes(path)
     after = gpuguard("events", "--state-dir", str(state), "--since", "100000d",
                      "--format", "json")
     assert after.returncode == 0, after.stderr
@@ -68,4 +68,4 @@ def test_the_ack_query_uses_an_index(tmp_path):
             f"EXPLAIN QUERY PLAN {ACKS_SQL}", ("b1", 0.0)))
     finally:
         conn.close()
-    assert "USING INDEX events_kind_boot" in plan, plan
+    assert "USING INDEX events_acks" in plan, plan
