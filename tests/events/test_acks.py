@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 from gpuguard.events import store as eventstore
-from gpuguard.events.ack_command import record_ack
 from gpuguard.events.escalation import apply_history
 from gpuguard.events.recording import rule_transitions
 from gpuguard.events.writer import EventWriter
@@ -100,6 +99,8 @@ def test_a_host_rules_ack_covers_the_set_it_was_given_for_not_a_worse_one(tmp_pa
     writer.record_all(rule_transitions([_finding(three)], last, "daemon"))
     assert writer.flush() == 1
     writer.close()
+    from gpuguard.events.ack_command import record_ack
+
     proc = procfs(tmp_path, BOOT_A)
     said = record_ack(state, Paths(procfs=proc), None, "gpu.count", None, "RMA", 3600.0)
     assert "covers its critical finding" in said
