@@ -142,6 +142,22 @@ DAEMON_ALERTS: list[dict[str, Any]] = [
                                 "configuration",
                      "runbook": "The last good rules are in use. journalctl -u gpuguard shows "
                                 "config_reload_failed with the file and line."}},
+    # Issue 20. The store (main file and WAL) is bounded at 64 MiB; it stays above only
+    # while a reader holds a read transaction and pins the WAL, which gpuguard cannot end
+    # (docs/events.md). Fifteen minutes: a long `gpuguard events` or a backup is not it.
+    {"alert": "GPUGuardEventStoreOverBound",
+     "expr": "gpuguard_event_store_size_bytes > 64 * 1024 * 1024",
+     "for": "15m",
+     "labels": {"severity": "warning"},
+     "annotations": {"summary": "the event store on {{ $labels.instance }} has stayed above "
+                                "its 64 MiB bound for 15 minutes",
+                     "runbook": "A reader holds a read transaction and pins the WAL, which "
+                                "gpuguard cannot checkpoint: find it with `fuser -v "
+                                "/var/lib/gpuguard/events.db*` (or lsof) and end it; the "
+                                "daemon truncates the WAL at its next flush. Meanwhile new "
+                                "events wait in memory (bounded; "
+                                "gpuguard_event_store_dropped_total counts what does not "
+                                "fit)."}},
     {"alert": "GPUGuardCheckDeadline",
      "expr": "increase(gpuguard_check_deadline_exceeded_total[5m]) > 0 or "
              "gpuguard_results_stale == 1",

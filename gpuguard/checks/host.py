@@ -21,7 +21,7 @@ from gpuguard.judge.registry import (
     warning,
 )
 from gpuguard.judge.xids import Grade, select, span
-from gpuguard.model.results import Status
+from gpuguard.model.results import NAMES, Status
 
 GIB = 1024**3
 
@@ -58,6 +58,7 @@ def memory(ctx: CheckContext) -> Finding:
         observed["oom_kills"] = kills.records
         if kills.host:
             problems.append((Status.WARNING, kills.host))
+            observed.setdefault(NAMES, []).extend(_host_kill_names(kills))
         if kills.cgroup:
             notes.append(kills.cgroup)
     elif log.state == "error":
@@ -84,10 +85,14 @@ def _shortage(ctx: CheckContext, sizes: dict[str, int], available: float, text: 
     """The memory problems: too little available (critical or warning), and swap filling
     while available memory is low. A host with swap gets its use in `observed`."""
     problems: list[tuple[Status, str]] = []
+    # what the finding names (observed[NAMES], an ack covers these): what is short
+    names = observed.setdefault(NAMES, [])
     if available < ctx.threshold("available_critical_percent"):
         problems.append((Status.CRITICAL, f"only {text}"))
+        names.append("available memory")
     elif available < ctx.threshold("available_warning_percent"):
         problems.append((Status.WARNING, f"only {text}"))
+        names.append("available memory")
     if sizes["swap_total_bytes"]:
         swap = _percent(sizes["swap_used_bytes"], sizes["swap_total_bytes"])
         observed["swap_used_percent"] = round(swap, 1)
@@ -101,6 +106,7 @@ def _shortage(ctx: CheckContext, sizes: dict[str, int], available: float, text: 
             problems.append((Status.WARNING, f"swap {swap:.0f} % in use "
                              f"({_gib(sizes['swap_used_bytes'])} of "
                              f"{_gib(sizes['swap_total_bytes'])}){low}"))
+            names.append("swap")
     return problems
 
 
@@ -140,6 +146,12 @@ def _oom_kills(summary: dict[str, Any], window_s: float) -> OomKills:
     return OomKills(records, host, cgroup)
 
 
+def _host_kill_names(kills: OomKills) -> list[str]:
+    """What host.memory's finding names for its host-wide OOM kills (an ack covers these)."""
+    return [f"OOM kill of {e.get('process') or '?'} (pid {e.get('pid')})"
+            for e in kills.records if e.get("scope") != "cgroup"]
+
+
 def _problems_message(problems: list[tuple[Status, str]], notes: list[str],
                       log_problem: str | None) -> str:
     """Each problem, then the notes, and why OOM kills could not be judged."""
@@ -177,8 +189,10 @@ def disk(ctx: CheckContext) -> Finding:
     if paths.problems:
         worst = max((status for status, _ in paths.problems), key=lambda s: s.rank)
         message = " | ".join(words for _, words in paths.problems) + extra
-        return critical(message, paths=paths.observed) if worst is Status.CRITICAL \
-            else warning(message, paths=paths.observed)
+        # what the finding names (an ack covers these): the paths short of space or inodes
+        named = {NAMES: paths.short}
+        return critical(message, paths=paths.observed, **named) \
+            if worst is Status.CRITICAL else warning(message, paths=paths.observed, **named)
     if unread:
         return unknown("cannot read " + "; ".join(unread)
                        + (f" ({', '.join(fine)})" if fine else ""), paths=paths.observed)
@@ -192,6 +206,7 @@ class DiskPaths:
     unread: list[str] = field(default_factory=list)
     fine: list[str] = field(default_factory=list)
     observed: list[dict[str, Any]] = field(default_factory=list)
+    short: list[str] = field(default_factory=list)  # the paths of `problems`
 
 
 def _judge_paths(ctx: CheckContext, entries: list[dict[str, Any]]) -> DiskPaths:
@@ -216,6 +231,7 @@ def _judge_paths(ctx: CheckContext, entries: list[dict[str, Any]]) -> DiskPaths:
         status, said = _below_lines(ctx, entry, free, inodes)
         if said:
             paths.problems.append((status, f"{where}: {', '.join(said)}"))
+            paths.short.append(entry["path"])
         else:
             paths.fine.append(f"{entry['path']} {free:.0f} % free")
     return paths

@@ -17,7 +17,7 @@ from typing import Any
 from gpuguard.judge.registry import CheckContext, Finding, host_check, ok, skipped, unknown
 from gpuguard.judge.trend import Growth, Limits, Point, judge
 from gpuguard.model.derived import held_by
-from gpuguard.model.results import Status
+from gpuguard.model.results import NAMES, Status
 from gpuguard.model.snapshot import Process
 
 MIB = 1024 * 1024
@@ -35,6 +35,9 @@ def _combine(findings: dict[str, Finding]) -> Finding:
     return Finding(worst, message, {
         "service_status": {name: f.status.value for name, f in findings.items()},
         "services": {name: f.observed for name, f in findings.items()},
+        # what the finding names: the services that fail it (an ack covers these)
+        NAMES: sorted(name for name, f in findings.items()
+                      if f.status in (Status.WARNING, Status.CRITICAL)),
     })
 
 

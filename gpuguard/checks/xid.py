@@ -13,6 +13,7 @@ from typing import Any
 from gpuguard.judge.actions import of_xid
 from gpuguard.judge.registry import CheckContext, Finding, host_check, ok, warning
 from gpuguard.judge.xids import Selection, grade, select, span
+from gpuguard.model.results import NAMES
 
 
 @host_check("xid.recent", thresholds=("repeat_for_vendor",))
@@ -51,7 +52,9 @@ def _observed(chosen: Selection, counted: list[dict[str, Any]], window: str, dro
             "acknowledged": chosen.acknowledged,
             "events": [{k: e[k] for k in ("xid", "pci", "gpu", "severity", "seq", "age_s",
                                             "pid", "process", "suggested")}
-                       for e in counted]}
+                       for e in counted],
+            # what the finding names: the Xid codes it counts (an ack covers these)
+            NAMES: sorted({str(e["xid"]) for e in counted})}
 
 
 def _nothing_to_act_on(chosen: Selection, window: str) -> str:

@@ -3,6 +3,7 @@ command line (gpuguard/events/commands.py does the work)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -48,9 +49,20 @@ def xid_ack(state_dir: Path | None, path_procfs: Path | None, kmsg_device: Path 
     except OSError as exc:
         raise ConfigProblem(f"cannot write {state_dir}: {exc.strerror or exc}") from exc
     click.echo(f"acknowledged {len(seqs)} Xid line(s) up to kmsg sequence {max(seqs)}")
-    from gpuguard.events.commands import record_xid_ack
+    from gpuguard.events.ack_command import record_xid_ack
 
     record_xid_ack(state_dir, paths, max(seqs), len(seqs))
+
+
+def _finite_span(text: str, option: str, most_s: float | None = None) -> float:
+    """A span of the command line (90s, 15m, 24h, 30d) that is a finite number of seconds,
+    at most `most_s`: `infd` or `1e400d` would be written, then break every reader."""
+    seconds = span_option(text, option)
+    if not math.isfinite(seconds) or (most_s is not None and seconds > most_s):
+        limit = "" if most_s is None else f" of at most {most_s / 86400:.0f}d"
+        raise ConfigProblem(f"{option}: a span{limit} such as 90s, 15m, 24h, 30d, "
+                            f"not {text!r}")
+    return seconds
 
 
 @click.command("events")
@@ -75,7 +87,7 @@ def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[st
     state_dir = state_dir_or_default(state_dir)
 
     try:
-        click.echo(list_events(state_dir, span_option(since, "--since"), gpu, rule_id,
+        click.echo(list_events(state_dir, _finite_span(since, "--since"), gpu, rule_id,
                                kinds, fmt, limit), nl=False)
     except CannotRead as exc:
         raise ConfigProblem(str(exc)) from exc
@@ -97,9 +109,12 @@ def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[st
 def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Path | None,
         path_procfs: Path | None, kmsg_device: Path | None, profile_path: Path | None,
         rules_dirs: tuple[Path, ...]) -> None:
-    """Acknowledge RULE's finding: its suggested action becomes none (its status stays)
-    until the finding changes or the time is up; recorded in the event store."""
-    from gpuguard.events.commands import CannotRead, record_ack
+    """Acknowledge RULE's finding as the event store last recorded it (its status, and
+    for a host rule what it names): its suggested action becomes none (its status stays)
+    until the finding changes or the time is up. A rule that is ok, or a GPU the store
+    never recorded, is refused."""
+    from gpuguard.events.ack_command import AckRefused, record_ack
+    from gpuguard.events.acks import ACK_MAX_S
 
     _, ruleset = load_rules(profile_path, rules_dirs)
     if rule_id not in ruleset.rules:
@@ -110,7 +125,7 @@ def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Pa
                             "covers one board's finding)")
     if scope == "host" and gpu is not None:
         raise ConfigProblem(f"{rule_id} is a host rule: it takes no --gpu")
-    seconds = span_option(duration, "--for")
+    seconds = _finite_span(duration, "--for", ACK_MAX_S)
     from gpuguard.io.paths import host_default, state_dir_or_default
 
     # `ack xid.recent` also acknowledges the kernel log's lines (as `xid ack` does)
@@ -119,5 +134,5 @@ def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Pa
     try:
         click.echo(record_ack(state_dir_or_default(state_dir), paths_from(None, path_procfs, None),
                               kmsg, rule_id, gpu, reason, seconds))
-    except CannotRead as exc:
+    except AckRefused as exc:
         raise ConfigProblem(str(exc)) from exc

@@ -182,6 +182,7 @@ def _rule(path: Path, spec: RuleSpec, entry: Mapping, default_pack: bool) -> Rul
         when=condition,
         cadence=spec.cadence,
         problem=problem.strip() if (problem := given(spec.problem)) is not None else None,
+        kind=given(spec.kind),
     )
     if (action := given(spec.action)) is not None:
         rule.action, rule.action_origin = action, f"{path}:{entry.line_of('action')}"

@@ -26,6 +26,9 @@ XidAction = Literal["restart_app", "reset_gpu", "reboot", "contact_vendor", "ign
 
 # gpuguard.judge.actions.Action, by severity (a test holds the two together)
 RuleAction = Literal["none", "restart_app", "reset_gpu", "reboot", "inspect_hardware"]
+# gpuguard.model.rule.KINDS (a test holds the two together): only a hardware finding
+# escalates after a reboot
+FindingKind = Literal["hardware", "setting", "software", "resource"]
 Span = Annotated[str, msgspec.Meta(pattern=r"^[0-9]+(\.[0-9]+)?[smhd]$",
                                    description="a span such as 90s, 15m, 24h, 7d")]
 
@@ -93,6 +96,7 @@ class RuleSpec(_Strict):
     when: Annotated[str, msgspec.Meta(description="an expression in quotes")] | Unset = UNSET
     cadence: Literal["fast", "slow"] = "fast"
     action: RuleAction | Unset = UNSET
+    kind: FindingKind | Unset = UNSET
     auto_clear: Span | Unset = UNSET
     escalate: EscalationSpec | Unset = UNSET
 

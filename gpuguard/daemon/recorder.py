@@ -3,7 +3,9 @@
 A cycle only hands its results over (memory, bounded) and takes the history's verdicts
 (escalations, acks) that the thread worked out for the previous cycle: no cycle waits on
 the disk, however slow or locked it is. An overlay entry applies only while the result's
-status is the one it was worked out for, so a changed finding never carries an old ack.
+finding (status, and the set it names) is the one it was worked out for, so a changed
+finding never carries an old ack. Bad rows the thread meets are skipped and counted
+(`metrics()["rows_skipped"]`), never the end of the recording.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import structlog
 
 from gpuguard.events import store as eventstore
 from gpuguard.events.escalation import apply_history
-from gpuguard.events.recording import rule_transitions
-from gpuguard.events.store import Event, StoreUnreadable
+from gpuguard.events.recording import finding_of, rule_transitions
+from gpuguard.events.store import Event, Finding, StoreUnreadable
 from gpuguard.events.writer import EventWriter
 from gpuguard.judge.actions import FAILING
 from gpuguard.model.identity import GpuId, finding_key
@@ -37,7 +39,7 @@ FLUSH_EVERY_S = 1.0
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-    status: str
+    finding: Finding  # the status and names it was worked out for
     action: str
     reason: str | None
     observed: dict[str, Any]
@@ -56,7 +58,7 @@ class EventRecorder:
         self.cycles_dropped = 0
         self._cycles: deque[tuple[list[Result], dict[int, GpuId], RuleSet, float]] = deque()
         self._overlay: dict[tuple[str, str], Verdict] = {}
-        self._last: dict[tuple[str, str], str] | None = None
+        self._last: dict[tuple[str, str], Finding] | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -74,7 +76,7 @@ class EventRecorder:
         out = []
         for r in results:
             verdict = overlay.get(_key(r)) if r.status in FAILING else None
-            if verdict is not None and verdict.status == r.status.value:
+            if verdict is not None and verdict.finding == finding_of(r):
                 r = dataclasses.replace(r, action=verdict.action, action_reason=verdict.reason,
                                         observed={**r.observed, **verdict.observed})
             out.append(r)
@@ -122,7 +124,7 @@ class EventRecorder:
         if self.before_flush is not None:
             self.before_flush()
         if self._last is None:
-            self._last = self.writer.last_statuses()
+            self._last = self.writer.last_findings()
         with self._lock:
             cycles = list(self._cycles)
             self._cycles.clear()
@@ -142,7 +144,8 @@ class EventRecorder:
                 conn = None
             if conn is not None:
                 try:
-                    applied = apply_history(results, conn, self.boot_id, ruleset, known, when)
+                    applied = apply_history(results, conn, self.boot_id, ruleset, known, when,
+                                            skipped=self.writer.skipped)
                 finally:
                     conn.close()
         # this cycle's results only: the other cadence's verdicts stay as they were
@@ -155,16 +158,24 @@ class EventRecorder:
                     continue
                 extra = {k: v for k, v in after.observed.items()
                          if before.observed.get(k) != v}
-                overlay[key] = Verdict(after.status.value, after.action, after.action_reason,
+                overlay[key] = Verdict(finding_of(after), after.action, after.action_reason,
                                        extra)
             self._overlay = overlay
         return applied
 
     def metrics(self) -> dict[str, Any]:
+        """The recorder's counters for /metrics (daemon/metrics.py exports them).
+        size_bytes: the main file and its WAL; wal_pinned: flushes held back above the
+        bound by a reader pinning the WAL; wal_replaced: the store's files deleted or
+        replaced under it; rows_skipped: bad rows met (each once); unsafe: opens refused
+        (a link or another user's file); dropped["wal_lost"]: events a deleted WAL took."""
         stats = self.writer.stats
         return {"written": stats.written, "dropped": dict(stats.dropped),
                 "corrupt": stats.corrupt_moved, "queued": stats.queued,
                 "busy": stats.busy, "size_bytes": stats.size_bytes,
+                "wal_bytes": stats.wal_bytes, "wal_pinned": stats.wal_pinned,
+                "wal_replaced": stats.wal_replaced, "unsafe": stats.unsafe,
+                "rows_skipped": self.writer.skipped.count,
                 "cycles_dropped": self.cycles_dropped}
 
 

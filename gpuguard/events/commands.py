@@ -1,6 +1,7 @@
 """The command line's side of the event store: `check --record` (and history in `check`),
-`gpuguard events`, `gpuguard ack`, and the record `gpuguard xid ack` leaves. Apart from
-cli.py so that `check` without a store imports none of it."""
+`gpuguard events`, and `failover status`'s tail (`gpuguard ack`: ack_command.py). Apart
+from cli.py so that `check` without a store imports none of it. A bad row met on the way
+is skipped and said once on stderr (`N bad row(s) skipped`), never fatal."""
 
 from __future__ import annotations
 
@@ -11,18 +12,18 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
 
 from gpuguard.events import store as eventstore
+from gpuguard.events.ack_command import CLI_WRITE_WAIT_S, flush_within
 from gpuguard.events.escalation import apply_history
 from gpuguard.events.recording import kernel_log_xids, rule_transitions
+from gpuguard.events.rows import Skipped, a_time, data_of
 from gpuguard.events.store import Event, StoreUnreadable
 from gpuguard.events.writer import EventWriter
 from gpuguard.io.clock import utc
 from gpuguard.io.paths import Paths
 from gpuguard.judge.actions import of_xid
 from gpuguard.judge.xids import grade
-from gpuguard.model.identity import finding_key, stored
 from gpuguard.model.results import Result
 from gpuguard.model.rule import RuleSet
 from gpuguard.model.snapshot import Snapshot
@@ -31,23 +32,16 @@ from gpuguard.sources.host import boot_id
 # The longest message `events` prints in its table (JSON has it whole).
 MAX_MESSAGE = 1000
 
-# How long a command waits for the daemon's write lock before giving up (it retries every
-# busy_timeout); a CLI can wait longer than a cycle.
-CLI_WRITE_WAIT_S = 3.0
-
 
 class CannotRead(Exception):
     pass
 
 
-def _flush_within(writer: EventWriter, wait_s: float) -> bool:
-    end = time.monotonic() + wait_s
-    while True:
-        writer.flush()
-        if writer.stats.queued == 0:
-            return not writer.stats.dropped
-        if time.monotonic() > end:
-            return False
+def say_skipped(path: Path, skipped: Skipped) -> None:
+    """The bad rows a command met, once, on stderr."""
+    if skipped.count:
+        print(f"gpuguard: event store {path}: {skipped.count} bad row(s) skipped (unreadable "
+              "or out of range; the rest was used)", file=sys.stderr)
 
 
 def with_history(results: list[Result], snapshot: Snapshot, ruleset: RuleSet,
@@ -59,14 +53,15 @@ def with_history(results: list[Result], snapshot: Snapshot, ruleset: RuleSet,
     known = snapshot.gpu_ids()
     path = eventstore.path_in(state_dir)
     writer = EventWriter(path, boot, integrity_check=False) if record else None
+    skipped = writer.skipped if writer is not None else Skipped()
     if writer is not None:
-        last = writer.last_statuses()
+        last = writer.last_findings()
         catalog = ruleset.xid_catalog
         writer.record_all(kernel_log_xids(
             snapshot, "check",
             lambda xid, text: (grade(xid, text, catalog).severity,
                                of_xid(xid, text, catalog).value)))
-        _flush_within(writer, CLI_WRITE_WAIT_S)
+        flush_within(writer, CLI_WRITE_WAIT_S)
     try:
         conn = eventstore.open_reader(path)
     except StoreUnreadable as exc:
@@ -74,16 +69,20 @@ def with_history(results: list[Result], snapshot: Snapshot, ruleset: RuleSet,
             print(f"gpuguard: event store: {exc}", file=sys.stderr)
         conn = None
     if conn is not None:
-        with conn:
-            results = apply_history(results, conn, boot, ruleset, known)
-        conn.close()
+        try:
+            results = apply_history(results, conn, boot, ruleset, known, skipped=skipped)
+        finally:
+            conn.close()
     if writer is not None:
         writer.record_all(rule_transitions(results, last, "check"))
-        if not _flush_within(writer, CLI_WRITE_WAIT_S):
+        if not flush_within(writer, CLI_WRITE_WAIT_S):
             dropped = sum(writer.stats.dropped.values()) + writer.stats.queued
-            print(f"gpuguard: event store {path}: {dropped} event(s) not written "
-                  f"({', '.join(writer.stats.dropped) or 'locked'})", file=sys.stderr)
+            why = ", ".join(writer.stats.dropped) or (
+                "a reader pins the WAL" if writer.stats.wal_pinned else "locked")
+            print(f"gpuguard: event store {path}: {dropped} event(s) not written ({why})",
+                  file=sys.stderr)
         writer.close()
+    say_skipped(path, skipped)
     return results
 
 
@@ -96,13 +95,19 @@ def _reader(state_dir: Path) -> sqlite3.Connection:
 
 def list_events(state_dir: Path, since_s: float, gpu: str | None, rule: str | None,
                 kinds: tuple[str, ...], fmt: str, limit: int) -> str:
+    """The table or JSON of `gpuguard events`. The store is closed before a line is
+    made: a reader whose output waits (a pager) holds no read transaction, which would
+    pin the WAL."""
     conn = _reader(state_dir)
+    skipped = Skipped()
     try:
-        found = list(eventstore.query(conn, time.time() - since_s, kinds, rule, gpu, limit))
+        found = eventstore.query(conn, time.time() - since_s, kinds, rule, gpu, limit,
+                                 skipped)
     except sqlite3.Error as exc:
         raise CannotRead(f"{eventstore.path_in(state_dir)}: {exc}") from exc
     finally:
         conn.close()
+    say_skipped(eventstore.path_in(state_dir), skipped)
     if fmt == "json":
         return json.dumps({"schema": 1, "events": [e.to_json() for e in found]},
                           indent=2) + "\n"
@@ -134,82 +139,8 @@ def _table_row(e: Event, width: int) -> list[str]:
 
 
 def _when(t: object) -> str:
-    if not isinstance(t, int | float):
-        return "-"
-    return utc(t, suffix=False)  # under a column that says UTC
-
-
-def record_ack(state_dir: Path, paths: Paths, kmsg: Path | None, rule: str, gpu: str | None,
-               reason: str, duration_s: float) -> str:
-    """An ack in the store: of the rule on that GPU (or the host rule), as its status is
-    now (the last recorded one), until `duration_s` from now or the finding changes."""
-    path = eventstore.path_in(state_dir)
-    identity = _identify(path, rule, gpu)
-    now = time.time()
-    status = None
-    if path.is_file():
-        try:
-            conn = eventstore.open_reader(path)
-            with conn:
-                last = eventstore.last_statuses(conn)
-            conn.close()
-            status = last.get(finding_key(rule, stored(identity.get("gpu_uuid"),
-                                                       identity.get("gpu_index"))))
-        except (StoreUnreadable, sqlite3.Error):
-            status = None
-    writer = EventWriter(path, boot_id(paths), integrity_check=False)
-    writer.record(Event(kind="ack", source="cli", time=now, rule=rule, status=status,
-                        action="none", message=reason,
-                        data={"reason": reason, "until": now + duration_s,
-                              "by": _user()}, **identity))
-    written = _flush_within(writer, CLI_WRITE_WAIT_S)
-    writer.close()
-    if not written:
-        raise CannotRead(f"cannot write the ack to {path}: "
-                         f"{', '.join(writer.stats.dropped) or 'the store stayed locked'}")
-    where = "" if identity.get("gpu_index") is None and not identity.get("gpu_uuid") \
-        else f" on GPU {gpu}"
-    notes = [f"acknowledged {rule}{where} until {_when(now + duration_s)} UTC"]
-    notes.append(f"(covers its {status} finding; it ends when that changes)" if status
-                 else "(no status recorded yet: it ends at the rule's next transition)")
-    if kmsg is not None:
-        notes.append(_ack_kernel_log(state_dir, paths, kmsg))
-    return " ".join(notes) + "\n"
-
-
-def _ack_kernel_log(state_dir: Path, paths: Paths, kmsg: Path) -> str:
-    """`ack xid.recent` also does what `gpuguard xid ack` does: the lines logged so far
-    stop counting (this boot)."""
-    from gpuguard.sources import host as host_sources
-
-    log = host_sources.read_kmsg_at(kmsg, 5.0)
-    if not log.is_ok or log.value is None:
-        return f"; the kernel log was not read ({log.describe()}): its lines still count"
-    seqs = [e["seq"] for e in log.value["xids"] + (log.value.get("sxids") or [])
-            if e.get("seq") is not None]
-    if not seqs:
-        return "; no Xid line in the kernel log"
-    try:
-        host_sources.write_xid_ack(state_dir, paths, max(seqs))
-    except OSError as exc:
-        return f"; cannot write the kernel-log ack: {exc.strerror or exc}"
-    return f"; kernel-log lines up to sequence {max(seqs)} no longer count"
-
-
-def record_xid_ack(state_dir: Path, paths: Paths, seq: int, lines: int) -> None:
-    """`gpuguard xid ack` leaves a line in the store (shown by `events`); the ack itself is
-    the kmsg sequence, so this record changes no action. A store that cannot be written
-    changes nothing: the kmsg ack is done."""
-    writer = EventWriter(eventstore.path_in(state_dir), boot_id(paths),
-                         integrity_check=False)
-    now = time.time()
-    writer.record(Event(kind="ack", source="cli", time=now, rule="xid.recent",
-                        message=f"gpuguard xid ack: {lines} line(s) up to kmsg sequence {seq}",
-                        data={"reason": f"gpuguard xid ack up to kmsg sequence {seq}",
-                              "until": now, "kmsg_seq": seq, "by": _user()}))
-    if not _flush_within(writer, CLI_WRITE_WAIT_S):
-        print(f"gpuguard: the ack was not recorded in {writer.path}", file=sys.stderr)
-    writer.close()
+    when = a_time(t)
+    return "-" if when is None else utc(when, suffix=False)  # under a column that says UTC
 
 
 def acks_in_force(state_dir: Path) -> int:
@@ -223,55 +154,19 @@ def acks_in_force(state_dir: Path) -> int:
     except StoreUnreadable:
         return 0
     now = time.time()
-    count = 0
     try:
-        with conn:
-            for (data,) in conn.execute("SELECT data FROM events WHERE kind = 'ack'"):
-                try:
-                    until = json.loads(data or "{}").get("until")
-                except (ValueError, AttributeError):
-                    continue
-                if isinstance(until, int | float) and until >= now:
-                    count += 1
+        rows = conn.execute("SELECT data FROM events WHERE kind = 'ack'").fetchall()
     except sqlite3.Error:
         return 0
     finally:
         conn.close()
+    count = 0
+    for (text,) in rows:
+        data = data_of(text)  # a bad row is none in force
+        until = None if data is None else a_time(data.get("until"))
+        if until is not None and until >= now:
+            count += 1
     return count
-
-
-def _identify(path: Path, rule: str, gpu: str | None) -> dict[str, Any]:
-    """The GPU's columns for an ack: its UUID and serial from the store where it has them."""
-    if gpu is None:
-        return {}
-    identity: dict[str, Any] = {"gpu_index": int(gpu)} if gpu.isdigit() else \
-        {"gpu_uuid": gpu}
-    if not path.is_file():
-        return identity
-    try:
-        conn = eventstore.open_reader(path)
-        with conn:
-            row = conn.execute(
-                "SELECT gpu_index, gpu_uuid, gpu_serial, gpu_bus_id FROM events WHERE "
-                "(gpu_index = ? OR gpu_uuid = ? OR gpu_serial = ?) AND gpu_uuid IS NOT NULL "
-                "ORDER BY id DESC LIMIT 1",
-                (int(gpu) if gpu.isdigit() else -1, gpu, gpu)).fetchone()
-        conn.close()
-    except (StoreUnreadable, sqlite3.Error):
-        return identity
-    if row is None:
-        return identity
-    return {"gpu_index": row[0], "gpu_uuid": row[1], "gpu_serial": row[2], "gpu_bus_id": row[3]}
-
-
-def _user() -> str:
-    import os
-    import pwd
-
-    try:
-        return pwd.getpwuid(os.getuid()).pw_name
-    except KeyError:
-        return str(os.getuid())
 
 
 def last_transitions(state_dir: Path, limit: int = 10) -> list[str]:
@@ -283,7 +178,7 @@ def last_transitions(state_dir: Path, limit: int = 10) -> list[str]:
     try:
         conn = eventstore.open_reader(path)
         try:
-            found = list(eventstore.query(conn, kinds=("supervisor", "rule"), limit=limit))
+            found = eventstore.query(conn, kinds=("supervisor", "rule"), limit=limit)
         finally:
             conn.close()
     except (StoreUnreadable, sqlite3.Error) as exc:

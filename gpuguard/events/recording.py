@@ -1,21 +1,30 @@
 """What a run or a cycle writes to the event store: rule transitions (against the last
-recorded status of each rule on each board) and kernel-log / NVML Xids, each with the GPU's
-lasting identity. `gpuguard check --record` and the daemon both build their events here."""
+recorded finding of each rule on each board: its status and, for a failing one, the set it
+names) and kernel-log / NVML Xids, each with the GPU's lasting identity. `gpuguard check
+--record` and the daemon both build their events here."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from gpuguard.events.store import Event
+from gpuguard.events.store import Event, Finding
 from gpuguard.model.identity import GpuId, finding_key
-from gpuguard.model.results import Result, Status
+from gpuguard.model.results import NAMES, SEVERITIES, Result, Status, names_of
 from gpuguard.model.snapshot import Snapshot
 
 
-def rule_transitions(results: list[Result], last: dict[tuple[str, str], str], source: str,
-                     now: float | None = None) -> list[Event]:
-    """The results whose status differs from the last recorded one; `last` is updated.
+def finding_of(r: Result) -> Finding:
+    """What a transition compares: the status, and the set a failing finding names (an
+    ok or unknown result names nothing an ack could cover)."""
+    return (r.status.value, names_of(r.observed) if r.status in SEVERITIES else ())
+
+
+def rule_transitions(results: list[Result], last: dict[tuple[str, str], Finding],
+                     source: str, now: float | None = None) -> list[Event]:
+    """The results whose finding (status and names) differs from the last recorded one;
+    `last` is updated. A host rule whose names change under the same status (3 of 4 GPUs
+    missing, then all 4) is a transition too, so the store knows the current set.
     Skipped results say nothing about the GPU and are not recorded; a rule seen first as
     ok is not news (but is remembered, so that its first failure is a transition)."""
     now = time.time() if now is None else now
@@ -25,14 +34,16 @@ def rule_transitions(results: list[Result], last: dict[tuple[str, str], str], so
             continue
         key = finding_key(r.rule, r.gpu)
         old = last.get(key)
-        last[key] = r.status.value
-        if old == r.status.value or (old is None and r.status is Status.OK):
+        last[key] = finding = finding_of(r)
+        if old == finding or (old is None and r.status is Status.OK):
             continue
+        data: dict[str, Any] = {"action_reason": r.action_reason} if r.action_reason else {}
+        if finding[1]:
+            data[NAMES] = list(finding[1])
         events.append(Event(kind="rule", source=source, time=now, rule=r.rule,
-                            old_status=old, status=r.status.value, action=r.action,
-                            message=r.message, **_gpu_columns(r.gpu),
-                            data={"action_reason": r.action_reason}
-                            if r.action_reason else {}))
+                            old_status=None if old is None else old[0],
+                            status=r.status.value, action=r.action, message=r.message,
+                            **_gpu_columns(r.gpu), data=data))
     return events
 
 

@@ -7,8 +7,9 @@ history follows the board).
 
 This module holds the file's shape (its schema, an Event as a row) and the reading side:
 readers open the file read-only (`mode=ro`), so any user can read and no reader blocks
-the writer (WAL). The one writer is gpuguard.events.writer; a corrupt file is moved aside
-by gpuguard.events.corrupt_store.
+the writer (WAL). Every row read is checked (gpuguard.events.rows): a bad one is skipped
+and counted, never trusted. The one writer is gpuguard.events.writer; a corrupt file is
+moved aside by gpuguard.events.corrupt_store.
 """
 
 from __future__ import annotations
@@ -16,15 +17,21 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuguard.events.rows import Skipped, names_in, valid_event
 from gpuguard.model.identity import finding_key, stored
+from gpuguard.model.results import NAMES
 
 FILENAME = "events.db"
-SCHEMA_VERSION = 1
+# 2: the index of the acks of a boot (issue 20: the ack query scanned the whole table).
+SCHEMA_VERSION = 2
+# What a reader reads: a store of schema 1 is read as it is until its writer migrates it
+# (the queries are the same, only slower).
+READABLE_VERSIONS = (1, 2)
 BUSY_TIMEOUT_MS = 100
 KINDS = ("rule", "xid", "supervisor", "ack", "probe")  # `gpuguard events --kind`
 
@@ -53,6 +60,9 @@ CREATE INDEX IF NOT EXISTS events_rule_gpu ON events(rule, gpu_uuid, kind, time)
 -- a kernel-log line is recorded once per boot, however many runs read it
 CREATE UNIQUE INDEX IF NOT EXISTS events_kmsg_line ON events(kind, boot_id, seq)
     WHERE seq IS NOT NULL;
+-- schema 2: the acks of a boot (gpuguard.events.acks), which every `check` with a store
+-- reads, without a scan of the table; partial: it costs a row per ack, not per event
+CREATE INDEX IF NOT EXISTS events_acks ON events(boot_id, time) WHERE kind = 'ack';
 """
 COLUMNS = ("time", "boot_id", "kind", "source", "rule", "code", "seq", "gpu_index", "gpu_uuid",
            "gpu_serial", "gpu_bus_id", "old_status", "status", "action", "message", "data")
@@ -114,24 +124,54 @@ def open_reader(path: Path) -> sqlite3.Connection:
             continue
         except sqlite3.DatabaseError as exc:
             raise StoreUnreadable(f"{path}: not a readable event store ({exc})") from exc
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_VERSIONS:
             conn.close()
             raise StoreUnreadable(f"{path}: schema {version}, this gpuguard reads "
-                                  f"{SCHEMA_VERSION}")
+                                  f"{', '.join(map(str, READABLE_VERSIONS))}")
         return conn
     raise StoreUnreadable(f"{path}: {last}")
 
 
-def last_statuses(conn: sqlite3.Connection) -> dict[tuple[str, str], str]:
+def board_where(uuid: str | None, index: int | None) -> tuple[str, tuple[Any, ...]]:
+    """The rows of one board (identity.board_key): its UUID, the index where none was
+    read, neither for a host finding. IS lets the (kind, rule, gpu_uuid, ...) index serve."""
+    if uuid is not None:
+        return "gpu_uuid = ?", (uuid,)
+    return "gpu_uuid IS NULL AND gpu_index IS ?", (index,)
+
+
+# A finding as the store last recorded it: its status and the set it names (NAMES).
+Finding = tuple[str, tuple[str, ...]]
+
+
+def last_findings(conn: sqlite3.Connection,
+                  skipped: Skipped | None = None) -> dict[tuple[str, str], Finding]:
+    """The last recorded transition of each rule on each board (identity.finding_key): its
+    status and names. A last row that is bad leaves its finding out (counted in
+    `skipped`): the next result of it is news, recorded again."""
+    skipped = Skipped() if skipped is None else skipped
     rows = conn.execute(
-        "SELECT rule, gpu_uuid, gpu_index, status FROM events WHERE id IN "
-        "(SELECT max(id) FROM events WHERE kind = 'rule' GROUP BY rule, gpu_uuid, gpu_index)")
-    return {finding_key(r, stored(u, i)): s for r, u, i, s in rows}
+        f"SELECT id, {', '.join(COLUMNS)} FROM events WHERE id IN "
+        "(SELECT max(id) FROM events WHERE kind = 'rule' GROUP BY rule, gpu_uuid, gpu_index)"
+    ).fetchall()
+    out: dict[tuple[str, str], Finding] = {}
+    for row_id, *columns in rows:
+        values = valid_event(dict(zip(COLUMNS, columns, strict=True)), ("rule",))
+        names = None if values is None else names_in(values["data"], NAMES)
+        if values is None or names is None or values["rule"] is None:
+            skipped.add(row_id)
+            continue
+        key = finding_key(values["rule"], stored(values["gpu_uuid"], values["gpu_index"]))
+        out[key] = (values["status"], names)
+    return out
 
 
 def query(conn: sqlite3.Connection, since: float | None = None, kinds: Iterable[str] = (),
-          rule: str | None = None, gpu: str | None = None, limit: int = 1000) -> Iterator[Event]:
-    """Events, newest first. `gpu`: an index, a UUID or a serial."""
+          rule: str | None = None, gpu: str | None = None, limit: int = 1000,
+          skipped: Skipped | None = None) -> list[Event]:
+    """Events, newest first. `gpu`: an index, a UUID or a serial. Every row is fetched
+    before this returns (a reader holds no read transaction past its query, which would
+    pin the WAL); a bad one is left out and counted in `skipped`."""
     where: list[str] = ["1"]
     args: list[Any] = []
     if since is not None:
@@ -151,10 +191,14 @@ def query(conn: sqlite3.Connection, since: float | None = None, kinds: Iterable[
         else:
             where.append("(gpu_uuid = ? OR gpu_serial = ?)")
             args.extend([gpu, gpu])
-    sql = (f"SELECT {', '.join(COLUMNS)} FROM events WHERE {' AND '.join(where)} "
+    sql = (f"SELECT id, {', '.join(COLUMNS)} FROM events WHERE {' AND '.join(where)} "
            "ORDER BY time DESC, id DESC LIMIT ?")
-    for row in conn.execute(sql, [*args, limit]):
-        values = dict(zip(COLUMNS, row, strict=True))
-        values["data"] = json.loads(values["data"]) if values["data"] else {}
-        values["message"] = values["message"] or ""
-        yield Event(**values)
+    rows = conn.execute(sql, [*args, limit]).fetchall()
+    found = []
+    for row_id, *columns in rows:
+        values = valid_event(dict(zip(COLUMNS, columns, strict=True)), KINDS)
+        if values is None:
+            (skipped if skipped is not None else Skipped()).add(row_id)
+            continue
+        found.append(Event(**values))
+    return found

@@ -5,14 +5,15 @@ memory and writes them in one short transaction (`flush`), which the daemon call
 its own thread: a lock held by someone else (busy_timeout 100 ms) leaves them queued for
 the next flush; a full disk or a read-only file drops them, counted; a corrupt file is
 moved aside (gpuguard.events.corrupt_store), a new one started, logged once and counted.
-Retention: by age (90 days) and by size (64 MiB of the main file: the oldest events go
-first, then an incremental vacuum gives the pages back).
+Its files are opened only when they are its own regular files (gpuguard.events.store_file)
+and watched at every flush: a WAL deleted under it is noticed, what it held saved into the
+main file where it can be, and what could not be counted as lost. Retention by age and by
+size, the WAL counted: gpuguard.events.retention.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 import threading
 import time
@@ -23,14 +24,25 @@ from pathlib import Path
 
 import structlog
 
+from gpuguard.events import store_file
 from gpuguard.events.corrupt_store import move_aside
+from gpuguard.events.retention import (
+    AGE_PRUNE_EVERY_S,
+    WAL_CHECKPOINT_BYTES,
+    Retention,
+    checkpoint,
+    close_quietly,
+    on_disk,
+)
+from gpuguard.events.rows import Skipped
 from gpuguard.events.store import (
     BUSY_TIMEOUT_MS,
     COLUMNS,
     SCHEMA,
     SCHEMA_VERSION,
     Event,
-    last_statuses,
+    Finding,
+    last_findings,
 )
 
 log = structlog.get_logger("gpuguard.events")
@@ -38,8 +50,10 @@ log = structlog.get_logger("gpuguard.events")
 DEFAULT_MAX_AGE_S = 90 * 86400.0
 DEFAULT_MAX_BYTES = 64 * 2**20
 QUEUE_MAX = 10_000
-# How often a writer applies the retention (it checks the size on every flush)
-AGE_PRUNE_EVERY_S = 3600.0
+# At most this many events in one transaction: the rest wait for the next flush, so one
+# write grows the WAL past the size bound by a bounded amount (messages are <= 2,000
+# characters)
+BATCH_MAX = 2_000
 # SQLite's primary result codes that mean "try again later" rather than "cannot write"
 _BUSY = (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED
 
@@ -52,7 +66,11 @@ class WriterStats:
     corrupt_moved: int = 0
     queued: int = 0
     last_flush_s: float = 0.0
-    size_bytes: int = 0
+    size_bytes: int = 0  # the main file and its WAL, on disk, after the last flush
+    wal_bytes: int = 0
+    wal_pinned: int = 0  # flushes held back: above the bound, a reader pins the WAL
+    wal_replaced: int = 0  # times its files were deleted or replaced under it
+    unsafe: int = 0  # opens refused: a store file that is a link, another user's, ...
 
 
 class EventWriter:
@@ -63,23 +81,26 @@ class EventWriter:
                  max_age_s: float = DEFAULT_MAX_AGE_S, max_bytes: int = DEFAULT_MAX_BYTES,
                  queue_max: int = QUEUE_MAX,
                  clock: Callable[[], float] = time.time,
-                 integrity_check: bool = True) -> None:
+                 integrity_check: bool = True,
+                 age_prune_every_s: float = AGE_PRUNE_EVERY_S) -> None:
         self.path = path
         # PRAGMA quick_check on open: the daemon's thread affords it (a full 64 MiB store
         # takes a fraction of a second); a command leaves corruption to its first write
         self.integrity_check = integrity_check
-        self.clock = clock  # what the age bound counts from (a simulation's own clock)
         self.boot_id = boot_id
-        self.max_age_s = max_age_s
-        self.max_bytes = max_bytes
+        # the wall clock (a simulation's own, or a test's shifted one): what event times
+        # and the age bound count from; intervals are the monotonic clock's
+        self.retention = Retention(max_age_s, max_bytes, clock, age_prune_every_s)
         self.stats = WriterStats()
+        self.skipped = Skipped()  # bad rows met by this writer's reads
         self._queue: deque[Event] = deque()
         self._queue_max = queue_max
         self._lock = threading.Lock()  # the queue and the stats
         self._flush_lock = threading.Lock()  # one flush at a time
         self._conn: sqlite3.Connection | None = None
-        self._last_age_prune = 0.0
-        self._open_failed_logged = False
+        self._watch: store_file.Watch | None = None
+        self._since_checkpoint = 0  # events written since the WAL was last emptied
+        self._logged: set[str] = set()
 
     # --- queue -----------------------------------------------------------------------
 
@@ -100,34 +121,46 @@ class EventWriter:
     def _drop(self, reason: str, n: int) -> None:
         self.stats.dropped[reason] = self.stats.dropped.get(reason, 0) + n
 
+    def _log_once(self, what: str, **details: object) -> None:
+        if what not in self._logged:
+            self._logged.add(what)
+            log.error(what, path=str(self.path), **details)
+
     # --- writing ---------------------------------------------------------------------
 
     def flush(self) -> int:
-        """Write what is queued; return how many were written. Never raises."""
+        """Write what is queued (up to BATCH_MAX); return how many were written. Never
+        raises."""
         if not self._flush_lock.acquire(blocking=False):
             return 0  # another flush is under way: its events are ours too
         started = time.monotonic()
         try:
             with self._lock:
-                batch = list(self._queue)
-            if not batch:
-                self._retain_if_due()
-                return 0
-            written = self._write(batch)
-            if written:
-                self._retain_if_due()
-            return written
+                batch = list(self._queue)[:BATCH_MAX]
+            return self._flush(batch)
         finally:
             self.stats.last_flush_s = time.monotonic() - started
             self._flush_lock.release()
 
-    def _write(self, batch: list[Event]) -> int:
+    def _flush(self, batch: list[Event]) -> int:
+        if not batch and self._conn is None:
+            return 0  # nothing to write, and no store opened to look after
         try:
             conn = self._connection()
+            self._retain_by_age(conn)
+            if not batch:
+                self._bound_size(conn)
+                return 0
+            if self.retention.over_bound(conn, self.path):
+                self._held_back()
+                return 0
             with conn:  # one transaction
                 conn.executemany(
                     f"INSERT OR IGNORE INTO events ({', '.join(COLUMNS)}) VALUES "
                     f"({', '.join('?' * len(COLUMNS))})", [e.row() for e in batch])
+        except store_file.UnsafeFile as exc:
+            self._refuse(batch, exc)
+            return 0
         except sqlite3.OperationalError as exc:
             code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
             if code in _BUSY:
@@ -147,7 +180,19 @@ class EventWriter:
                 self._queue.popleft()
             self.stats.written += len(batch)
             self.stats.queued = len(self._queue)
+        self._since_checkpoint += len(batch)
+        self._bound_size(conn)
         return len(batch)
+
+    def _held_back(self) -> None:
+        """Above the bound with the WAL pinned: the events stay queued (bounded)."""
+        main, wal = on_disk(self.path)
+        with self._lock:
+            self.stats.wal_pinned += 1
+            self.stats.size_bytes, self.stats.wal_bytes = main + wal, wal
+        self._log_once("event_store_wal_pinned", bound=self.retention.max_bytes,
+                       action="events held in memory until the reader lets go",
+                       hint="a reader holds a read transaction (fuser -v events.db*)")
 
     def _forget(self, batch: list[Event], reason: str, exc: Exception) -> None:
         """The file cannot take them (full disk, read-only, I/O error): dropped, counted,
@@ -164,6 +209,20 @@ class EventWriter:
                       error=str(exc), dropped="events until it can write again")
         self.close()  # reopen next time: the disk may have room again
 
+    def _refuse(self, batch: list[Event], exc: store_file.UnsafeFile) -> None:
+        """A store file that is not the writer's own regular file: never opened, never
+        changed, left for the admin to see; the events are dropped, counted."""
+        with self._lock:
+            for _ in batch:
+                if self._queue:
+                    self._queue.popleft()
+            self._drop("unsafe_file", len(batch))
+            self.stats.unsafe += 1
+            self.stats.queued = len(self._queue)
+        self._log_once("event_store_unsafe_file", error=str(exc),
+                       action="refused: events are dropped while this holds")
+        self.close()
+
     def _corrupt(self, exc: Exception) -> None:
         self.close()
         aside = move_aside(self.path)
@@ -174,73 +233,73 @@ class EventWriter:
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is not None:
+            self._watch_files(self._conn)
+        if self._conn is not None:
             return self._conn
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        main = store_file.prepare_main(self.path)
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000,
                                isolation_level="DEFERRED", check_same_thread=False)
-        # Any user may read (`gpuguard events`), whatever the umask (the unit's is 0077):
-        # SQLite gives the -wal and -shm files the main file's mode, so it goes first.
-        with contextlib.suppress(OSError):
-            os.chmod(self.path, 0o644)
         try:
             _prepare(conn, self.integrity_check)
-        except sqlite3.Error:
+            self._watch = store_file.check_opened(self.path, main)
+        except (sqlite3.Error, store_file.UnsafeFile):
             conn.close()
             raise
-        for suffix in ("-wal", "-shm"):
-            with contextlib.suppress(OSError):
-                os.chmod(f"{self.path}{suffix}", 0o644)
         self._conn = conn
+        self._since_checkpoint = 0
+        self.retention.opened()
         return conn
 
-    def _retain_if_due(self) -> None:
-        """Age and size bounds. Errors here are the next write's to report."""
-        if self._conn is None:
+    def _watch_files(self, conn: sqlite3.Connection) -> None:
+        """The files deleted or replaced since they were opened (a -wal removed by hand):
+        what the old WAL holds is copied into the main file through the connection that
+        still has it open, then the store is opened again. What could not be saved is
+        counted (`wal_lost`), never claimed written."""
+        changed = [] if self._watch is None else self._watch.changed(self.path)
+        if not changed:
             return
-        try:
-            now = self.clock()
-            if now - self._last_age_prune >= AGE_PRUNE_EVERY_S:
-                with self._conn:
-                    self._conn.execute("DELETE FROM events WHERE time < ?",
-                                       (now - self.max_age_s,))
-                self._last_age_prune = now
-                self._conn.execute("PRAGMA incremental_vacuum")
-            self._bound_size()
-        except sqlite3.Error:
-            pass
+        saved = checkpoint(conn)
+        # at most: SQLite's own checkpoints may have saved some of them already
+        lost = 0 if saved else self._since_checkpoint
+        with self._lock:
+            self.stats.wal_replaced += 1
+            if lost:
+                self._drop("wal_lost", lost)
+        log.error("event_store_files_replaced", path=str(self.path), files=changed,
+                  saved=saved, lost=lost, action="opened the store again")
+        self.close()
 
-    def _bound_size(self) -> None:
-        assert self._conn is not None
-        conn = self._conn
-        size = _size(conn)
-        while size > self.max_bytes:
-            total = conn.execute("SELECT count(*) FROM events").fetchone()[0]
-            if not total:
-                break
-            # a tenth of what is there, oldest first, then the freed pages go back
-            with conn:
-                conn.execute("DELETE FROM events WHERE id IN (SELECT id FROM events "
-                             "ORDER BY id LIMIT ?)", (max(100, total // 10),))
-            conn.execute("PRAGMA incremental_vacuum")
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            new = _size(conn)
-            if new >= size:
-                break
-            size = new
-        self.stats.size_bytes = size
+    def _retain_by_age(self, conn: sqlite3.Connection) -> None:
+        with contextlib.suppress(sqlite3.Error):  # the next write says why
+            self.retention.prune_age(conn)
+
+    def _bound_size(self, conn: sqlite3.Connection) -> None:
+        try:
+            size, wal, pinned = self.retention.bound_size(conn, self.path)
+        except sqlite3.Error:
+            return
+        if wal == 0 and not pinned:
+            self._since_checkpoint = 0  # everything written is in the main file
+        with self._lock:
+            self.stats.size_bytes, self.stats.wal_bytes = size, wal
 
     def close(self) -> None:
         if self._conn is not None:
-            with contextlib.suppress(sqlite3.Error):
-                self._conn.close()
+            close_quietly(self._conn)
             self._conn = None
+            self._watch = None
 
-    def last_statuses(self) -> dict[tuple[str, str], str]:
-        """The last recorded status of each rule and GPU (identity.finding_key), to compare a
-        run with; {} when the store cannot be read (every non-ok result is then news)."""
+    def last_findings(self) -> dict[tuple[str, str], Finding]:
+        """The last recorded finding (status, names) of each rule and GPU
+        (identity.finding_key), to compare a run with; {} when the store cannot be read
+        (every non-ok result is then news)."""
         try:
             conn = self._connection()
-            return last_statuses(conn)
+            return last_findings(conn, self.skipped)
+        except store_file.UnsafeFile as exc:
+            self._refuse([], exc)
+            return {}
         except sqlite3.DatabaseError as exc:
             if not isinstance(exc, sqlite3.OperationalError):
                 self._corrupt(exc)
@@ -250,7 +309,8 @@ class EventWriter:
 
 
 _REASONS = {13: "disk_full", 8: "read_only", 10: "io_error", 14: "cannot_open"}
-DROP_REASONS = (*_REASONS.values(), "write_error", "os_error", "queue_full")
+DROP_REASONS = (*_REASONS.values(), "write_error", "os_error", "queue_full", "unsafe_file",
+                "wal_lost")
 
 
 def _reason(code: int) -> str:
@@ -265,6 +325,8 @@ def _prepare(conn: sqlite3.Connection, integrity_check: bool = True) -> None:
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
+    # after a checkpoint that resets the WAL, SQLite truncates it to this size
+    conn.execute(f"PRAGMA journal_size_limit = {WAL_CHECKPOINT_BYTES}")
     ok = "ok" if version == 0 or not integrity_check else \
         conn.execute("PRAGMA quick_check").fetchone()[0]
     if ok != "ok":
@@ -273,12 +335,8 @@ def _prepare(conn: sqlite3.Connection, integrity_check: bool = True) -> None:
         raise sqlite3.OperationalError(f"schema {version} is newer than this gpuguard's "
                                        f"{SCHEMA_VERSION}")
     if version < SCHEMA_VERSION:
+        # 0 -> 2 makes the table; 1 -> 2 adds the indexes of schema 2 (IF NOT EXISTS)
         with conn:
             conn.executescript(SCHEMA)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
-
-def _size(conn: sqlite3.Connection) -> int:
-    pages = conn.execute("PRAGMA page_count").fetchone()[0]
-    size = conn.execute("PRAGMA page_size").fetchone()[0]
-    return int(pages) * int(size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -31,6 +32,32 @@ _RANK = {
 }
 
 SEVERITIES = (Status.WARNING, Status.CRITICAL)
+
+# What a host rule's finding names, in `observed[NAMES]`: a list of short strings (the
+# missing GPUs "GPU-aaaa (0000:3b:00.0)", the services "llm", the Xid codes "79"). The
+# finding is that set as much as its status: an ack covers exactly the set it was given
+# for (gpuguard.events.acks), and a set that changes under the same status is a
+# transition (gpuguard.events.recording). A check that names things puts them here;
+# everyone else reads them through names_of.
+NAMES = "names"
+# Bounds of a set as stored with a transition or an ack: a name is cut to NAME_MAX
+# characters, and past NAMES_MAX names the rest become one name holding their count and
+# digest, so two different sets never compare equal.
+NAME_MAX = 200
+NAMES_MAX = 64
+
+
+def names_of(observed: dict[str, Any]) -> tuple[str, ...]:
+    """The set a finding names (sorted, each once; () when it names nothing)."""
+    raw = observed.get(NAMES)
+    if not isinstance(raw, list | tuple):
+        return ()
+    names = sorted({str(n)[:NAME_MAX] for n in raw if isinstance(n, str | int)})
+    if len(names) <= NAMES_MAX:
+        return tuple(names)
+    rest = names[NAMES_MAX - 1:]
+    digest = hashlib.sha256("\0".join(rest).encode()).hexdigest()[:16]
+    return (*names[:NAMES_MAX - 1], f"... and {len(rest)} more (sha256 {digest})")
 
 
 @dataclass

@@ -42,6 +42,15 @@ class Rule:
     # was recorded this many times within this window (gpuguard.events.escalation)
     escalate_count: int | None = None
     escalate_window_s: float | None = None
+    # What kind of finding it gives (KINDS): only a hardware finding that comes back after
+    # a reboot escalates to inspect_hardware (gpuguard.events.escalation); a setting
+    # against the profile, software or the host's resources keep their own action. None:
+    # a user rule that does not say (it does not escalate).
+    kind: str | None = None
+
+
+# The kinds of finding a rule gives (`kind:` in rules/*.yaml; every shipped rule says one)
+KINDS = ("hardware", "setting", "software", "resource")
 
 
 @dataclass

@@ -5,53 +5,11 @@ import json
 import time
 from pathlib import Path
 
-import pytest
-
 from gpuguard.io.paths import Paths
 from gpuguard.sources.host import read_xid_ack, write_xid_ack
 from tests.conftest import gpuguard, own_host
 from tests.daemon.conftest import host_snapshot, write_snapshot
-
-BOOT_A = "11111111-1111-1111-1111-111111111111"
-BOOT_B = "22222222-2222-2222-2222-222222222222"
-# The fake NVML's boards (tests/fake_nvml/fake_nvml.c): serials 1654000000000 + index,
-# GPU 0 at bus 10, GPU 1 at bus 11. The driver's recovery action: 1 gpu_reset, 0 none.
-GPU_RESET, NONE = 1, 0
-
-
-def procfs(tmp: Path, boot: str) -> Path:
-    root = tmp / f"proc-{boot[:4]}"
-    (root / "sys" / "kernel" / "random").mkdir(parents=True, exist_ok=True)
-    (root / "sys" / "kernel" / "random" / "boot_id").write_text(boot + "\n")
-    return root
-
-
-@pytest.fixture
-def run(fake_env, tmp_path):
-    """A live `check --record` of the fake two-GPU host, GPU 0's recovery action given,
-    in the boot whose procfs is given (history is this host's own: never a replay)."""
-    host = own_host(tmp_path / "host")
-
-    def check(state: Path, proc: Path, *extra: str, recovery: int = GPU_RESET) -> dict:
-        out = gpuguard("check", *host, "--record", "--state-dir", str(state),
-                       "--only", "recovery.action", "--only", "xid.recent",
-                       "--path.procfs", str(proc), "--format", "json", *extra,
-                       env=fake_env(gpus=2, recovery=recovery, recovery_gpu=0))
-        assert out.returncode in (0, 2, 3), out.stderr
-        return json.loads(out.stdout)
-
-    return check
-
-
-def result(doc: dict, rule: str, gpu: int | None) -> dict:
-    return next(r for r in doc["results"] if r["rule"] == rule
-                and (r["gpu"] or {}).get("index") == gpu)
-
-
-def events(state: Path, *args: str) -> list[dict]:
-    out = gpuguard("events", "--state-dir", str(state), "--format", "json", *args)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)["events"]
+from tests.events.conftest import BOOT_A, BOOT_B, GPU_RESET, NONE, events, procfs, result
 
 
 def test_the_same_fatal_finding_after_a_reboot_escalates_to_inspect_hardware(tmp_path, run):
