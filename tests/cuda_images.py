@@ -1,6 +1,7 @@
 """Test images that carry the CUDA facts of NVIDIA's official images, made with `docker
 import` (no registry, no build): busybox, optionally a stand-in CUDA forward-compatibility
-library, and the official image's ENV and LABEL lines (tests/fixtures/cuda-images)."""
+library, and the official image's ENV and LABEL lines (tests/fixtures/cuda-images). And
+Python environments with a PyTorch as pip lays it out (its version.py, its dist-info)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import io
 import json
 import shutil
 import tarfile
+from pathlib import Path
 from typing import Any
 
 from tests.conftest import FIXTURES
@@ -62,3 +64,17 @@ def compat_files(cuda: str = "12.8", driver: str = "570.124.06") -> dict[str, by
     """The compat package's library, as cuda-compat-12-8 installs it (its content is not
     read: the toolkit and gpuguard go by its name)."""
     return {COMPAT_LIB.format(cuda=cuda, driver=driver): b"\x7fELF stand-in\n"}
+
+
+def pytorch(root: Path, version: str, cuda: str | None, style: str = "new") -> Path:
+    """A virtualenv with torch/version.py as PyTorch's build writes it."""
+    site = root / "lib" / "python3.11" / "site-packages"
+    (site / "torch").mkdir(parents=True)
+    (site / f"torch-{version}.dist-info").mkdir()
+    value = repr(cuda)
+    line = f"cuda: Optional[str] = {value}" if style == "new" else f"cuda = {value}"
+    (site / "torch" / "version.py").write_text(
+        f"from typing import Optional\n\n__all__ = ['__version__', 'cuda']\n"
+        f"__version__ = '{version}'\ndebug = False\n{line}\ngit_version = 'abc'\n"
+        f"hip: Optional[str] = None\n")
+    return root

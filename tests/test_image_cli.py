@@ -6,12 +6,11 @@ PyTorch environments laid out as pip installs them."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import gpuguard
-from tests.cuda_images import compat_files, make_image, official_env
+from tests.cuda_images import compat_files, make_image, official_env, pytorch
 
 CUDA_128 = "nvidia/cuda:12.8.1-base-ubuntu22.04"
 ONLY = ("--only", "image.*")
@@ -88,20 +87,6 @@ def test_an_image_not_here_is_unknown_exit_3_and_several_are_judged(host_args, f
     assert [(w["name"], w["status"]) for w in result["observed"]["workloads"]] == [
         (images["compat"], "ok"), ("gpuguard-test/absent:9", "unknown")]
     assert "no such image on this host (gpuguard never pulls one)" in result["message"]
-
-
-def pytorch(root: Path, version: str, cuda: str | None, style: str = "new") -> Path:
-    """A virtualenv with torch/version.py as PyTorch's build writes it."""
-    site = root / "lib" / "python3.11" / "site-packages"
-    (site / "torch").mkdir(parents=True)
-    (site / f"torch-{version}.dist-info").mkdir()
-    value = repr(cuda)
-    line = f"cuda: Optional[str] = {value}" if style == "new" else f"cuda = {value}"
-    (site / "torch" / "version.py").write_text(
-        f"from typing import Optional\n\n__all__ = ['__version__', 'cuda']\n"
-        f"__version__ = '{version}'\ndebug = False\n{line}\ngit_version = 'abc'\n"
-        f"hip: Optional[str] = None\n")
-    return root
 
 
 def test_pytorch_is_read_from_its_files_and_judged(host_args, fake_env, tmp_path, docker_host):
