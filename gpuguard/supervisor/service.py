@@ -36,6 +36,7 @@ from gpuguard.model.results import Result
 from gpuguard.supervisor import policy, router, state
 from gpuguard.supervisor.backends import Backend, BackendError, make
 from gpuguard.supervisor.config import Service
+from gpuguard.supervisor.image_gate import blocks_failback
 from gpuguard.supervisor.steps import STEP_ERRORS, converge, other, roll_back, run_step, steps_of
 
 log = structlog.get_logger("gpuguard.failover")
@@ -207,6 +208,8 @@ class Supervisor:
             self._save()
             return
         to = "cpu" if action == "to_cpu" else "gpu"
+        if to == "gpu" and self._image_blocks(results):
+            return
         if to == "gpu" and svc.failback_probe == "active" and not self._probe_passes():
             return
         reason = ("; ".join(f"{r.rule}"
@@ -217,6 +220,18 @@ class Supervisor:
         suggested = max((r.action for r in why if r.action in ACTION_ORDER),
                          key=ACTION_ORDER.index, default="none") if to == "cpu" else "none"
         self.transition(to, reason, action=suggested)
+
+    def _image_blocks(self, results: list[Result]) -> bool:
+        """A GPU variant whose image or Python environment cannot run on this host is no
+        failback (supervisor/image_gate.py): stay on CPU, count the healthy cycles again."""
+        why = blocks_failback(results, self.service.name)
+        if why is None:
+            return False
+        self.log.warning("failback_blocked", reason=why)
+        with self._lock:
+            self.state.healthy_cycles = 0
+        self._save()
+        return True
 
     def _probe_passes(self) -> bool:
         """Fail back only to GPUs that compute: a failed or unknown probe keeps the service
