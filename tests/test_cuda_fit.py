@@ -141,6 +141,15 @@ def test_layers_that_could_not_be_read_make_forward_compatibility_unknown():
     assert judge(entry, host("580.159.04", "13.0")).status is Status.OK
 
 
+def test_forward_compatibility_serves_only_the_branches_the_image_lists():
+    # the runtime's check turned off lets the image in on 545; its compat package does
+    # not serve 545 (no branch the image lists): minor version compatibility only
+    entry = official("12.8.1")
+    entry["env"]["NVIDIA_DISABLE_REQUIRE"] = "1"
+    assert judge(entry, host("545.23.08", "12.3")).status is Status.WARNING
+    assert judge(entry, host("550.54.15", "12.4")).status is Status.OK  # listed
+
+
 def test_requirements_turned_off_are_judged_by_what_cuda_needs():
     entry = official("12.8.1", compat=False)
     entry["env"]["NVIDIA_DISABLE_REQUIRE"] = "1"

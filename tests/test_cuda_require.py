@@ -96,6 +96,10 @@ def test_what_the_toolkit_cannot_evaluate_refuses_the_container():
 def test_an_invalid_condition_counts_only_when_it_is_reached():
     assert state("cuda>=12.0 foo>=1") == "ok"  # the first alternative holds: never read
     assert state("cuda>=99,foo>=1 cuda>=12.0") == "ok"  # cut short by the failing condition
+    # reached only if a brand not known here is Tesla: not known whether it refuses
+    nobrand = Device(0, None, "9.0")
+    assert state("brand=tesla,foo>=1", device=nobrand) == "unknown"
+    assert state("brand=tesla cuda>=99,foo>=1", device=nobrand) == "unknown"
 
 
 def test_the_quirks_of_the_toolkit_code():

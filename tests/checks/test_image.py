@@ -100,6 +100,11 @@ def test_the_worst_of_a_services_workloads_is_its_status(run_rule, h200):
     result = judged(run_rule, h200, image(CUDA_128, "llm"), image(CUDA_130, "llm"),
                     driver="560.35.03", cuda="12.6")
     assert result.observed["service_status"] == {"llm": "critical"}
+    assert CUDA_130 in result.observed["services"]["llm"]["message"]
+    # two alike: the first one given names it (the supervisor logs that one)
+    result = judged(run_rule, h200, image(CUDA_128, "llm"), image(CUDA_130, "llm"),
+                    driver="545.23.08", cuda="12.3")
+    assert result.observed["services"]["llm"]["message"].startswith(f"image {CUDA_128}:")
 
 
 def test_a_driver_that_reports_no_version_is_unknown_never_judged(run_rule, h200):
