@@ -30,6 +30,7 @@ from gpuguard.model.workload import Workload
 # The environment the runtime hook reads, and the official images' compat marker.
 _ENV_NAMES = re.compile(r"CUDA_VERSION|NV_CUDA_COMPAT_PACKAGE|NVIDIA_\w+")
 _MAX_VALUE = 64 * 1024
+_MAX_LABEL, _MAX_LABELS = 1024, 32  # the com.nvidia.* labels kept: informative only
 _COMPAT_IN_HISTORY = re.compile(r"cuda-compat-\d+-\d+")
 _COMPAT_LIB = re.compile(r"(?:\./)?(usr/local/cuda[^/]*/compat)/libcuda\.so\.(\d+(?:\.\d+)+)")
 _WHITEOUT = ".wh."
@@ -77,9 +78,9 @@ def _one(api: Any, workload: Workload, timeout: float) -> dict[str, Any]:
     if isinstance(env, str):
         return {**entry, "error": env}
     env.update(dict(workload.env))
-    entry.update(id=info.get("Id"), env=env,
-                 labels={k: v for k, v in (config.get("Labels") or {}).items()
-                         if k.startswith("com.nvidia.")})
+    labels = [(str(k), str(v)[:_MAX_LABEL]) for k, v in (config.get("Labels") or {}).items()
+              if str(k).startswith("com.nvidia.")]
+    entry.update(id=info.get("Id"), env=env, labels=dict(labels[:_MAX_LABELS]))
     compat = _marker(env, history)
     if compat is None and _compat_may_matter(env):
         compat = _scan_cached(api, str(info.get("Id")), min(LAYER_SCAN_S, timeout))
