@@ -173,6 +173,21 @@ def test_a_brand_the_toolkit_names_differently_by_release_is_unknown():
     assert judge(tesla, host("550.54.15", "12.4", TESLA)).status is not Status.UNKNOWN
 
 
+def test_an_image_without_the_compute_capability_cannot_run_cuda():
+    entry = official("12.8.1")
+    entry["env"]["NVIDIA_DRIVER_CAPABILITIES"] = "utility"
+    fit = judge(entry, host("580.159.04", "13.0"))
+    assert fit.status is Status.CRITICAL
+    assert "NVIDIA_DRIVER_CAPABILITIES=utility gives it no compute capability" in fit.message
+    entry["env"]["NVIDIA_DRIVER_CAPABILITIES"] = "compute,utilty"
+    fit = judge(entry, host("580.159.04", "13.0"))
+    assert fit.status is Status.CRITICAL and "unsupported capabilities" in fit.message
+    entry["env"]["NVIDIA_DRIVER_CAPABILITIES"] = "all"
+    assert judge(entry, host("580.159.04", "13.0")).status is Status.OK
+    del entry["env"]["NVIDIA_DRIVER_CAPABILITIES"]  # unset: compute,utility
+    assert judge(entry, host("580.159.04", "13.0")).status is Status.OK
+
+
 def test_an_image_that_declares_no_cuda_is_unknown():
     fit = judge({"kind": "image", "name": "busybox", "env": {}}, host("580.159.04", "13.0"))
     assert fit.status is Status.UNKNOWN and "declares no CUDA version" in fit.message

@@ -169,3 +169,20 @@ def test_a_legacy_image_requires_its_cuda_version():
 def test_no_gpu_given_is_evaluated_once_without_a_device():
     env = {"NVIDIA_REQUIRE_CUDA": "cuda>=12.8 brand=tesla,driver>=550"}
     assert check(env, "12.4", "550.54.15", []).state == "ok"  # brand assumed to hold
+
+
+# --- the driver capabilities ---------------------------------------------------------------
+
+
+def test_driver_capabilities_as_the_runtime_hook_reads_them():
+    from gpuguard.model.cuda_require import CAPABILITIES, Invalid, driver_capabilities
+
+    assert driver_capabilities({}) == {"utility", "compute"}  # the default
+    assert driver_capabilities({"NVIDIA_DRIVER_CAPABILITIES": ""}) == {"utility", "compute"}
+    assert driver_capabilities({"CUDA_VERSION": "9.0"}) == CAPABILITIES  # legacy: all
+    assert driver_capabilities({"NVIDIA_DRIVER_CAPABILITIES": " utility , video,"}) == \
+        {"utility", "video"}
+    assert driver_capabilities({"NVIDIA_DRIVER_CAPABILITIES": "all"}) == CAPABILITIES
+    assert driver_capabilities({"NVIDIA_DRIVER_CAPABILITIES": ","}) == set()
+    with pytest.raises(Invalid, match="unsupported capabilities found in 'comptue,utility'"):
+        driver_capabilities({"NVIDIA_DRIVER_CAPABILITIES": "comptue,utility"})

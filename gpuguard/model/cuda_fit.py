@@ -4,8 +4,9 @@ CUDA initialises) or the PyTorch of a Python environment. image.cuda judges each
 `judge` (gpuguard/checks/image.py); docs/image-cuda.md says what and from where.
 
 The order, for an image:
-1. the container runtime's requirement check (gpuguard.model.cuda_require): refused is
-   critical, naming the condition the runtime names;
+1. the container runtime's checks (gpuguard.model.cuda_require): its driver capabilities
+   (without `compute` CUDA has no driver library: critical) and its requirements (refused
+   is critical, naming the condition the runtime names);
 2. the CUDA version it needs against the one the driver gives: as new or newer is ok;
 3. older: forward compatibility (CUDA Compatibility, "Forward Compatibility") when the
    image carries the compat package, its driver is newer than the host's (the toolkit
@@ -87,6 +88,9 @@ def _judge_python(entry: dict[str, Any], what: str, host: Host) -> Fit:
 
 def _judge_image(entry: dict[str, Any], what: str, host: Host, gpus: tuple[Gpu, ...]) -> Fit:
     env: dict[str, str] = entry.get("env") or {}
+    no_compute = _no_compute(env, what)
+    if no_compute is not None:
+        return no_compute
     runtime = runtime_check(env, host, gpus)
     needs = needed_cuda(entry)
     if runtime.state == "refused":
@@ -104,6 +108,23 @@ def _judge_image(entry: dict[str, Any], what: str, host: Host, gpus: tuple[Gpu, 
         return Fit(Status.UNKNOWN, f"{what} declares no CUDA version (no CUDA_VERSION or "
                                    "NVIDIA_REQUIRE_CUDA): the CUDA it needs is not known")
     return _by_version(what, needs, host, _forward_compat(entry, env, host, gpus, needs))
+
+
+def _no_compute(env: dict[str, str], what: str) -> Fit | None:
+    """The driver capabilities: a word the runtime hook does not know stops the container;
+    without `compute` no CUDA driver library is mounted, and CUDA cannot initialise."""
+    try:
+        capabilities = cuda_require.driver_capabilities(env)
+    except cuda_require.Invalid as exc:
+        return Fit(Status.CRITICAL, f"{what}: the NVIDIA container runtime refuses it "
+                                    f"(NVIDIA_DRIVER_CAPABILITIES: {exc})")
+    if "compute" in capabilities:
+        return None
+    return Fit(Status.CRITICAL, f"{what}: NVIDIA_DRIVER_CAPABILITIES="
+                                f"{env.get('NVIDIA_DRIVER_CAPABILITIES')} gives it no compute "
+                                "capability: the runtime mounts no CUDA driver library "
+                                "(libcuda.so) into it and CUDA does not initialise; add "
+                                "compute (NVIDIA_DRIVER_CAPABILITIES=compute,utility)")
 
 
 def runtime_check(env: dict[str, str], host: Host, gpus: tuple[Gpu, ...]

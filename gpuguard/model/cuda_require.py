@@ -15,7 +15,12 @@ Written after the toolkit's own code (docs/image-cuda.md cites each file):
   `brand` compared as text without regard to case (= and != only); anything else is
   "invalid expression", which refuses the container as an unmet condition does;
 - every requirement is evaluated on each GPU the container gets, and once without a
-  device (arch and brand then hold) when it gets none.
+  device (arch and brand then hold) when it gets none;
+- the driver capabilities (the toolkit's cmd/nvidia-container-runtime-hook
+  container_config.go and internal/config/image/capabilities.go): NVIDIA_DRIVER_CAPABILITIES
+  split at commas and trimmed; unset or empty, `utility,compute` (every capability for a
+  legacy image); `all`, every one; a word it does not know stops the hook. Without
+  `compute` no CUDA driver library is mounted into the container.
 
 A fact gpuguard could not read (the brand of a replayed GPU, say) makes the conditions
 that use it unknown: a verdict is ok or refused only when it holds whatever that fact is.
@@ -33,6 +38,8 @@ CUDA_HINT = ", please update your driver to a newer version, or use an earlier c
 _OPERATORS = ("=", "!=", "<", "<=", ">", ">=")
 _OP_CHARS = "<>=!"
 _UINTMAX = 2**64 - 1
+CAPABILITIES = frozenset({"compute", "compat32", "graphics", "utility", "video", "display",
+                          "ngx"})
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
 # Masterminds semver's loose form (the toolkit parses CUDA_VERSION with it)
 _LOOSE_SEMVER = re.compile(r"v?(\d+)(?:\.(\d+))?(?:\.(\d+))?"
@@ -63,6 +70,23 @@ class Outcome:
     requirement: str = ""
 
 
+def driver_capabilities(env: Mapping[str, str]) -> frozenset[str]:
+    """The capabilities the runtime hook gives the container; raises Invalid naming the
+    words it does not support (the hook stops: the container does not start)."""
+    raw = env.get("NVIDIA_DRIVER_CAPABILITIES")
+    if raw is None and _legacy(env):
+        return CAPABILITIES
+    wanted = frozenset(c.strip() for c in (raw or "").split(",") if c.strip())
+    if not raw:
+        return frozenset({"utility", "compute"})
+    if "all" in wanted:
+        return CAPABILITIES
+    if wanted - CAPABILITIES:
+        raise Invalid(f"unsupported capabilities found in '{','.join(sorted(wanted))}' "
+                      f"(allowed '{','.join(sorted(wanted & CAPABILITIES))}')")
+    return wanted
+
+
 def disabled(env: Mapping[str, str]) -> bool:
     """NVIDIA_DISABLE_REQUIRE as Go's strconv.ParseBool reads it; not a boolean: false."""
     return env.get("NVIDIA_DISABLE_REQUIRE", "") in _TRUE
@@ -75,10 +99,14 @@ def requirements(env: Mapping[str, str]) -> list[str]:
         return []
     found = [env[name] for name in sorted(env) if name.startswith("NVIDIA_REQUIRE_")
              and not name.startswith("NVIDIA_REQUIRE_JETPACK")]
-    legacy = env.get("CUDA_VERSION", "")
-    if legacy and not env.get("NVIDIA_REQUIRE_CUDA"):
-        found.append(f"cuda>={legacy_version(legacy)}")
+    if _legacy(env):
+        found.append(f"cuda>={legacy_version(env['CUDA_VERSION'])}")
     return found
+
+
+def _legacy(env: Mapping[str, str]) -> bool:
+    """A "legacy" CUDA image: CUDA_VERSION set, NVIDIA_REQUIRE_CUDA empty or unset."""
+    return bool(env.get("CUDA_VERSION")) and not env.get("NVIDIA_REQUIRE_CUDA")
 
 
 def legacy_version(text: str) -> str:
