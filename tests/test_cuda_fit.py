@@ -186,6 +186,9 @@ def test_an_image_without_the_compute_capability_cannot_run_cuda():
     assert judge(entry, host("580.159.04", "13.0")).status is Status.OK
     del entry["env"]["NVIDIA_DRIVER_CAPABILITIES"]  # unset: compute,utility
     assert judge(entry, host("580.159.04", "13.0")).status is Status.OK
+    # an image that says nothing of CUDA (nvidia-smi only, say) is not judged for it
+    plain = {"kind": "image", "name": "tools", "env": {"NVIDIA_DRIVER_CAPABILITIES": "utility"}}
+    assert judge(plain, host("580.159.04", "13.0")).status is Status.UNKNOWN
 
 
 def test_an_image_that_declares_no_cuda_is_unknown():

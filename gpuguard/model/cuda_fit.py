@@ -88,11 +88,11 @@ def _judge_python(entry: dict[str, Any], what: str, host: Host) -> Fit:
 
 def _judge_image(entry: dict[str, Any], what: str, host: Host, gpus: tuple[Gpu, ...]) -> Fit:
     env: dict[str, str] = entry.get("env") or {}
-    no_compute = _no_compute(env, what)
+    needs = needed_cuda(entry)
+    no_compute = _no_compute(env, what, needs is not None)
     if no_compute is not None:
         return no_compute
     runtime = runtime_check(env, host, gpus)
-    needs = needed_cuda(entry)
     if runtime.state == "refused":
         where = f" on GPU {runtime.device}" if runtime.device is not None else ""
         return Fit(Status.CRITICAL, f"{what}: the NVIDIA container runtime refuses it{where} "
@@ -110,15 +110,16 @@ def _judge_image(entry: dict[str, Any], what: str, host: Host, gpus: tuple[Gpu, 
     return _by_version(what, needs, host, _forward_compat(entry, env, host, gpus, needs))
 
 
-def _no_compute(env: dict[str, str], what: str) -> Fit | None:
+def _no_compute(env: dict[str, str], what: str, claims_cuda: bool) -> Fit | None:
     """The driver capabilities: a word the runtime hook does not know stops the container;
-    without `compute` no CUDA driver library is mounted, and CUDA cannot initialise."""
+    without `compute` no CUDA driver library is mounted, and the CUDA an image says it is
+    built for cannot initialise (one that says nothing may not use CUDA at all)."""
     try:
         capabilities = cuda_require.driver_capabilities(env)
     except cuda_require.Invalid as exc:
         return Fit(Status.CRITICAL, f"{what}: the NVIDIA container runtime refuses it "
                                     f"(NVIDIA_DRIVER_CAPABILITIES: {exc})")
-    if "compute" in capabilities:
+    if "compute" in capabilities or not claims_cuda:
         return None
     return Fit(Status.CRITICAL, f"{what}: NVIDIA_DRIVER_CAPABILITIES="
                                 f"{env.get('NVIDIA_DRIVER_CAPABILITIES')} gives it no compute "
