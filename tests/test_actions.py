@@ -135,7 +135,7 @@ def test_rules_explain_says_what_to_do():
 
 
 # Critical rules whose action is deliberately `none` (their `action:` key says so and why)
-CRITICAL_AND_NONE = {"driver.version", "host.disk"}
+CRITICAL_AND_NONE = {"driver.version", "host.disk", "image.cuda"}
 
 
 def test_every_shipped_rule_has_a_deliberate_action():

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from gpuguard.model.results import Result
     from gpuguard.model.rule import RuleSet
     from gpuguard.model.snapshot import Snapshot
+    from gpuguard.model.workload import Workload
     from gpuguard.sources.active.workers import EarlyStart
 
 
@@ -69,6 +70,13 @@ if TYPE_CHECKING:
 @click.option("--active-pattern-mib", type=click.IntRange(min=1, max=16384), metavar="MIB",
               help="Device memory memory.pattern writes and reads back [default: profile, "
                    "else 64].")
+@click.option("--image", "images", multiple=True, metavar="IMAGE",
+              help="Judge whether this container image's CUDA runs on this host (image.cuda; "
+                   "repeatable): its configuration is read through Docker, never pulled or run.")
+@click.option("--python-env", "python_envs", multiple=True, metavar="PATH",
+              type=click.Path(path_type=Path),
+              help="Judge the CUDA build of the PyTorch installed in this virtualenv, prefix "
+                   "or site-packages (image.cuda; repeatable), read without importing it.")
 @click.option("--record", is_flag=True,
               help="Write this run's rule transitions and Xids to the event store in "
                    "--state-dir (docs/events.md); history escalates the suggested actions.")
@@ -78,7 +86,8 @@ if TYPE_CHECKING:
 def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str, ...],
           input_path: Path | None, timeout: float, quiet: bool, fail_on: str,
           xid_window: str | None, active: str | None, active_deadline: float | None,
-          active_buffer_mib: int | None, active_pattern_mib: int | None, record: bool,
+          active_buffer_mib: int | None, active_pattern_mib: int | None,
+          images: tuple[str, ...], python_envs: tuple[Path, ...], record: bool,
           profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
           state_dir: Path | None, docker: bool | None, host_resources: bool | None,
           probe_image: str | None, path_sysfs: Path | None,
@@ -93,6 +102,7 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     paths = paths_from(path_sysfs, path_procfs, path_rootfs)
     host_opts = host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
                              docker, "auto", None, host_resources is True)
+    host_opts.workloads = _workloads(images, python_envs)
     # The NVML worker runs already (cli/entry.py), the host sources start now, and the
     # configuration is loaded meanwhile; the sources that need the profile's settings
     # (Docker's `required`, the disk paths) get them when it is (it is read once, here).
@@ -238,6 +248,14 @@ def _active_probe(snapshot: Snapshot, profile: Profile, force: bool, deadline_s:
     opts = options(profile.probe_settings, force, deadline_s, buffer_mib, pattern_mib)
     opts.lock_path = str(state_dir / LOCK_FILE)
     ActiveProbe(snapshot, opts, early).finish(snapshot)
+
+
+def _workloads(images: tuple[str, ...], python_envs: tuple[Path, ...]) -> tuple[Workload, ...]:
+    """What image.cuda judges: each --image, then each --python-env, as given."""
+    from gpuguard.model.workload import Workload
+
+    return (*(Workload("image", image) for image in images),
+            *(Workload("python", str(path)) for path in python_envs))
 
 
 def _check_filters(only: tuple[str, ...], skip: tuple[str, ...], rule_ids: list[str]) -> None:

@@ -46,6 +46,7 @@ from gpuguard.sources import collect, nvml, replay
 from gpuguard.sources import host as host_sources
 from gpuguard.supervisor.config import load_services
 from gpuguard.supervisor.service import Supervisor
+from gpuguard.supervisor.workloads import of_services
 
 log = structlog.get_logger("gpuguard.daemon")
 
@@ -324,6 +325,7 @@ class Daemon:
     def _start_parts(self, ruleset: RuleSet, services: list[Any], state_dir: Path | None,
                      boot: str | None, procfs: str) -> None:
         tagged = {r.id for r in ruleset.rules.values() if "failover" in r.tags}
+        self.cfg.host.workloads = of_services(services)  # image.cuda, every slow cycle
         self.supervisors = [Supervisor(s, state_dir, tagged, self.cfg.dry_run,
                                        active_check=self.active_probe_passes, boot_id=boot)
                             for s in services if state_dir is not None]

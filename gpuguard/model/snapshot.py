@@ -1,10 +1,5 @@
-"""The host snapshot: everything the rules may look at, and how each value was got.
-
-Every reading is a `Reading`: a value, `not_supported` (the GPU or driver does not
-offer it: never a failure), or `error` (the call failed; the rule becomes unknown).
-In JSON a successful reading is its plain value; the other two are objects with a
-`state` key, so a saved snapshot stays readable by eye.
-"""
+"""The host snapshot: everything the rules may look at, and how each value was got (each
+a `Reading`, gpuguard/model/reading.py: a value, not supported, or an error)."""
 
 from __future__ import annotations
 
@@ -132,6 +127,9 @@ class GpuSnapshot(Validated):
     clock_sm_app_default_mhz: Reading[int] = reading_field(readings.whole(0, 100_000))
     clock_mem_app_default_mhz: Reading[int] = reading_field(readings.whole(0, 100_000))
     gsp_firmware_version: Reading[str] = reading_field(readings.text)
+    # What NVIDIA_REQUIRE_CUDA's brand= and arch= compare (image.cuda): cuda_compat's word
+    brand: Reading[str] = reading_field(readings.text)
+    compute_capability: Reading[str] = reading_field(readings.text)  # "9.0"
 
     # The active probe (gpuguard check --active, sources/active/; absent when it
     # did not run). probe_skipped: why it left this GPU alone ("" when it probed it).
@@ -208,6 +206,8 @@ class HostInfo(Validated):
     # gpuguard/daemon/gpus_seen.py): [{"uuid", "pci_bus_id", "index", "name"}]; absent in
     # `check` and when NVML did not answer (which GPUs are there cannot be told then).
     gpus_missing: Reading[list[dict[str, Any]]] = reading_field(readings.mapping_list)
+    # The images and Python environments image.cuda judges (sources/workloads.py)
+    workloads: Reading[list[dict[str, Any]]] = reading_field(readings.mapping_list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.hostname, str) or not isinstance(self.source, str):

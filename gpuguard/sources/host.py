@@ -20,6 +20,7 @@ from typing import Any, TextIO
 from gpuguard.io import forked
 from gpuguard.io.paths import Paths, host_default
 from gpuguard.model.snapshot import Reading, Snapshot, SourceRun
+from gpuguard.model.workload import Workload
 
 # The source modules are imported where they are used: `gpuguard check` runs them in a
 # forked child, and what the parent imports before that fork delays it.
@@ -49,6 +50,8 @@ class HostOptions:
     # The paths host.disk watches besides Docker's data root: the profile's `disk_paths`
     # (whoever loaded the profile sets them: the sources never read it themselves).
     disk_paths: tuple[Path, ...] = ()
+    # The images and Python environments image.cuda judges (sources/workloads.py)
+    workloads: tuple[Workload, ...] = ()
     # Which families to read: all for a live check, only those named for a replay.
     kernel_log: bool = True
     procfs: bool = True
@@ -152,6 +155,12 @@ def _probe_image(opts: HostOptions) -> dict[str, Reading[Any]]:
                                                opts.probe_timeout)}
 
 
+def _workloads(opts: HostOptions) -> dict[str, Reading[Any]]:
+    from gpuguard.sources import workloads
+
+    return {"workloads": workloads.read(opts.workloads, opts.paths, opts.read_timeout)}
+
+
 HOST_SOURCES: tuple[HostSource, ...] = (
     HostSource("procfs", ("kernel_module_version", "kernel_modules", "persistenced_running",
                           "fabricmanager_running"), lambda o: o.procfs, _procfs),
@@ -167,6 +176,7 @@ HOST_SOURCES: tuple[HostSource, ...] = (
                lambda o: o.host_resources),
     HostSource("probe_image", ("probe_image",), lambda o: o.rootfs and bool(o.probe_image),
                _probe_image),
+    HostSource("workloads", ("workloads",), lambda o: bool(o.workloads), _workloads),
 )
 
 

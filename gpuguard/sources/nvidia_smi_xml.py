@@ -98,6 +98,15 @@ def _enabled(raw: str) -> bool:
     raise ValueError(raw)
 
 
+def _brand(raw: str) -> str:
+    from gpuguard.model.cuda_compat import brand_of_smi
+
+    word = brand_of_smi(raw)
+    if word is None:  # a brand this gpuguard does not know: never judged as another
+        raise ValueError(raw)
+    return word
+
+
 def _action(raw: str) -> str:
     return raw.strip().lower().replace(" ", "_")
 
@@ -106,6 +115,7 @@ def _gpu(index: int, g: ET.Element) -> GpuSnapshot:
     gpu = GpuSnapshot(index=index)
     gpu.uuid = _reading(g, ["uuid"], str)
     gpu.name = _reading(g, ["product_name"], str)
+    gpu.brand = _reading(g, ["product_brand"], _brand)
     gpu.serial = _reading(g, ["serial"], str)
     gpu.pci_bus_id = _reading(g, ["pci/pci_bus_id"], str)
     if not gpu.pci_bus_id.is_ok and g.get("id"):

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from gpuguard.model.cuda_compat import NVML_BRANDS
 from gpuguard.sources import nvml_multi
 from gpuguard.sources.nvml_progress import Progress
 
@@ -151,6 +152,9 @@ def _read_gpu(
 
     dev("uuid", "nvmlDeviceGetUUID", convert=text)
     dev("name", "nvmlDeviceGetName", convert=text)
+    dev("brand", "nvmlDeviceGetBrand", convert=lambda b: NVML_BRANDS.get(int(b), "unknown"))
+    dev("compute_capability", "nvmlDeviceGetCudaComputeCapability",
+        convert=lambda cc: f"{int(cc[0])}.{int(cc[1])}")
     dev("serial", "nvmlDeviceGetSerial", convert=text)
     dev("pci_bus_id", "nvmlDeviceGetPciInfo", convert=lambda info: text(info.busId))
     dev("vbios_version", "nvmlDeviceGetVbiosVersion", convert=text)

@@ -27,6 +27,8 @@
         exec: {start_gpu: [...], stop_gpu: [...], start_cpu: [...], stop_cpu: [...],
                running_gpu: [...], running_cpu: [...],
                pid_file_gpu: /run/llm-gpu.pid, pid_file_cpu: /run/llm-cpu.pid}
+        python_env: /opt/llm/.venv  # exec, systemd: the GPU variant's Python environment,
+                                    # whose PyTorch CUDA build image.cuda judges
         router:                     # optional: switch without lost requests
           nginx: {upstream_file: /etc/nginx/gpuguard/llm.conf,
                   gpu: "127.0.0.1:8001", cpu: "127.0.0.1:8002",
@@ -166,6 +168,7 @@ class ServiceSpec(_Strict):
     systemd: SystemdSection | None = None
     exec: ExecSection | None = None
     router: RouterSpec | None = None
+    python_env: Text | None = None
 
 
 class ServicesFile(_Strict):
@@ -226,6 +229,8 @@ class Service:
     gpus: list[int] | None = None
     nginx: Nginx | None = None
     origin: str = ""
+    # the GPU variant's Python environment (exec, systemd): image.cuda judges its PyTorch
+    python_env: str | None = None
 
 
 def load_services(path: Path) -> list[Service]:
@@ -287,8 +292,16 @@ def _service(path: Path, spec: ServiceSpec, entry: Mapping) -> Service:
         failover_after=spec.failover_after, failback_after=spec.failback_after,
         min_cpu_time=spec.min_cpu_time, manual_failback=spec.failback == "manual",
         failback_probe=spec.failback_probe, rules=spec.rules, gpus=spec.gpus, nginx=nginx,
-        origin=f"{path}:{entry.line}",
+        origin=f"{path}:{entry.line}", python_env=_python_env(spec, fail),
     )
+
+
+def _python_env(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> str | None:
+    """`python_env` belongs to exec and systemd services."""
+    if spec.python_env is not None and spec.backend == "docker":
+        raise fail("python_env", "python_env is for exec and systemd services: a "
+                   "container's Python is in its image, which image.cuda judges")
+    return spec.python_env
 
 
 def _request(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> InferenceRequest | None:

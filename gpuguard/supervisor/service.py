@@ -48,6 +48,7 @@ from gpuguard.model.results import Result
 from gpuguard.supervisor import policy, router, state
 from gpuguard.supervisor.backends import Backend, BackendError, make
 from gpuguard.supervisor.config import Service
+from gpuguard.supervisor.image_gate import blocks_failback
 from gpuguard.supervisor.state_writes import StateWrites
 from gpuguard.supervisor.steps import STEP_ERRORS, converge, other, roll_back, run_step, steps_of
 
@@ -233,7 +234,7 @@ class Supervisor:
             self._save()
             return
         to = "cpu" if action == "to_cpu" else "gpu"
-        if to == "gpu" and svc.failback_probe == "active" and not self._probe_passes():
+        if to == "gpu" and not self._may_fail_back(results):
             return
         reason = ("; ".join(f"{r.rule}"
                             + (f" (GPU {r.gpu.index})" if r.gpu else "") + f": {r.message}"
@@ -244,25 +245,32 @@ class Supervisor:
                          key=ACTION_ORDER.index, default="none") if to == "cpu" else "none"
         self.transition(to, reason, action=suggested)
 
-    def _probe_passes(self) -> bool:
-        """Fail back only to GPUs that compute: a failed or unknown probe keeps the service
-        on CPU and starts the healthy count again (it is asked again after
-        failback_after more healthy cycles)."""
-        if self.active_check is None:
-            passed, why = False, "no active probe available (the daemon did not give one)"
-        else:
-            try:
-                passed, why = self.active_check(self.service.gpus)
-            except Exception as exc:  # no probe, no failback
-                passed, why = False, f"the active probe failed: {type(exc).__name__}: {exc}"
-        if passed:
-            self.log.info("failback_probe_passed", detail=why)
+    def _may_fail_back(self, results: list[Result]) -> bool:
+        """Fail back only to a GPU variant that can run here (its image or Python
+        environment, supervisor/image_gate.py) and, with failback_probe: active, only to
+        GPUs that compute. A blocked failback keeps the service on CPU and starts the
+        healthy count again (asked again after failback_after more healthy cycles)."""
+        why = blocks_failback(results, self.service.name)
+        if why is None and self.service.failback_probe == "active":
+            passed, detail = self._probe()
+            if passed:
+                self.log.info("failback_probe_passed", detail=detail)
+            why = None if passed else detail
+        if why is None:
             return True
         self.log.warning("failback_blocked", reason=why)
         with self._lock:
             self.state.healthy_cycles = 0
         self._save()
         return False
+
+    def _probe(self) -> tuple[bool, str]:
+        if self.active_check is None:
+            return False, "no active probe available (the daemon did not give one)"
+        try:
+            return self.active_check(self.service.gpus)
+        except Exception as exc:  # no probe, no failback
+            return False, f"the active probe failed: {type(exc).__name__}: {exc}"
 
     def _check_request(self) -> None:
         try:

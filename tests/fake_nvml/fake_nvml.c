@@ -41,6 +41,12 @@
  *   FAKE_NVML_MEM_TOTAL_MIB=n  memory total (v1 memory info; default: not supported unless
  *                              FAKE_NVML_PROCS_FILE is set)
  *   FAKE_NVML_MEM_USED_MIB=n   ... and memory used (default 0; ignored with PROCS_FILE)
+ *   FAKE_NVML_DRIVER_VERSION=v the driver version (default 580.159.04, the H200 host's)
+ *   FAKE_NVML_CUDA_VERSION=n   the CUDA version the driver gives, as NVML's integer
+ *                              (default 13000: 13.0; 12040 is 12.4)
+ *   FAKE_NVML_BRAND=n          nvmlBrandType_t (default 14, NVIDIA: what the H200 reports;
+ *                              2 Tesla, 5 GeForce, 1 Quadro)
+ *   FAKE_NVML_CC=major.minor   CUDA compute capability (default 9.0, Hopper)
  *   FAKE_NVML_PROCS_FILE=path  per-process accounting: lines "gpu pid used_mib", read at
  *                              every call (a test grows them); with it set the GPUs also
  *                              report their memory (FAKE_NVML_MEM_TOTAL_MIB, default 143771,
@@ -120,13 +126,17 @@ static nvmlReturn_t copy(char *dst, unsigned int len, const char *src) {
 }
 
 nvmlReturn_t nvmlSystemGetDriverVersion(char *v, unsigned int len) {
+    const char *version = getenv("FAKE_NVML_DRIVER_VERSION");
     maybe_hang("nvmlSystemGetDriverVersion", -1);
-    return copy(v, len, "580.159.04");
+    return copy(v, len, version && *version ? version : "580.159.04");
 }
 nvmlReturn_t nvmlSystemGetNVMLVersion(char *v, unsigned int len) {
     return copy(v, len, "13.580.159.04");
 }
-nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) { *v = 13000; return NVML_SUCCESS; }
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) {
+    *v = env_int("FAKE_NVML_CUDA_VERSION", 13000);
+    return NVML_SUCCESS;
+}
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     *count = (unsigned int)env_int("FAKE_NVML_GPUS", 1);
@@ -157,6 +167,21 @@ nvmlReturn_t nvmlDeviceGetSerial(nvmlDevice_t d, char *v, unsigned int len) {
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *v, unsigned int len) {
     (void)d;
     return copy(v, len, "NVIDIA H200");
+}
+
+nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, int *brand) {
+    maybe_hang("nvmlDeviceGetBrand", d->index);
+    *brand = env_int("FAKE_NVML_BRAND", 14);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor) {
+    const char *cc = getenv("FAKE_NVML_CC");
+    maybe_hang("nvmlDeviceGetCudaComputeCapability", d->index);
+    *major = 9;
+    *minor = 0;
+    if (cc && *cc && sscanf(cc, "%d.%d", major, minor) != 2) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_SUCCESS;
 }
 
 typedef struct {
