@@ -53,7 +53,10 @@ def position(snapshot: Snapshot) -> dict[str, Any]:
     log = _kernel_log(snapshot)
     ecc = {str(g.index): g.ecc_volatile_uncorrected.value for g in snapshot.gpus
            if g.ecc_volatile_uncorrected.is_ok}
-    return {"time": time.time(), "kmsg_usec": None if log is None else log.get("now_usec"),
+    # None: the log could not be read (the epilog cannot tell what is new); 0: it was
+    # read and held no stamped line yet (every stamped line the epilog sees is new)
+    return {"time": time.time(),
+            "kmsg_usec": None if log is None else (log.get("now_usec") or 0),
             "ecc_uncorrected": ecc}
 
 

@@ -3,12 +3,14 @@ a fixture): munged with its own socket and key, slurmctld and slurmd from Debian
 private ports, state, spool, logs and pid files in one temp folder, one real node (this
 host, with two GPU GRES on character devices the fixture makes) and nine configured nodes
 that never come up (the partition the fleet brake counts; a port of their own where
-nothing listens, else slurmd answers for them too and runs the health program for each). slurmd runs gpuguard's wrapper
-scripts as HealthCheckProgram, Prolog and Epilog; the tests steer them through files in
-the folder. stop() ends every process by its pid and removes the folder."""
+nothing listens, else slurmd answers for them too and runs the health program for each).
+slurmd runs gpuguard's wrapper scripts as HealthCheckProgram, Prolog and Epilog; the tests
+steer them through files in the folder. stop() ends every process by its pid and removes
+the folder."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -88,7 +90,7 @@ class Cluster:
 
     def steady(self) -> bool:
         times = [float(line.split()[0]) for line in self.runs("health")]
-        gaps = [b - a for a, b in zip(times, times[1:], strict=False)][-2:]
+        gaps = [b - a for a, b in itertools.pairwise(times)][-2:]
         return len(gaps) == 2 and all(abs(g - HEALTH_INTERVAL) <= 1.0 for g in gaps)
 
     def _wrappers(self) -> None:
@@ -101,7 +103,7 @@ class Cluster:
             (self.root / f"{what}.off").touch()  # each test turns on what it uses
 
     def _write_conf(self) -> None:
-        r = self.root
+        r, cpus = self.root, os.cpu_count()
         self.conf.write_text(f"""ClusterName=gg
 SlurmctldHost={self.node}(127.0.0.1)
 SlurmctldPort={free_port()}
@@ -129,7 +131,7 @@ HealthCheckInterval={HEALTH_INTERVAL}
 Prolog={r}/prolog.sh
 Epilog={r}/epilog.sh
 JobRequeue=1
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory=1000 Gres=gpu:2 State=UNKNOWN
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 Gres=gpu:2 State=UNKNOWN
 NodeName={FAKE_NODES} NodeAddr=127.0.0.2 Port={free_port()} CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)

@@ -65,10 +65,16 @@ def slurm(cluster: Cluster) -> Iterator[Cluster]:
     cluster.resume_all()  # the next test waits for the health runs to be regular again
 
 
+def slurm_args(c: Cluster) -> list[str]:
+    """How the health program finds Slurm (slurmd passes no SLURM_CONF), a short random
+    wait before the brake's recount, the textfile metric."""
+    return ["--slurm-conf", str(c.conf), "--brake-jitter", "0.02", "--metrics-file",
+            str(c.root / "metrics.prom")]
+
+
 def health_args(c: Cluster, *extra: str) -> list[str]:
-    return ["--state-dir", str(c.root / "gg-state"), "--slurm-conf", str(c.conf),
-            "--node", c.node, "--brake-jitter", "0.02", "--metrics-file",
-            str(c.root / "metrics.prom"), *extra]
+    return ["--state-dir", str(c.root / "gg-state"), "--node", c.node, *slurm_args(c),
+            *extra]
 
 
 def replayed(c: Cluster, fault: bool) -> Path:
@@ -202,9 +208,7 @@ def live_args(c: Cluster, kmsg: str = "") -> list[str]:
     host = c.root / "host"
     profile = c.root / "profile.yaml"
     profile.write_text(FAKE_FLOORS)
-    args = own_host(host, kmsg=kmsg) if not host.exists() else [
-        "--path.procfs", str(host / "proc"), "--path.sysfs", str(host / "sys"),
-        "--path.rootfs", str(host / "rootfs"), "--kmsg-file", str(host / "kmsg.log")]
+    args = own_host(host, kmsg=kmsg)
     args = [a for i, a in enumerate(args) if a != "--state-dir" and
             (i == 0 or args[i - 1] != "--state-dir")]
     return [*args, "--profile", str(profile), "--state-dir", str(c.root / "gg-state"),
@@ -234,10 +238,10 @@ def test_a_prolog_failure_requeues_the_job_and_health_takes_the_drain_over(
     record = json.loads((c.root / "gg-state" / "slurm" / "script-failure.json").read_text())
     assert record["job"] == job and record["gpus"] == [0, 1]
     c.cli("scancel", job)
-    c.switch("health", True, [*live_args(c), "--no-daemon", *health_args(c)[6:]], faulty)
+    c.switch("health", True, [*live_args(c), "--no-daemon", *slurm_args(c)], faulty)
     c.wait_for(lambda: c.reason().startswith("gpuguard:"), WITHIN_S, "the takeover")
     assert c.reason() == "gpuguard: inspect_hardware: gpu.compute GPU 1"
-    c.switch("health", True, [*live_args(c), "--no-daemon", *health_args(c)[6:]],
+    c.switch("health", True, [*live_args(c), "--no-daemon", *slurm_args(c)],
              fake_gpu_env(c, fake_nvml, fake_cuda))
     c.wait_for(lambda: c.state() == "idle", WITHIN_S, "the resume after a pass")
     assert not (c.root / "gg-state" / "slurm" / "script-failure.json").exists()
@@ -273,7 +277,7 @@ def test_the_epilog_drains_for_hardware_xids_and_only_records_application_ones(
           timeout=60)
     c.wait_for(lambda: c.reason() == "Epilog error", WITHIN_S, "Slurm's epilog drain")
     assert "HARDWARE Xid 79 during the job" in c.output("epilog")
-    c.switch("health", True, [*args, "--no-daemon", *health_args(c)[6:]], env)
+    c.switch("health", True, [*args, "--no-daemon", *slurm_args(c)], env)
     c.wait_for(lambda: c.reason().startswith("gpuguard:"), WITHIN_S, "the takeover")
     assert c.reason().startswith("gpuguard: reboot: xid.recent")
 
