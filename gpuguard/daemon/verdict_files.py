@@ -53,7 +53,9 @@ def condition_text(results: list[Result], max_age_s: float, written: float) -> s
         extra = f" (+{more} more)" if more else ""
         line = f"{status}: {worst.rule}{gpu}{extra}: {worst.message}"
     line = " ".join(line.split())[:MESSAGE_MAX]  # one line, whatever a message holds
-    return (f"status={status}\nmessage={line}\nboottime={written:.0f}\n"
+    # whole seconds, rounded down as the plugin reads /proc/uptime: rounding up would
+    # put a fresh file a second in the future, which reads as an earlier boot
+    return (f"status={status}\nmessage={line}\nboottime={int(written)}\n"
             f"max_age_s={max_age_s:.0f}\n")
 
 
