@@ -76,8 +76,12 @@ class VerdictSocket:
             log.warning("status_group_missing", group=self.group, socket=str(self.path),
                         meaning="only root can read the daemon's verdict")
         else:
-            os.chown(self.path, -1, gid)
-            os.chmod(self.path, SOCKET_MODE)
+            try:
+                os.chown(self.path, -1, gid)
+                os.chmod(self.path, SOCKET_MODE)
+            except PermissionError as exc:  # no CAP_CHOWN: root only, and said so
+                log.warning("status_group_not_set", group=self.group, error=str(exc),
+                            meaning="only root can read the daemon's verdict")
         sock.listen(32)
         self._sock = sock
         threading.Thread(target=self._accept, name="verdict-socket", daemon=True).start()

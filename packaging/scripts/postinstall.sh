@@ -4,6 +4,8 @@ set -e
 rm -rf /opt/gpuguard/venv
 /usr/bin/python3 -m venv /opt/gpuguard/venv
 /opt/gpuguard/venv/bin/pip install --quiet --no-index --find-links /opt/gpuguard/wheels gpuguard
+# who besides root may read the daemon's verdict (`gpuguard status`, its status socket)
+getent group gpuguard >/dev/null 2>&1 || groupadd --system gpuguard || true
 if [ -d /run/systemd/system ]; then
     systemctl daemon-reload || true
 fi
