@@ -155,8 +155,9 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     # --- use -----------------------------------------------------------------------
 
     def cli(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        # in the cluster's folder: a batch job writes its output where it was submitted
         return subprocess.run(list(args), env=self.env, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+                              timeout=timeout, check=False, cwd=self.root)
 
     def node_line(self, name: str | None = None) -> tuple[str, str]:
         """(state, reason) of a node as sinfo shows it."""

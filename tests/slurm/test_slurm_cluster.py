@@ -216,7 +216,8 @@ def live_args(c: Cluster, kmsg: str = "") -> list[str]:
 
 
 def sbatch(c: Cluster, *args: str) -> str:
-    done = c.cli("sbatch", "--parsable", "-w", c.node, *args)
+    done = c.cli("sbatch", "--parsable", "-w", c.node, "-D", str(c.root), "-o",
+                 str(c.root / "job-%j.out"), *args)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().split(";")[0]
 
