@@ -34,6 +34,7 @@ def test_deb_installs_runs_and_removes(tmp_path):
     assert "/etc/gpuguard/profile.yaml" in conffiles  # an upgrade keeps the admin's copy
 
     env = {**os.environ, "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    had_group = run("getent", "group", "gpuguard").returncode == 0
     installed = run("dpkg", "-i", str(debs[-1]), env=env)
     try:
         assert installed.returncode == 0, installed.stdout + installed.stderr
@@ -44,9 +45,13 @@ def test_deb_installs_runs_and_removes(tmp_path):
         # the rule pack travels inside the wheel
         explained = run("/usr/bin/gpuguard", "rules", "explain", "pcie.link_width", env=env)
         assert "/opt/gpuguard/venv/" in explained.stdout and "_rules/pcie.yaml" in explained.stdout
+        # the status socket's group (issue 22), made only where missing
+        assert run("getent", "group", "gpuguard").returncode == 0
     finally:
         removed = run("dpkg", "--purge", "gpuguard", env=env)
     assert removed.returncode == 0, removed.stdout + removed.stderr
     assert not Path("/usr/bin/gpuguard").exists()
     assert not Path("/opt/gpuguard").exists()
     assert not Path("/lib/systemd/system/gpuguard.service").exists()
+    # a group the package made goes with it; one that was there stays
+    assert (run("getent", "group", "gpuguard").returncode == 0) is had_group

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -123,8 +122,9 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     # Everything imported from here to the result overlaps with the NVML worker.
     from gpuguard.judge.engine import evaluate
     from gpuguard.model.results import Verdict
+    from gpuguard.outputs.render import renderer
 
-    render = _renderer(fmt)
+    render = renderer(fmt)
     waiting = time.monotonic()
     snapshot = collection.result()
     if active is not None:
@@ -259,14 +259,11 @@ def _workloads(images: tuple[str, ...], python_envs: tuple[Path, ...]) -> tuple[
 
 
 def _check_filters(only: tuple[str, ...], skip: tuple[str, ...], rule_ids: list[str]) -> None:
-    """A filter that names no rule is a typo: say so rather than pass on nothing checked."""
-    import fnmatch
+    from gpuguard.model.rule_filter import filter_problem
 
-    for option, patterns in (("--only", only), ("--skip", skip)):
-        for pattern in patterns:
-            if not any(fnmatch.fnmatchcase(rule_id, pattern) for rule_id in rule_ids):
-                raise ConfigProblem(f"{option} {pattern!r} matches no rule; see "
-                                    "`gpuguard rules list`")
+    problem = filter_problem(only, skip, rule_ids)
+    if problem is not None:
+        raise ConfigProblem(problem)
 
 
 def _window(text: str) -> float | None:
@@ -276,19 +273,3 @@ def _window(text: str) -> float | None:
         return parse_window(text)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--xid-window") from exc
-
-
-def _renderer(fmt: str) -> Callable[..., str]:
-    if fmt == "json":
-        from gpuguard.outputs import json_out
-
-        return lambda snapshot, verdict, **_: json_out.render(snapshot, verdict)
-    if fmt == "prometheus":
-        from gpuguard.outputs import prometheus
-
-        return lambda snapshot, verdict, duration_s, **_: prometheus.render(
-            snapshot, verdict, duration_s)
-    from gpuguard.outputs import table
-
-    return lambda snapshot, verdict, colour, quiet, **_: table.render(
-        snapshot, verdict, colour, quiet)

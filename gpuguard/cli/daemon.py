@@ -47,13 +47,23 @@ from gpuguard.cli.options import (
 @click.option("--events-file", type=click.Path(path_type=Path),
               help="Also read udev-style events as JSON lines appended to this file "
                    "({\"action\": \"remove\", \"properties\": {...}}): a replay of a udev log.")
+@click.option("--status-socket", type=click.Path(path_type=Path), metavar="PATH",
+              help="Serve the latest verdict to `gpuguard status` and `gpuguard slurm health` "
+                   "on this Unix socket (the unit uses /run/gpuguard/status.sock).")
+@click.option("--status-group", default="gpuguard", show_default=True, metavar="GROUP",
+              help="Group (name or gid) that may read the status socket besides root; "
+                   "root only where it does not exist.")
+@click.option("--npd-dir", type=click.Path(path_type=Path), metavar="DIR",
+              help="Write one verdict file per node condition here each cycle, for "
+                   "node-problem-detector's plugin (docs/kubernetes.md).")
 @rule_options
 @host_source_options
 @path_options
 def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: float,
            input_path: Path | None, log_format: str, udev: bool, config_path: Path | None,
            dry_run: bool, active_probe_interval: float, event_store: bool,
-           events_file: Path | None,
+           events_file: Path | None, status_socket: Path | None, status_group: str,
+           npd_dir: Path | None,
            profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
            state_dir: Path | None, docker: bool | None, host_resources: bool | None,
            probe_image: str | None, path_sysfs: Path | None,
@@ -82,6 +92,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
                            docker, "on", None, host_resources is not False),
         profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
         log_format=log_format, dry_run=dry_run, active_probe_interval=active_probe_interval,
-        event_store=event_store,
+        event_store=event_store, status_socket=status_socket, status_group=status_group,
+        npd_dir=npd_dir,
         config_path=config_or_default(config_path))
     sys.exit(Daemon(cfg).run())

@@ -8,6 +8,7 @@ whole command line, and a worker started with other settings is discarded.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from gpuguard.cli import timing
@@ -62,7 +63,16 @@ def main() -> None:
 
 
 def _run() -> None:
-    _start_worker_early(sys.argv[1:])
+    args = sys.argv[1:]
+    if args and args[0] == "status":
+        # the daemon's verdict in milliseconds: no click, no NVML, no rules (status_client)
+        from gpuguard.cli.status_client import fast_main
+
+        code = fast_main(args[1:])
+        if code is not None:
+            sys.stdout.flush()
+            os._exit(code)
+    _start_worker_early(args)
     import click
 
     from gpuguard.cli.main import main as cli_main

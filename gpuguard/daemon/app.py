@@ -1,9 +1,8 @@
 """The daemon: two cadences of cycles, each a snapshot judged into results, served to
 Prometheus; reloads on SIGHUP, stops on SIGTERM, tells systemd how it is doing.
 
-Never hang, never die: NVML runs in a separate worker under a deadline (sampler.py),
-a cycle's exception is logged and the next cycle runs, a bad configuration on reload
-leaves the last good one in use.
+Never hang, never die: NVML runs in a separate worker under a deadline (sampler.py), a cycle's
+exception is logged and the next cycle runs, a bad reload leaves the last good configuration.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from gpuguard.daemon.sampler import NvmlSampler
 from gpuguard.daemon.schedule import Schedule
 from gpuguard.daemon.services import ServiceWatch
 from gpuguard.daemon.settings import FAST_SOURCES, DaemonConfig, host_paths, sample_spans
+from gpuguard.daemon.verdict_publish import VerdictPublisher
 from gpuguard.daemon.xid_counter import XidCounter
 from gpuguard.events import store as eventstore
 from gpuguard.io.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden
@@ -78,6 +78,10 @@ class Daemon:
         self.recorder: EventRecorder | None = None
         self.service_watch = ServiceWatch([])
         self.gpus_seen = SeenGpus(None, None)  # kept in the state dir once started
+        self.publisher = VerdictPublisher.of(self)  # `gpuguard status`, NPD files (issue 22)
+
+    def current(self) -> tuple[tuple[Profile, RuleSet] | None, Snapshot | None]:
+        return self._config, self._last  # the rules in use, the last sweep (verdict_publish)
 
     # --- configuration -------------------------------------------------------------
 
@@ -282,9 +286,8 @@ class Daemon:
         return 0
 
     def _start(self) -> tuple[Any, Any] | int:
-        """Everything up to the first cycle: the configuration (exit 3 when bad), the host
-        paths (exit 4 when refused), the supervisors, the store, NVML, the HTTP server
-        (exit 1 when it cannot listen), the schedule, the signals, the events."""
+        """Up to the first cycle: the configuration (exit 3 when bad), host paths (exit 4), the
+        parts, NVML, HTTP and the status socket (exit 1 if either cannot listen), the schedule."""
         try:
             config = self.load_config()
             self._use_config(config)
@@ -301,6 +304,7 @@ class Daemon:
             return EXIT_HOST_FORBIDDEN
         self._start_parts(config[1], services, state_dir, boot, procfs)
         try:
+            self.publisher.start()  # the status socket: a failure is exit 1, as the port's
             server = http.serve(host, port, self._registry(), self.health,
                                 self.status_document)
         except OSError as exc:
@@ -372,14 +376,14 @@ class Daemon:
         if observer is not None:
             observer.send_stop()
         server.shutdown()
+        self.publisher.stop()
         if self.sampler is not None:
             self.sampler.close()
         if self.recorder is not None:
             self.recorder.stop()
         if not self._idle.wait(STOP_GRACE_S):
-            # Every read has a deadline, so this is a bug or a wedged kernel call: stop
-            # anyway, within the unit's TimeoutStopSec, rather than wait for the cycle
-            # thread that the interpreter would otherwise join at exit.
+            # Every read has a deadline, so this is a bug or a wedged kernel call: stop anyway,
+            # within TimeoutStopSec, rather than wait for the cycle thread the exit would join.
             log.error("daemon_stopped_during_cycle", waited_s=STOP_GRACE_S)
             sys.stdout.flush()
             sys.stderr.flush()

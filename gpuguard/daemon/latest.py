@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -47,6 +48,9 @@ class LatestResults:
         self._cadence_of: dict[Key, str] = {}
         self._source_failed: str | None = None  # why the sources were not all read
         self._failed: dict[str, str] = {}  # cadence -> why its last cycle failed
+        self._updated: dict[str, float] = {}  # cadence -> its last update (monotonic)
+        # called after each update or failure, outside the lock (NPD's files, issue 22)
+        self.on_change: Callable[[], None] | None = None
 
     @property
     def stale(self) -> bool:
@@ -81,8 +85,11 @@ class LatestResults:
                 del self._entries[key]
                 del self._cadence_of[key]
             self._failed.pop(cadence, None)
+            self._updated[cadence] = time.monotonic()
             if cadence == "fast":
                 self._source_failed = source_failed
+        if self.on_change is not None:
+            self.on_change()
 
     def mark_failed(self, cadence: str, why: str) -> None:
         """A cycle of `cadence` failed: its rules are unknown until one succeeds. The last
@@ -102,6 +109,8 @@ class LatestResults:
                             f"was {old.status.value}: {old.message}",
                     observed={"stale": True, "last_status": old.status.value})
                 self._put(key, stale, cadence, now)
+        if self.on_change is not None:
+            self.on_change()
 
     def _put(self, key: Key, result: Result, cadence: str, now: float) -> None:
         old = self._entries.get(key)
@@ -124,6 +133,13 @@ class LatestResults:
 
     def results(self) -> list[Result]:
         return [e.result for e in self.entries()]
+
+    def by_cadence(self) -> list[tuple[Result, str, float]]:
+        """Each result with its cadence and when (monotonic) that cadence's last cycle
+        replaced it: `gpuguard status` judges freshness per cadence from these."""
+        with self._lock:
+            return [(e.result, self._cadence_of[k], self._updated.get(self._cadence_of[k], 0.0))
+                    for k, e in self._entries.items()]
 
 
 def _log_change(old: Result | None, new: Result) -> None:

@@ -38,6 +38,10 @@ class DaemonConfig:
     # Seconds between runs of the active probe on idle GPUs; 0: never (daemon/active.py).
     active_probe_interval: float = 0.0
     event_store: bool = True  # record transitions and Xids in state_dir/events.db
+    # `gpuguard status` reads the verdict here (daemon/verdict_socket.py); None: no socket
+    status_socket: Path | None = None
+    status_group: str | None = "gpuguard"  # who besides root may read it
+    npd_dir: Path | None = None  # node-problem-detector's condition files (verdict_files.py)
 
 
 def sample_spans(ruleset: RuleSet) -> tuple[float, float]:

@@ -20,6 +20,7 @@ HOST_DEFAULTS: dict[str, tuple[str, str]] = {
     "state": ("/var/lib/gpuguard", "--state-dir"),
     "boot_id": ("/proc/sys/kernel/random/boot_id", "--path.procfs"),
     "udev": ("/run/udev", "--no-udev"),
+    "run": ("/run/gpuguard", "--socket"),  # the daemon's status socket (gpuguard status)
 }
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable
 from string import Template
 from typing import Any
@@ -13,6 +12,7 @@ from gpuguard.judge.registry import CheckContext, Finding
 from gpuguard.model.profile import Profile
 from gpuguard.model.results import Result, Status
 from gpuguard.model.rule import Rule, RuleSet
+from gpuguard.model.rule_filter import selected
 from gpuguard.model.samples import Samples
 from gpuguard.model.snapshot import (
     GPU_READING_FIELDS,
@@ -22,12 +22,6 @@ from gpuguard.model.snapshot import (
     Snapshot,
     Unavailable,
 )
-
-
-def selected(rule_id: str, only: list[str], skip: list[str]) -> bool:
-    if only and not any(fnmatch.fnmatchcase(rule_id, pattern) for pattern in only):
-        return False
-    return not any(fnmatch.fnmatchcase(rule_id, pattern) for pattern in skip)
 
 
 def evaluate(

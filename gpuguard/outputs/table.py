@@ -23,8 +23,10 @@ _RESET = "\033[0m"
 Row = tuple[Status, str, str, str, str | None, str | None]
 
 
-def render(snapshot: Snapshot, verdict: Verdict, colour: bool, quiet: bool = False) -> str:
-    width = shutil.get_terminal_size((120, 24)).columns
+def render(snapshot: Snapshot, verdict: Verdict, colour: bool, quiet: bool = False,
+           width: int | None = None) -> str:
+    # `gpuguard status` passes its own terminal's width: the daemon renders for it
+    width = width or shutil.get_terminal_size((120, 24)).columns
     lines: list[str] = [] if quiet else [*_header(snapshot, verdict), ""]
     shown = _rows(verdict.results)
     if quiet:

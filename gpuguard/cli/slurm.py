@@ -1,0 +1,132 @@
+"""`gpuguard slurm health|prolog|epilog`: Slurm acting on gpuguard's verdict (docs/slurm.md).
+The decisions are integrations/slurm*.py's; the runs cli/slurm_health.py's and
+cli/slurm_jobs.py's. slurmd runs each with an almost empty environment and no arguments:
+a wrapper script (packaging/slurm/) holds the options."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gpuguard.cli.options import path_options, rule_options, state_dir_option
+
+
+def input_options(fn: Any) -> Any:
+    for option in reversed([
+        click.option("--node", metavar="NAME",
+                     help="This node's Slurm name [default: $SLURMD_NODENAME, else the short "
+                          "host name]."),
+        click.option("--input", "input_path", type=click.Path(path_type=Path),
+                     help="Judge a saved snapshot instead of this host (a cold check)."),
+        click.option("--kmsg-file", type=click.Path(path_type=Path),
+                     help="Read the kernel log from this file instead of /dev/kmsg."),
+        state_dir_option(),
+        click.option("--timeout", type=click.FloatRange(min=0.2), default=10.0,
+                     show_default=True, help="Deadline of a cold check's sources."),
+    ]):
+        fn = option(fn)
+    return rule_options(path_options(fn))
+
+
+def inputs_of(kw: dict[str, Any]) -> Any:
+    from gpuguard.cli.slurm_verdict import Inputs
+    from gpuguard.io.paths import state_dir_or_default
+
+    return Inputs(kw["input_path"], kw["kmsg_file"], kw["profile_path"], kw["rules_dirs"],
+                  state_dir_or_default(kw["state_dir"]), kw["timeout"], kw["path_sysfs"],
+                  kw["path_procfs"], kw["path_rootfs"])
+
+
+@click.group()
+def slurm() -> None:
+    """Slurm: drain and resume this node on gpuguard's verdict, probe a job's GPUs."""
+
+
+@slurm.command()
+@input_options
+@click.option("--socket", "socket_path", metavar="PATH",
+              help="The daemon's status socket [default: /run/gpuguard/status.sock].")
+@click.option("--no-daemon", is_flag=True, help="Always a cold check, never the daemon's.")
+@click.option("--slurm-bin", type=click.Path(path_type=Path), metavar="DIR",
+              help="Folder of scontrol and sinfo [default: PATH, then /usr/bin, "
+                   "/usr/local/bin, /opt/slurm/bin].")
+@click.option("--slurm-conf", type=click.Path(path_type=Path), metavar="FILE",
+              help="The cluster's slurm.conf [default: $SLURM_CONF, else Slurm's own].")
+@click.option("--slurm-timeout", type=click.FloatRange(min=0.5), default=10.0,
+              show_default=True, help="Deadline of each scontrol or sinfo call.")
+@click.option("--brake-percent", type=click.FloatRange(min=0, max=100), default=20.0,
+              show_default=True, help="Share of the partition drained by gpuguard within "
+                                      "--brake-window at which it stops draining.")
+@click.option("--brake-window", type=click.FloatRange(min=0), default=600.0,
+              show_default=True, metavar="S", help="Seconds the brake counts drains over.")
+@click.option("--brake-jitter", type=click.FloatRange(min=0, max=1), default=0.2,
+              show_default=True, metavar="SHARE",
+              help="Wait up to this share of HealthCheckInterval (at most 30 s) before "
+                   "counting again and draining.")
+@click.option("--metrics-file", type=click.Path(path_type=Path),
+              help="Write the brake and drain state here for node_exporter's textfile "
+                   "collector (the alert that needs no daemon).")
+@click.option("--probe-budget", type=click.FloatRange(min=0.5, max=50), default=3.0,
+              show_default=True, help="Seconds for re-probing the GPUs a prolog failed on.")
+def health(socket_path: str | None, no_daemon: bool, slurm_bin: Path | None,
+           slurm_conf: Path | None, slurm_timeout: float, brake_percent: float,
+           brake_window: float, brake_jitter: float, metrics_file: Path | None,
+           probe_budget: float, **kw: Any) -> None:
+    """slurmd's HealthCheckProgram: drain on a critical hardware finding, resume when it is
+    gone; exit 0, 2 when the fleet brake held, 3 when Slurm did not answer."""
+    from gpuguard.cli import status_client
+    from gpuguard.cli.slurm_health import HealthRun, run_health
+    from gpuguard.cli.slurm_jobs import node_name
+    from gpuguard.integrations.slurm_brake import BrakeSettings
+    from gpuguard.integrations.slurm_ctl import SlurmSettings
+
+    inputs = inputs_of(kw)
+    cold = no_daemon or inputs.input_path is not None
+    run = HealthRun(node_name(kw["node"]), SlurmSettings(slurm_bin, slurm_conf, slurm_timeout),
+                    BrakeSettings(brake_percent, brake_window, jitter_share=brake_jitter),
+                    inputs, inputs.state_dir,
+                    None if cold else socket_path or status_client.default_socket(),
+                    metrics_file, probe_budget)
+    code = run_health(run)
+    click.echo("\n".join(f"gpuguard slurm health: {line}" for line in run.lines))
+    sys.exit(code)
+
+
+@slurm.command()
+@input_options
+@click.option("--budget", type=click.FloatRange(min=0.5, max=60), default=3.0,
+              show_default=True, help="Seconds the probe of the job's GPUs may take.")
+def prolog(budget: float, **kw: Any) -> None:
+    """slurmd's Prolog: the active probe on the job's GPUs (SLURM_JOB_GPUS); exit 1 when
+    one fails it (Slurm drains the node and requeues the job)."""
+    from gpuguard.cli.slurm_jobs import Job, job_gpus, node_name
+    from gpuguard.cli.slurm_jobs import prolog as run
+
+    inputs = inputs_of(kw)
+    job = Job(node_name(kw["node"]), os.environ.get("SLURM_JOB_ID", "unknown"),
+              job_gpus(dict(os.environ)), inputs.state_dir, inputs)
+    code, lines = run(job, budget)
+    click.echo("\n".join(f"gpuguard slurm prolog: {line}" for line in lines), err=code != 0)
+    sys.exit(code)
+
+
+@slurm.command()
+@input_options
+def epilog(**kw: Any) -> None:
+    """slurmd's Epilog: exit 1 on a hardware finding during the job (an Xid whose catalog
+    action is reset_gpu or worse, uncorrectable ECC growth); application Xids are only
+    recorded with the job id."""
+    from gpuguard.cli.slurm_jobs import Job, job_gpus, node_name
+    from gpuguard.cli.slurm_jobs import epilog as run
+
+    inputs = inputs_of(kw)
+    job = Job(node_name(kw["node"]), os.environ.get("SLURM_JOB_ID", "unknown"),
+              job_gpus(dict(os.environ)), inputs.state_dir, inputs)
+    code, lines = run(job)
+    click.echo("\n".join(f"gpuguard slurm epilog: {line}" for line in lines), err=code != 0)
+    sys.exit(code)
+

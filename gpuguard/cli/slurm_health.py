@@ -1,0 +1,195 @@
+"""`gpuguard slurm health`'s run: the verdict, the node, the plan (integrations/slurm.py),
+the fleet brake with its jittered recount (integrations/slurm_brake.py), then at most one
+scontrol call. Slurm not answering is unknown (exit 3) and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuguard.cli import slurm_verdict
+from gpuguard.integrations import slurm, slurm_brake, slurm_ctl, slurm_state
+
+EXIT_BRAKE = 2
+EXIT_UNKNOWN = 3
+
+
+@dataclass
+class HealthRun:
+    node: str
+    ctl: slurm_ctl.SlurmSettings
+    brake: slurm_brake.BrakeSettings
+    inputs: slurm_verdict.Inputs
+    state_dir: Path
+    socket_path: str | None  # None: a cold check
+    metrics_file: Path | None = None
+    probe_budget_s: float = 3.0
+    lines: list[str] = field(default_factory=list)
+
+    def say(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def verdict(run: HealthRun) -> slurm_verdict.Verdict:
+    if run.socket_path is not None:
+        found = slurm_verdict.from_daemon(run.socket_path, min(10.0, run.ctl.timeout_s))
+        if found is not None:
+            return found
+        run.say("no daemon answers: a cold check")
+    return slurm_verdict.cold(run.inputs)
+
+
+def _reprobe(run: HealthRun, failure: dict[str, Any],
+             results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """After a prolog failure, its GPUs probed again: the only evidence that it is gone."""
+    gpus = [g for g in failure.get("gpus") or [] if isinstance(g, int)]
+    if failure.get("script") != "prolog" or not gpus:
+        return results
+    snapshot = slurm_verdict.snapshot_of(run.inputs)
+    profile, ruleset = slurm_verdict.configuration(run.inputs)
+    probed = slurm_verdict.probe(snapshot, profile, ruleset, gpus, run.probe_budget_s,
+                                 run.state_dir)
+    keys = {(r["rule"], slurm.gpu_of(r)) for r in probed}
+    return [r for r in results if (r.get("rule"), slurm.gpu_of(r)) not in keys] + probed
+
+
+def run_health(run: HealthRun) -> int:
+    """The exit code: 0 done (whatever it did), 2 the brake held, 3 Slurm did not answer.
+    One run at a time per host: a second one (slurmd starting the next while the last
+    still waits on Slurm) would decide on the same node state twice."""
+    from gpuguard.sources.active.host_lock import HostLock
+
+    lock = HostLock(str(slurm_state.folder(run.state_dir) / "health.lock"))
+    if lock.acquire(time.monotonic() + run.ctl.timeout_s) is False:
+        run.say("another health run holds this node: nothing to do")
+        return 0
+    try:
+        return _run_health(run)
+    finally:
+        lock.release()
+
+
+def _run_health(run: HealthRun) -> int:
+    found = verdict(run)
+    run.say(f"verdict: {found.source}")
+    try:
+        node = slurm_ctl.node(run.ctl, run.node)
+    except slurm_ctl.SlurmUnavailable as exc:
+        run.say(f"UNKNOWN slurm: {exc}: nothing changed")
+        write_metrics(run, unknown=True)
+        return EXIT_UNKNOWN
+    failure = slurm_state.failure(run.state_dir, run.node)
+    results = found.results if failure is None else _reprobe(run, failure, found.results)
+    taken_over = None
+    if failure is not None and failure.get("findings"):
+        taken_over = slurm.reason_for(slurm.drain_worthy(failure["findings"], set())
+                                      or failure["findings"])
+    plan = slurm.plan(results, found.failover_rules, node,
+                      None if failure is None else float(failure["time"]), taken_over)
+    run.say(f"node {node.name} ({node.state}, reason {node.reason or 'none'}): "
+            f"{plan.do}: {plan.why}")
+    try:
+        return act(run, node, plan, failure)
+    except slurm_ctl.SlurmUnavailable as exc:
+        run.say(f"UNKNOWN slurm: {exc}: nothing changed")
+        write_metrics(run, unknown=True)
+        return EXIT_UNKNOWN
+
+
+def act(run: HealthRun, node: slurm_ctl.NodeInfo, plan: slurm.Plan,
+        failure: dict[str, Any] | None) -> int:
+    if plan.do == "drain":
+        assert plan.reason is not None
+        return drain(run, node, plan.reason)
+    if plan.do == "update":
+        assert plan.reason is not None
+        slurm_ctl.drain(run.ctl, node.name, plan.reason)
+        run.say(f"reason now {plan.reason!r}")
+    elif plan.do == "resume":
+        slurm_ctl.resume(run.ctl, node.name)
+        if failure is not None:
+            slurm_state.clear_failure(run.state_dir)
+        record(run, "resume", node.reason, "ok")
+        run.say("resumed")
+    write_metrics(run, drained=plan.do in ("drain", "update", "keep") and node.drained)
+    return 0
+
+
+def drain(run: HealthRun, node: slurm_ctl.NodeInfo, reason: str) -> int:
+    """Drain unless the brake holds, counted twice: now, and after the random wait."""
+    for attempt in ("first", "recount"):
+        nodes = slurm_ctl.partition_nodes(run.ctl, node.partitions or ["*"])
+        count = slurm_brake.count(nodes, node.name, time.time(), run.brake.window_s)
+        if slurm_brake.holds(count, run.brake):
+            return brake(run, node, reason, count)
+        if attempt == "first":
+            interval = slurm_ctl.health_interval(run.ctl)
+            wait = slurm_brake.jitter_s(run.brake, interval)
+            run.say(f"brake: {count.describe()} drained by gpuguard within "
+                    f"{run.brake.window_s:g} s; counting again in {wait:.1f} s")
+            time.sleep(wait)
+    slurm_ctl.drain(run.ctl, node.name, reason)
+    record(run, "drain", reason, "critical")
+    run.say(f"drained: {reason!r} ({count.describe()})")
+    write_metrics(run, drained=True)
+    return 0
+
+
+def brake(run: HealthRun, node: slurm_ctl.NodeInfo, reason: str,
+          count: slurm_brake.Count) -> int:
+    """Not drained: the critical fleet.brake result, an event and the metric say so."""
+    why = (f"{count.describe()} drained by gpuguard within {run.brake.window_s:g} s "
+           f"reaches the brake ({run.brake.percent:g} %; others: "
+           f"{', '.join(count.drained_by_us[:5]) or 'none'}): not draining for {reason!r}")
+    run.say(f"CRITICAL {slurm.BRAKE_RULE}: {why}")
+    record(run, slurm.BRAKE_RULE, why, "critical")
+    write_metrics(run, braked=True)
+    return EXIT_BRAKE
+
+
+def record(run: HealthRun, what: str, message: str, status: str) -> None:
+    """Into the state dir's event store (`gpuguard events`; never fatal)."""
+    from gpuguard.events import store
+    from gpuguard.events.writer import EventWriter
+
+    writer = EventWriter(store.path_in(run.state_dir), integrity_check=False)
+    try:
+        writer.record(store.Event(kind="rule", source="slurm", rule=slurm.BRAKE_RULE
+                                  if what == slurm.BRAKE_RULE else "slurm.node",
+                                  status=status, message=f"{run.node}: {what}: {message}"))
+        writer.flush()
+    except Exception as exc:  # the store is history: Slurm's state and the metric still say it
+        run.say(f"event not recorded: {type(exc).__name__}: {exc}")
+    finally:
+        writer.close()
+
+
+def write_metrics(run: HealthRun, drained: bool = False, braked: bool = False,
+                  unknown: bool = False) -> None:
+    """node_exporter's textfile collector: the alert that needs no daemon."""
+    if run.metrics_file is None:
+        return
+    from gpuguard.io.atomic import write_text
+
+    node = json.dumps(run.node)
+    lines = [
+        "# HELP gpuguard_slurm_brake_engaged 1 when the fleet brake kept this node from draining.",
+        "# TYPE gpuguard_slurm_brake_engaged gauge",
+        f"gpuguard_slurm_brake_engaged{{node={node}}} {int(braked)}",
+        "# HELP gpuguard_slurm_drained 1 when gpuguard holds this node drained.",
+        "# TYPE gpuguard_slurm_drained gauge",
+        f"gpuguard_slurm_drained{{node={node}}} {int(drained)}",
+        "# HELP gpuguard_slurm_unknown 1 when Slurm did not answer the last health run.",
+        "# TYPE gpuguard_slurm_unknown gauge",
+        f"gpuguard_slurm_unknown{{node={node}}} {int(unknown)}",
+        "# HELP gpuguard_slurm_health_timestamp_seconds When the last health run ended.",
+        "# TYPE gpuguard_slurm_health_timestamp_seconds gauge",
+        f"gpuguard_slurm_health_timestamp_seconds{{node={node}}} {time.time():.0f}",
+    ]
+    try:
+        write_text(run.metrics_file, "\n".join(lines) + "\n")
+    except OSError as exc:
+        run.say(f"cannot write {run.metrics_file}: {exc.strerror or exc}")

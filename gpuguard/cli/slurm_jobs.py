@@ -1,0 +1,166 @@
+"""`gpuguard slurm prolog` and `epilog`: no scontrol from either (Slurm's docs warn against
+it at scale). A failure is a non-zero exit: Slurm requeues the job and drains the node
+itself ("Prolog error", "Epilog error"); gpuguard records the failure in the state dir,
+which makes that drain its own for the next health run (cli/slurm_health.py).
+
+The prolog probes the job's GPUs only, within its budget, and notes where the kernel log
+and the ECC counters stood. The epilog compares: an Xid that appeared during the job and
+whose catalog action (rules/xid.yaml, read through judge.actions.of_xid) is reset_gpu or
+worse, or uncorrectable ECC errors that grew, fail it; an application Xid (restart_app,
+ignore) only goes to the event store with the job id.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpuguard.cli import slurm_verdict
+from gpuguard.integrations import slurm_state
+from gpuguard.judge.actions import Action, of_xid
+
+if TYPE_CHECKING:
+    from gpuguard.model.rule import RuleSet
+    from gpuguard.model.snapshot import Snapshot
+
+
+@dataclass
+class Job:
+    node: str
+    job_id: str
+    gpus: list[int]
+    state_dir: Path
+    inputs: slurm_verdict.Inputs
+
+
+def job_gpus(env: dict[str, str]) -> list[int]:
+    """The job's GPUs as Slurm gives them to a prolog (SLURM_JOB_GPUS), else as a step
+    sees them (CUDA_VISIBLE_DEVICES); indexes only (a UUID list is not probed by index)."""
+    text = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
+    return sorted({int(p) for p in text.split(",") if p.strip().isdigit()})
+
+
+def _kernel_log(snapshot: Snapshot) -> dict[str, Any] | None:
+    log = snapshot.host.kernel_log
+    return log.get() if log.is_ok else None
+
+
+def position(snapshot: Snapshot) -> dict[str, Any]:
+    """Where the kernel log and each GPU's uncorrectable ECC count stand now."""
+    log = _kernel_log(snapshot)
+    ecc = {str(g.index): g.ecc_volatile_uncorrected.value for g in snapshot.gpus
+           if g.ecc_volatile_uncorrected.is_ok}
+    # None: the log could not be read (the epilog cannot tell what is new); 0: it was
+    # read and held no stamped line yet (every stamped line the epilog sees is new)
+    return {"time": time.time(),
+            "kmsg_usec": None if log is None else (log.get("now_usec") or 0),
+            "ecc_uncorrected": ecc}
+
+
+def prolog(job: Job, budget_s: float) -> tuple[int, list[str]]:
+    snapshot = slurm_verdict.snapshot_of(job.inputs)
+    slurm_state.save_job_start(job.state_dir, job.job_id, position(snapshot))
+    if not job.gpus:
+        return 0, [f"job {job.job_id}: no GPU allocated: nothing to probe"]
+    profile, ruleset = slurm_verdict.configuration(job.inputs)
+    results = slurm_verdict.probe(snapshot, profile, ruleset, job.gpus, budget_s,
+                                  job.state_dir)
+    failed = [r for r in results if r.get("status") == "critical"]
+    lines = [f"{r['status'].upper()} {r['rule']} GPU {(r.get('gpu') or {}).get('index')}: "
+             f"{r['message']}" for r in results if r.get("status") not in ("ok", "skipped")]
+    if not failed:
+        return 0, [f"job {job.job_id}: GPU(s) {job.gpus} passed the probe", *lines]
+    slurm_state.record_failure(job.state_dir, "prolog", job.node, job.job_id, failed,
+                               job.gpus)
+    return 1, [f"job {job.job_id}: the probe failed on GPU(s) {job.gpus}: Slurm drains "
+               "the node and requeues the job", *lines]
+
+
+def new_xids(log: dict[str, Any] | None, since_usec: int | None) -> list[dict[str, Any]]:
+    if log is None or since_usec is None:
+        return []
+    return [e for e in log.get("xids") or [] if isinstance(e.get("usec"), int)
+            and e["usec"] > since_usec]
+
+
+def classify(xids: list[dict[str, Any]], snapshot: Snapshot,
+             ruleset: RuleSet) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(hardware findings, application Xids) by each Xid's catalog action."""
+    hardware: list[dict[str, Any]] = []
+    application: list[dict[str, Any]] = []
+    for event in xids:
+        action = of_xid(event["xid"], event.get("text"), ruleset.xid_catalog)
+        gpu = snapshot.gpu_at(event.get("pci"))
+        found = {"rule": "xid.recent", "status": "critical", "action": action.value,
+                 "gpu": None if gpu is None else {"index": gpu.index},
+                 "message": f"Xid {event['xid']} during the job ({event.get('pci')})",
+                 "xid": event["xid"], "pci": event.get("pci"), "text": event.get("text")}
+        (hardware if action.rank >= Action.RESET_GPU.rank else application).append(found)
+    return hardware, application
+
+
+def ecc_growth(start: dict[str, Any], snapshot: Snapshot) -> list[dict[str, Any]]:
+    before = start.get("ecc_uncorrected") or {}
+    grown = []
+    for gpu in snapshot.gpus:
+        then, now = before.get(str(gpu.index)), gpu.ecc_volatile_uncorrected.value
+        if isinstance(then, int) and isinstance(now, int) and now > then:
+            grown.append({"rule": "ecc.uncorrected", "status": "critical",
+                          "action": Action.RESET_GPU.value, "gpu": {"index": gpu.index},
+                          "message": f"{now - then} uncorrectable ECC error(s) during the job"})
+    return grown
+
+
+def epilog(job: Job) -> tuple[int, list[str]]:
+    start = slurm_state.job_start(job.state_dir, job.job_id)
+    snapshot = slurm_verdict.snapshot_of(job.inputs)
+    slurm_state.forget_job(job.state_dir, job.job_id)
+    if start is None:
+        return 0, [f"job {job.job_id}: no record of its start (no prolog ran): "
+                   "what appeared during it is unknown"]
+    _, ruleset = slurm_verdict.configuration(job.inputs)
+    hardware, application = classify(new_xids(_kernel_log(snapshot), start.get("kmsg_usec")),
+                                     snapshot, ruleset)
+    hardware += ecc_growth(start, snapshot)
+    record_xids(job, application + hardware)
+    lines = [f"{'HARDWARE' if f in hardware else 'application'} {f['message']}: "
+             f"{f['action']}" for f in hardware + application]
+    if not hardware:
+        return 0, [f"job {job.job_id}: no hardware finding during the job", *lines]
+    slurm_state.record_failure(job.state_dir, "epilog", job.node, job.job_id, hardware,
+                               job.gpus)
+    return 1, [f"job {job.job_id}: hardware finding(s) during the job: Slurm drains the "
+               "node", *lines]
+
+
+def record_xids(job: Job, findings: list[dict[str, Any]]) -> None:
+    """Each Xid of the job into the event store, with the job id (never fatal)."""
+    xids = [f for f in findings if "xid" in f]
+    if not xids:
+        return
+    from gpuguard.events import store
+    from gpuguard.events.recording import xid_event
+    from gpuguard.events.writer import EventWriter
+
+    writer = EventWriter(store.path_in(job.state_dir), integrity_check=False)
+    try:
+        for f in xids:
+            event = xid_event(f["xid"], "critical" if f["action"] in (
+                "reset_gpu", "reboot", "inspect_hardware") else "warning", f["action"], None,
+                "slurm-epilog", time.time(), text=f.get("text"), bus_id=f.get("pci"))
+            event.gpu_index = (f.get("gpu") or {}).get("index")
+            event.data = {"job_id": job.job_id, "node": job.node}
+            writer.record(event)
+        writer.flush()
+    finally:
+        writer.close()
+
+
+def node_name(given: str | None) -> str:
+    """--node, else slurmd's SLURMD_NODENAME, else the short host name."""
+    import socket
+
+    return given or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]

@@ -1,0 +1,161 @@
+"""`gpuguard status` before click loads: the running daemon's verdict over its Unix socket
+in a few milliseconds (docs/daemon.md#gpuguard-status). Standard library only: the daemon
+judges freshness and renders with check's renderers (gpuguard/daemon/verdict_view.py);
+this side parses the options, asks, prints, and exits with the daemon's code.
+
+Anything it does not parse itself (--help, a bad value, --cold when no daemon answers)
+goes to the click command in gpuguard/cli/status.py, which takes the same options.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+from gpuguard.io.guard import host_default_text
+
+EXIT_UNKNOWN = 3
+MAX_REPLY = 64 * 1024 * 1024  # an 8-GPU prometheus rendering is well under 1 MiB
+FORMATS = ("table", "json", "prometheus")
+FAIL_ON = ("unknown", "warning", "critical")
+# option -> (request key, allowed values or None for free text, repeatable)
+VALUED = {"--format": ("fmt", FORMATS, False), "--fail-on": ("fail_on", FAIL_ON, False),
+          "--only": ("only", None, True), "--skip": ("skip", None, True),
+          "--socket": ("socket", None, False), "--output": ("output", None, False),
+          "-o": ("output", None, False), "--timeout": ("timeout", None, False)}
+FLAGS = {"--quiet": "quiet", "-q": "quiet", "--cold": "cold"}
+
+
+class NoDaemon(Exception):
+    """No daemon answered on the socket (the message says why)."""
+
+
+def default_socket() -> str:
+    return host_default_text("run") + "/status.sock"
+
+
+def ask(path: str, request: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+    """The daemon's reply to one request; NoDaemon when none answers in `timeout`."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+        sock.sendall(json.dumps(request).encode() + b"\n")
+        chunks, size = [], 0
+        while size <= MAX_REPLY:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except FileNotFoundError:
+        raise NoDaemon(f"no daemon answers on {path} (no such socket: is `gpuguard daemon "
+                       "--status-socket` running?)") from None
+    except ConnectionRefusedError:
+        raise NoDaemon(f"no daemon answers on {path} (connection refused: the daemon "
+                       "that made it is gone)") from None
+    except PermissionError:
+        raise NoDaemon(f"permission denied on {path}: the daemon's verdict is for root and "
+                       "its group (--status-group, default gpuguard)") from None
+    except TimeoutError:
+        raise NoDaemon(f"the daemon on {path} did not answer within {timeout:g} s") from None
+    except OSError as exc:
+        raise NoDaemon(f"cannot ask the daemon on {path}: {exc.strerror or exc}") from None
+    finally:
+        sock.close()
+    try:
+        reply = json.loads(b"".join(chunks))
+    except ValueError:
+        raise NoDaemon(f"the daemon on {path} sent no complete answer") from None
+    if not isinstance(reply, dict):
+        raise NoDaemon(f"the daemon on {path} sent an answer of the wrong shape")
+    return reply
+
+
+def parse(args: list[str]) -> dict[str, Any] | None:
+    """The options, or None where click must handle the command line."""
+    opts: dict[str, Any] = {"fmt": "table", "fail_on": "unknown", "only": [], "skip": [],
+                            "quiet": False, "cold": False, "socket": None, "output": None,
+                            "timeout": "5"}
+    i = 0
+    while i < len(args):
+        name, sep, value = args[i].partition("=")
+        if not sep and name in FLAGS:
+            opts[FLAGS[name]] = True
+            i += 1
+            continue
+        if name not in VALUED:
+            return None  # --help, a typo, a positional: click says what is wrong
+        if not sep:
+            if i + 1 >= len(args):
+                return None
+            value = args[i + 1]
+            i += 1
+        i += 1
+        key, allowed, repeat = VALUED[name]
+        if allowed is not None and value not in allowed:
+            return None
+        if repeat:
+            opts[key].append(value)
+        else:
+            opts[key] = value
+    try:
+        opts["timeout"] = float(opts["timeout"])
+    except ValueError:
+        return None
+    return opts if opts["timeout"] > 0 else None
+
+
+def request_of(opts: dict[str, Any]) -> dict[str, Any]:
+    colour = opts["output"] is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    columns = os.environ.get("COLUMNS", "")
+    width = int(columns) if columns.isdigit() else 120
+    with contextlib.suppress(OSError, ValueError):  # not a terminal: COLUMNS, else 120
+        width = os.get_terminal_size(sys.stdout.fileno()).columns
+    return {"want": "render", "fmt": opts["fmt"], "only": opts["only"], "skip": opts["skip"],
+            "fail_on": opts["fail_on"], "quiet": opts["quiet"], "colour": colour,
+            "width": width}
+
+
+def show(reply: dict[str, Any], output: str | None) -> int:
+    """Print (or write) the daemon's rendering; its exit code, or 3 with its error."""
+    if "error" in reply or not isinstance(reply.get("text"), str) or \
+            reply.get("code") not in (0, 1, 2, 3):
+        print(f"gpuguard: the daemon cannot answer: {reply.get('error', 'a malformed reply')}",
+              file=sys.stderr)
+        return EXIT_UNKNOWN
+    if output is None:
+        sys.stdout.write(reply["text"])
+        sys.stdout.flush()
+    else:
+        from pathlib import Path
+
+        from gpuguard.io.atomic import write_text
+
+        try:
+            write_text(Path(output), reply["text"])
+        except OSError as exc:
+            print(f"gpuguard: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_UNKNOWN
+    return int(reply["code"])
+
+
+def fast_main(args: list[str]) -> int | None:
+    """The exit code, or None to hand the command line to click."""
+    opts = parse(args)
+    if opts is None:
+        return None
+    path = opts["socket"] or default_socket()
+    try:
+        reply = ask(path, request_of(opts), opts["timeout"])
+    except NoDaemon as exc:
+        if opts["cold"]:
+            return None  # click's command runs the cold check (it imports the pipeline)
+        print(f"gpuguard: {exc}; nothing was checked (`gpuguard status --cold` checks "
+              "this host itself)", file=sys.stderr)
+        return EXIT_UNKNOWN
+    return show(reply, opts["output"])

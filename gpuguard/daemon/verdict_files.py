@@ -1,0 +1,84 @@
+"""One small verdict file per node condition, for node-problem-detector's custom plugin
+(packaging/kubernetes/gpuguard-npd-plugin.sh, docs/kubernetes.md): written atomically
+after every cycle into `--npd-dir`, a host directory NPD's pod mounts.
+
+NPD's container has a POSIX shell and no Python, so a file is `key=value` lines the
+plugin reads with `read`: the condition's worst fresh result (status, one line naming
+the rule and GPU), when it was written on CLOCK_BOOTTIME (the plugin compares it with the
+first field of /proc/uptime: the same clock, monotonic, counting suspend), and how old
+it may get (two fast cycles) before the plugin answers Unknown. A file from before a
+reboot is newer than the clock: Unknown too.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import structlog
+
+from gpuguard.daemon.verdict_view import fresh_results
+from gpuguard.io.atomic import write_text
+from gpuguard.model.results import Result, Status
+
+log = structlog.get_logger("gpuguard.daemon")
+
+# condition file -> the rule families it reports (gpuguard's own rules only; host.* is
+# the node's memory and disks, which kubelet already reports as conditions of its own)
+CONDITIONS: dict[str, tuple[str, ...]] = {
+    "gpu-hardware": ("gpu", "ecc", "memory", "pcie", "clocks", "power", "thermal", "vbios",
+                     "xid", "recovery", "mig"),
+    "gpu-driver": ("driver", "persistence", "toolkit"),
+    "gpu-fabric": ("nvlink", "fabric", "p2p", "sxid"),
+    "gpu-service": ("service",),
+}
+MESSAGE_MAX = 200  # the plugin prints at most 80 characters; the file keeps a little more
+
+
+def boottime() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def condition_text(results: list[Result], max_age_s: float, written: float) -> str:
+    """The file of one condition: its worst result's status and line."""
+    worst = max(results, key=lambda r: r.status.rank, default=None)
+    if worst is None or worst.status is Status.SKIPPED:
+        status, line = "ok", "ok: no rule of this condition runs here"
+    elif worst.status is Status.OK:
+        status, line = "ok", f"ok: {len(results)} result(s) ok"
+    else:
+        status = worst.status.value
+        gpu = "" if worst.gpu is None else f" GPU {worst.gpu.index}"
+        more = sum(1 for r in results if r.status is worst.status) - 1
+        extra = f" (+{more} more)" if more else ""
+        line = f"{status}: {worst.rule}{gpu}{extra}: {worst.message}"
+    line = " ".join(line.split())[:MESSAGE_MAX]  # one line, whatever a message holds
+    # whole seconds, rounded down as the plugin reads /proc/uptime: rounding up would
+    # put a fresh file a second in the future, which reads as an earlier boot
+    return (f"status={status}\nmessage={line}\nboottime={int(written)}\n"
+            f"max_age_s={max_age_s:.0f}\n")
+
+
+class VerdictFiles:
+    def __init__(self, directory: Path, fast_interval: float) -> None:
+        self.directory = directory
+        # two fast cycles, and never under 10 s: the plugin runs every 10-30 s itself
+        self.max_age_s = max(10.0, 2 * fast_interval)
+        self._failed_logged = False
+
+    def write(self, entries: list[tuple[Result, str, float]],
+              intervals: dict[str, float]) -> None:
+        results, _ = fresh_results(entries, intervals, time.monotonic())
+        written = boottime()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for name, families in CONDITIONS.items():
+                mine = [r for r in results if r.rule.split(".", 1)[0] in families]
+                write_text(self.directory / name, condition_text(mine, self.max_age_s, written))
+        except OSError as exc:
+            # the plugin answers Unknown as the files age: loud on that side, once here
+            if not self._failed_logged:
+                log.error("npd_files_unwritable", dir=str(self.directory), error=str(exc))
+                self._failed_logged = True
+            return
+        self._failed_logged = False

@@ -1,0 +1,265 @@
+"""`gpuguard status` (issue 22, item 1): the real daemon's verdict over its Unix socket,
+judged like `check`, fresh per cadence, readable by root and one group only."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuguard.cli import status_client
+from gpuguard.daemon.verdict_view import DaemonView, Request, answer, fresh_results
+from gpuguard.model.results import Result, Status
+from tests.conftest import REPO, gpuguard
+from tests.daemon.conftest import host_snapshot, write_snapshot
+
+GROUP = 4242  # a gid no group on the host has: chown and the kernel's check need no name
+NOBODY = 65534
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A folder that uid 65534 can reach (pytest's tmp_path is 0700 under root's)."""
+    path = Path(tempfile.mkdtemp(prefix="gpuguard-status-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def hot(tmp_path: Path) -> Path:
+    """A replayed host whose GPU 0 runs past T.Limit: thermal.margin critical."""
+    path = tmp_path / "hot.json"
+    write_snapshot(path, host_snapshot(2, {(0, "temperature_tlimit_margin_c"): -5}))
+    return path
+
+
+def status(sock: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return gpuguard("status", "--socket", str(sock), *args, timeout=30)
+
+
+def test_status_is_checks_verdict_with_its_filters_and_codes(start_daemon: Any,
+                                                             tmp_path: Path) -> None:
+    snap = hot(tmp_path)
+    sock = tmp_path / "status.sock"
+    start_daemon("--input", str(snap), "--status-socket", str(sock), "--status-group",
+                 str(GROUP), "--fast-interval", "1")
+    cold = gpuguard("check", "--input", str(snap), "--format", "json")
+    warm = status(sock, "--format", "json")
+    assert warm.returncode == cold.returncode == 2, warm.stderr
+    got, want = json.loads(warm.stdout), json.loads(cold.stdout)
+    assert {(r["rule"], (r["gpu"] or {}).get("index"), r["status"]) for r in got["results"]} \
+        == {(r["rule"], (r["gpu"] or {}).get("index"), r["status"]) for r in want["results"]}
+    assert "the daemon's verdict" in got["notes"][0]
+    # the same filters and --fail-on as check
+    assert status(sock, "--only", "thermal.*", "--fail-on", "critical").returncode == 2
+    assert status(sock, "--skip", "thermal.margin", "--fail-on", "critical").returncode == 0
+    table = status(sock, "--only", "thermal.margin")
+    assert "CRITICAL  thermal.margin" in table.stdout and "(exit 2)" in table.stdout
+    quiet = status(sock, "-q", "--skip", "thermal.margin", "--fail-on", "critical")
+    assert quiet.returncode == 0
+    typo = status(sock, "--only", "thermal.nope")
+    assert typo.returncode == 3 and "matches no rule" in typo.stderr
+    prom = status(sock, "--format", "prometheus", "--only", "thermal.margin")
+    assert 'gpuguard_rule_status{gpu="0"' in prom.stdout and "gpuguard_check_exit_code 2" \
+        in prom.stdout
+
+
+def test_a_result_older_than_two_of_its_cycles_is_unknown_naming_its_age(
+        start_daemon: Any, tmp_path: Path) -> None:
+    """A real daemon whose fast cycles wait 3 s on a kernel log that never answers (a FIFO
+    with no writer) while they are due every 0.5 s: between two cycles its fast results
+    age past 1 s and `status` says unknown, with the age; never the old ok."""
+    snap = tmp_path / "snap.json"
+    write_snapshot(snap, host_snapshot(1))
+    fifo = tmp_path / "kmsg.fifo"
+    os.mkfifo(fifo)
+    sock = tmp_path / "status.sock"
+    start_daemon("--input", str(snap), "--kmsg-file", str(fifo), "--timeout", "4",
+                 "--fast-interval", "0.5", "--status-socket", str(sock), healthy=False)
+    deadline = time.monotonic() + 40
+    seen: subprocess.CompletedProcess[str] | None = None
+    while time.monotonic() < deadline:
+        run = status(sock, "--format", "json", "--only", "thermal.margin")
+        if run.returncode == 3 and run.stdout:
+            result = json.loads(run.stdout)["results"][0]
+            if result["status"] == "unknown" and result["observed"].get("stale"):
+                seen = run
+                break
+        time.sleep(0.3)
+    assert seen is not None, "the fast results never went stale"
+    result = json.loads(seen.stdout)["results"][0]
+    assert result["observed"]["cadence"] == "fast" and result["observed"]["age_s"] >= 1.0
+    assert result["observed"]["last_status"] == "ok"
+    assert "s old (its fast cycle runs every 0.5 s); it was ok" in result["message"]
+
+
+def view(entries: list[tuple[Result, str, float]]) -> DaemonView:
+    return DaemonView(lambda: entries, {"fast": 5.0, "slow": 60.0},
+                      lambda: ["thermal.margin", "driver.version"], list, lambda: None,
+                      lambda: 0.1, 1)
+
+
+def test_freshness_is_judged_per_cadence_on_the_monotonic_clock() -> None:
+    """A fast result 11 s old (two 5 s cycles are 10) is unknown; a slow one 100 s old
+    (two 60 s cycles are 120) is still itself; a wall-clock jump changes neither."""
+    now = time.monotonic()
+    fast = Result("thermal.margin", Status.OK, Status.CRITICAL, "47 C below T.Limit")
+    slow = Result("driver.version", Status.OK, Status.WARNING, "driver 580")
+    got, ages = fresh_results([(fast, "fast", now - 11), (slow, "slow", now - 100)],
+                              {"fast": 5.0, "slow": 60.0}, now)
+    assert got[0].status is Status.UNKNOWN and "11 s old" in got[0].message
+    assert got[1] is slow and round(ages["slow"]) == 100
+    fresh, _ = fresh_results([(fast, "fast", now - 9.9)], {"fast": 5.0}, now)
+    assert fresh[0] is fast
+    reply = answer(view([(fast, "fast", time.monotonic() - 11)]),
+                   Request(want="results", fail_on="critical"))
+    # unknown passes --fail-on critical, as in check: it is never an ok either
+    assert reply["results"][0]["status"] == "unknown" and reply["code"] == 0
+
+
+def test_no_daemon_is_exit_3_saying_so_and_cold_checks_only_when_asked(
+        tmp_path: Path) -> None:
+    missing = status(tmp_path / "none.sock")
+    assert missing.returncode == 3 and "no daemon answers" in missing.stderr
+    assert "nothing was checked" in missing.stderr and not missing.stdout
+    # a socket left by a daemon that was killed: refused, still exit 3
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(tmp_path / "dead.sock"))
+    dead.close()
+    refused = status(tmp_path / "dead.sock")
+    assert refused.returncode == 3 and "connection refused" in refused.stderr
+    # --cold runs check on this host: under the tests' guard it reaches for /proc (exit 4)
+    cold = status(tmp_path / "none.sock", "--cold")
+    assert cold.returncode == 4 and "checking this host now" in cold.stderr
+    assert "refused to use the host's" in cold.stderr
+
+
+def _ask_as(sock: Path, groups: list[int]) -> int:
+    """What `gpuguard status`'s client gets as uid 65534 with these supplementary groups:
+    0 an answer, 13 "permission denied" (its NoDaemon message), 1 anything else."""
+    pid = os.fork()
+    if pid == 0:  # the child drops to nobody and asks; nothing else runs here
+        code = 1
+        try:
+            os.setgroups(groups)
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            reply = status_client.ask(str(sock), {"want": "results"}, 5.0)
+            code = 0 if "results" in reply else 1
+        except status_client.NoDaemon as exc:
+            code = 13 if "permission denied" in str(exc) else 1
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status_ = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status_)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing uid needs root")
+def test_the_socket_is_for_root_and_its_group_only(start_daemon: Any, tmp_path: Path,
+                                                   open_dir: Path) -> None:
+    snap = tmp_path / "snap.json"
+    write_snapshot(snap, host_snapshot(1))
+    sock = open_dir / "status.sock"
+    start_daemon("--input", str(snap), "--status-socket", str(sock), "--status-group",
+                 str(GROUP))
+    info = os.stat(sock)
+    assert stat.S_ISSOCK(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o660
+    assert (info.st_uid, info.st_gid) == (0, GROUP)
+    assert _ask_as(sock, []) == 13  # EACCES, said as such: nobody else
+    assert _ask_as(sock, [GROUP]) == 0  # the group may
+    assert status(sock).returncode == 0  # and root
+
+
+def test_without_its_group_the_socket_is_root_only(start_daemon: Any, tmp_path: Path,
+                                                   open_dir: Path) -> None:
+    snap = tmp_path / "snap.json"
+    write_snapshot(snap, host_snapshot(1))
+    sock = open_dir / "status.sock"
+    daemon = start_daemon("--input", str(snap), "--status-socket", str(sock),
+                          "--status-group", "gpuguard-no-such-group")
+    assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600
+    assert "status_group_missing" in daemon.log.read_text()
+
+
+def test_hostile_clients_do_not_stop_the_answer(start_daemon: Any, tmp_path: Path) -> None:
+    """Idle connections, garbage and a huge line: each costs at most 2 s of one of 8
+    slots; an honest client is answered after them, and the daemon's cycles go on."""
+    snap = tmp_path / "snap.json"
+    write_snapshot(snap, host_snapshot(1))
+    sock = tmp_path / "status.sock"
+    daemon = start_daemon("--input", str(snap), "--status-socket", str(sock))
+    idle = []
+    for _ in range(20):
+        conn = socket.socket(socket.AF_UNIX)
+        conn.connect(str(sock))
+        idle.append(conn)
+    for payload in (b"not json\n", b"x" * 100_000, b'{"want": "everything"}\n'):
+        with socket.socket(socket.AF_UNIX) as bad:
+            bad.settimeout(5)
+            bad.connect(str(sock))
+            try:
+                bad.sendall(payload)
+                reply = bad.recv(4096)
+            except OSError:
+                reply = b""
+            assert b'"error"' in reply or reply == b""
+    started = time.monotonic()
+    end = started + 20
+    while time.monotonic() < end:
+        run = status(sock, "--timeout", "5")
+        if run.returncode == 0:
+            break
+    assert run.returncode == 0, run.stderr
+    for conn in idle:
+        conn.close()
+    assert daemon.proc.poll() is None
+
+
+def test_a_second_daemon_on_a_live_socket_exits_1_and_leaves_it(start_daemon: Any,
+                                                                 tmp_path: Path) -> None:
+    snap = tmp_path / "snap.json"
+    write_snapshot(snap, host_snapshot(1))
+    sock = tmp_path / "status.sock"
+    start_daemon("--input", str(snap), "--status-socket", str(sock))
+    second = start_daemon("--input", str(snap), "--status-socket", str(sock), healthy=False)
+    assert second.proc.wait(timeout=30) == 1
+    assert "another daemon answers" in second.log.read_text()
+    assert status(sock).returncode == 0
+
+
+def test_status_imports_no_nvml_click_or_rules(tmp_path: Path) -> None:
+    """The client's whole import list: the standard library and three small modules."""
+    run = subprocess.run([sys.executable, "-X", "importtime", "-m", "gpuguard", "status",
+                          "--socket", str(tmp_path / "none.sock")], capture_output=True,
+                         text=True, cwd=REPO, timeout=30, check=False)
+    assert run.returncode == 3
+    imported = {line.split("|")[-1].strip() for line in run.stderr.splitlines()
+                if line.startswith("import time:")}
+    ours = {m for m in imported if m.startswith("gpuguard")}
+    assert ours <= {"gpuguard", "gpuguard.cli", "gpuguard.cli.entry", "gpuguard.cli.timing",
+                    "gpuguard.io", "gpuguard.io.guard", "gpuguard.cli.status_client",
+                    "gpuguard.__main__"}, ours
+    assert not {"click", "pynvml", "msgspec", "yaml", "prometheus_client"} & imported
+
+
+def test_sigterm_removes_the_socket(start_daemon: Any, tmp_path: Path) -> None:
+    snap = tmp_path / "snap.json"
+    write_snapshot(snap, host_snapshot(1))
+    sock = tmp_path / "status.sock"
+    daemon = start_daemon("--input", str(snap), "--status-socket", str(sock))
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.proc.wait(timeout=15) == 0
+    assert not sock.exists()

@@ -1,0 +1,289 @@
+"""`gpuguard slurm` against a real Slurm cluster on loopback (tests/slurm/cluster.py):
+slurmd itself runs `gpuguard slurm health` as its HealthCheckProgram and the prolog and
+epilog around real jobs; faults come from a replayed snapshot, the fake NVML and libcuda,
+and a kernel log the job itself writes Xids into."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, own_host
+from tests.daemon.conftest import host_snapshot, write_snapshot
+from tests.slurm.cluster import FAKE_NODES, HEALTH_INTERVAL, Cluster, missing_tools
+
+pytestmark = pytest.mark.skipif(
+    bool(missing_tools()), reason=f"needs Slurm and munge ({', '.join(missing_tools())} "
+    "missing: scripts/test.sh installs slurmctld, slurmd, slurm-client and munge)")
+
+# Slurm pauses its health checks at times (15-25 s after a resume or a re-ping): waits are
+# long; "within two health intervals" is counted in slurmd's health runs (within_runs)
+WITHIN_S = 90
+FAKE_FLOORS = "active_probe:\n  floors_gbps:\n    NVIDIA H200: {pcie: 0.5, memory: 0.5, " \
+              "nvlink: 0.5}\n"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster()
+    try:
+        c.start()
+        yield c
+    finally:
+        left = c.stop()
+    assert not left, f"the cluster left processes behind: {left}"
+    assert not c.root.exists()
+
+
+@pytest.fixture
+def slurm(cluster: Cluster) -> Iterator[Cluster]:
+    """The cluster as each test finds it: scripts off, every node resumed, no state."""
+    for what in ("health", "prolog", "epilog"):
+        cluster.switch(what, False)
+    time.sleep(0.5)
+    if cluster.node_line() != ("idle", "none"):
+        cluster.resume_all()
+        cluster.wait_for(cluster.steady, 90, "health runs every interval again")
+    for path in (cluster.root / "gg-state").rglob("*"):
+        if path.is_file():
+            path.unlink()
+    for name in ("health.out", "prolog.out", "epilog.out", "metrics.prom"):
+        (cluster.root / name).unlink(missing_ok=True)
+    yield cluster
+    for what in ("health", "prolog", "epilog"):
+        cluster.switch(what, False)
+    cluster.cli("scancel", "--user=root")
+    cluster.resume_all()  # the next test waits for the health runs to be regular again
+
+
+def slurm_args(c: Cluster) -> list[str]:
+    """How the health program finds Slurm (slurmd passes no SLURM_CONF), a short random
+    wait before the brake's recount, the textfile metric."""
+    return ["--slurm-conf", str(c.conf), "--brake-jitter", "0.02", "--metrics-file",
+            str(c.root / "metrics.prom")]
+
+
+def health_args(c: Cluster, *extra: str) -> list[str]:
+    return ["--state-dir", str(c.root / "gg-state"), "--node", c.node, *slurm_args(c),
+            *extra]
+
+
+def replayed(c: Cluster, fault: bool) -> Path:
+    """A 2-GPU host; with the fault, GPU 0 runs past T.Limit (thermal.margin critical,
+    inspect_hardware)."""
+    path = c.root / "snap.json"
+    write_snapshot(path, host_snapshot(2, {(0, "temperature_tlimit_margin_c"): -5}
+                                       if fault else None))
+    return path
+
+
+def runs_after(c: Cluster, n: int) -> None:
+    """Wait for n more health runs by slurmd."""
+    start = len(c.runs("health"))
+    c.wait_for(lambda: len(c.runs("health")) >= start + n, WITHIN_S,
+               f"{n} health runs")
+    time.sleep(3)  # the last one decides and calls scontrol
+
+
+def test_slurmd_runs_health_a_fault_drains_and_its_repair_resumes(slurm: Cluster) -> None:
+    c = slurm
+    snap = replayed(c, fault=True)
+    c.switch("health", True, health_args(c, "--input", str(snap)))
+    runs, took = c.within_runs(lambda: c.reason().startswith("gpuguard:"), "the drain")
+    assert c.node_line() == ("drained", "gpuguard: inspect_hardware: thermal.margin GPU 0")
+    assert runs <= 2, f"{runs} health runs before the drain"
+    print(f"fault -> drained in {took:.1f} s, {runs} health run(s) "
+          f"(HealthCheckInterval {HEALTH_INTERVAL} s)")
+    metrics = (c.root / "metrics.prom").read_text()
+    assert f'gpuguard_slurm_drained{{node="{c.node}"}} 1' in metrics
+    replayed(c, fault=False)
+    runs, took = c.within_runs(lambda: c.state() == "idle", "the resume")
+    assert runs <= 2, f"{runs} health runs before the resume"
+    print(f"repair -> resumed in {took:.1f} s, {runs} health run(s)")
+    assert c.reason() == "none"
+    assert "resumed" in c.output("health")
+
+
+def test_a_drain_gpuguard_did_not_write_is_never_touched(slurm: Cluster) -> None:
+    c = slurm
+    c.drain(c.node, "admin: cable swap")
+    snap = replayed(c, fault=True)
+    c.switch("health", True, health_args(c, "--input", str(snap)))
+    runs_after(c, 2)
+    assert c.node_line() == ("drained", "admin: cable swap")  # not rewritten to ours
+    replayed(c, fault=False)
+    runs_after(c, 2)
+    assert c.node_line() == ("drained", "admin: cable swap")  # not resumed either
+    assert "drained by someone else" in c.output("health")
+
+
+def test_an_administrators_redrain_of_a_gpuguard_drain_is_theirs(slurm: Cluster) -> None:
+    c = slurm
+    snap = replayed(c, fault=True)
+    c.switch("health", True, health_args(c, "--input", str(snap)))
+    c.wait_for(lambda: c.reason().startswith("gpuguard:"), WITHIN_S, "the drain")
+    c.drain(c.node, "admin: RMA ticket 4711")
+    replayed(c, fault=False)
+    runs_after(c, 2)
+    assert c.node_line() == ("drained", "admin: RMA ticket 4711")
+
+
+def test_the_brake_holds_when_the_partition_has_its_share_drained(slurm: Cluster) -> None:
+    """Two of the ten nodes already drained by gpuguard: a third would be 30 % >= 20 %.
+    The node stays up; the critical fleet.brake result, the event and the textfile
+    metric say so (no daemon runs here)."""
+    c = slurm
+    c.drain("gpu01", "gpuguard: reset_gpu: xid.recent GPU 3")
+    c.drain("gpu02", "gpuguard: reboot: gpu.lost GPU 1")
+    snap = replayed(c, fault=True)
+    c.switch("health", True, health_args(c, "--input", str(snap)))
+    c.wait_for(lambda: "fleet.brake" in c.output("health"), WITHIN_S, "the brake")
+    runs_after(c, 1)
+    assert c.state() == "idle"
+    assert "CRITICAL fleet.brake: 3 of 10 node(s) with this one" in c.output("health")
+    assert "gpu01, gpu02" in c.output("health")
+    metrics = (c.root / "metrics.prom").read_text()
+    assert f'gpuguard_slurm_brake_engaged{{node="{c.node}"}} 1' in metrics
+    with sqlite3.connect(c.root / "gg-state" / "events.db") as db:
+        rows = db.execute("SELECT status, message FROM events WHERE rule = 'fleet.brake'"
+                          ).fetchall()
+    assert rows and rows[0][0] == "critical"
+    # the brake's exit, as the health program gives it to anyone running it
+    direct = run_health(c, "--input", str(snap))
+    assert direct.returncode == 2, direct.stdout + direct.stderr
+
+
+def run_health(c: Cluster, *extra: str, timeout_s: str = "10"
+               ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuguard", "slurm", "health",
+                           *health_args(c, "--slurm-timeout", timeout_s, *extra)],
+                          capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env={**os.environ, "PATH": "/nonexistent"}, check=False)
+
+
+def test_slurm_not_answering_changes_nothing(slurm: Cluster) -> None:
+    """slurmctld stopped (SIGSTOP: it accepts, never answers): sinfo passes its deadline,
+    the run is unknown (exit 3) and nothing is drained; a wrong port the same."""
+    c = slurm
+    snap = replayed(c, fault=True)
+    ctld = int((c.root / "slurmctld.pid").read_text().split()[0])
+    os.kill(ctld, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        frozen = run_health(c, "--input", str(snap), timeout_s="2")
+        took = time.monotonic() - started
+    finally:
+        os.kill(ctld, signal.SIGCONT)
+    assert frozen.returncode == 3, frozen.stdout + frozen.stderr
+    assert "UNKNOWN slurm: sinfo did not answer within 2 s: nothing changed" in frozen.stdout
+    assert took < 20
+    elsewhere = c.root / "elsewhere.conf"
+    elsewhere.write_text(c.conf.read_text().replace("SlurmctldPort=", "SlurmctldPort=1"))
+    wrong = subprocess.run([sys.executable, "-m", "gpuguard", "slurm", "health",
+                            *health_args(c, "--input", str(snap)), "--slurm-conf",
+                            str(elsewhere)], capture_output=True, text=True, timeout=60,
+                           cwd=REPO, check=False)
+    assert wrong.returncode == 3 and "UNKNOWN slurm" in wrong.stdout
+    c.wait_for(lambda: c.state() == "idle", WITHIN_S, "slurmctld back")
+    assert c.reason() == "none"
+
+
+def fake_gpu_env(c: Cluster, fake_nvml: Path, fake_cuda: Path, **switches: str) -> dict[str, str]:
+    return {"LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}", "FAKE_NVML_GPUS": "2",
+            "FAKE_NVML_MEM_TOTAL_MIB": "1000", **switches}
+
+
+def live_args(c: Cluster, kmsg: str = "") -> list[str]:
+    """A host of the test's own on the fake NVML (tests/conftest.py own_host), its profile
+    with the fake libcuda's bandwidth floors."""
+    host = c.root / "host"
+    profile = c.root / "profile.yaml"
+    profile.write_text(FAKE_FLOORS)
+    args = own_host(host, kmsg=kmsg)
+    args = [a for i, a in enumerate(args) if a != "--state-dir" and
+            (i == 0 or args[i - 1] != "--state-dir")]
+    return [*args, "--profile", str(profile), "--state-dir", str(c.root / "gg-state"),
+            "--node", c.node]
+
+
+def sbatch(c: Cluster, *args: str) -> str:
+    done = c.cli("sbatch", "--parsable", "-w", c.node, "-D", str(c.root), "-o",
+                 str(c.root / "job-%j.out"), *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def test_a_prolog_failure_requeues_the_job_and_health_takes_the_drain_over(
+        slurm: Cluster, fake_nvml: Path, fake_cuda: Path) -> None:
+    """The probe reads wrong data back on GPU 1 (the fake libcuda): the prolog fails, Slurm
+    requeues the job and drains the node ("Prolog error"); the next health run rewrites
+    the reason to gpuguard's and, once GPU 1 passes again, resumes the node."""
+    c = slurm
+    faulty = fake_gpu_env(c, fake_nvml, fake_cuda, FAKE_CUDA_CORRUPT="compute",
+                          FAKE_CUDA_FAULT_GPU="1")
+    c.switch("prolog", True, live_args(c), faulty)
+    job = sbatch(c, "--gres=gpu:2", "--requeue", "--wrap", "true")
+    c.wait_for(lambda: c.reason() == "Prolog error", WITHIN_S, "Slurm's prolog drain")
+    assert f"job {job}: the probe failed on GPU(s) [0, 1]" in c.output("prolog")
+    shown = c.cli("scontrol", "show", "job", job).stdout
+    assert "Restarts=1" in shown or "JobState=PENDING" in shown, shown
+    record = json.loads((c.root / "gg-state" / "slurm" / "script-failure.json").read_text())
+    assert record["job"] == job and record["gpus"] == [0, 1]
+    c.cli("scancel", job)
+    c.switch("health", True, [*live_args(c), "--no-daemon", *slurm_args(c)], faulty)
+    c.wait_for(lambda: c.reason().startswith("gpuguard:"), WITHIN_S, "the takeover")
+    assert c.reason() == "gpuguard: inspect_hardware: gpu.compute GPU 1"
+    c.switch("health", True, [*live_args(c), "--no-daemon", *slurm_args(c)],
+             fake_gpu_env(c, fake_nvml, fake_cuda))
+    c.wait_for(lambda: c.state() == "idle", WITHIN_S, "the resume after a pass")
+    assert not (c.root / "gg-state" / "slurm" / "script-failure.json").exists()
+
+
+XID_LINE = "[{t:11.6f}] NVRM: Xid (PCI:0000:10:00): {xid}, pid=4242, name=python3, {text}"
+
+
+def test_the_epilog_drains_for_hardware_xids_and_only_records_application_ones(
+        slurm: Cluster, fake_nvml: Path, fake_cuda: Path) -> None:
+    c = slurm
+    args = live_args(c, kmsg=XID_LINE.format(t=100.0, xid=79, text="old, before the job") + "\n")
+    kmsg = c.root / "host" / "kmsg.log"
+    env = fake_gpu_env(c, fake_nvml, fake_cuda)
+    c.switch("prolog", True, args, env)
+    c.switch("epilog", True, args, env)
+    # the job itself hits an application fault (Xid 13: restart_app in the catalog)
+    line = XID_LINE.format(t=500.0, xid=13, text="Graphics SM Warp Exception")
+    done = c.cli("srun", "-w", c.node, "--gres=gpu:1", "sh", "-c",
+                 f"echo '{line}' >> {kmsg}", timeout=60)
+    assert done.returncode == 0, done.stderr
+    c.wait_for(lambda: "no hardware finding during the job" in c.output("epilog"), 30,
+               "the epilog")
+    assert "application Xid 13 during the job" in c.output("epilog")
+    assert c.state() == "idle"
+    with sqlite3.connect(c.root / "gg-state" / "events.db") as db:
+        rows = db.execute("SELECT code, action, data FROM events WHERE kind = 'xid'").fetchall()
+    assert [(r[0], r[1]) for r in rows] == [(13, "restart_app")]
+    assert json.loads(rows[0][2])["job_id"]
+    # then a hardware fault during the next job (Xid 79: reboot): Slurm drains for it
+    line = XID_LINE.format(t=900.0, xid=79, text="GPU has fallen off the bus.")
+    c.cli("srun", "-w", c.node, "--gres=gpu:1", "sh", "-c", f"echo '{line}' >> {kmsg}",
+          timeout=60)
+    c.wait_for(lambda: c.reason() == "Epilog error", WITHIN_S, "Slurm's epilog drain")
+    assert "HARDWARE Xid 79 during the job" in c.output("epilog")
+    c.switch("health", True, [*args, "--no-daemon", *slurm_args(c)], env)
+    c.wait_for(lambda: c.reason().startswith("gpuguard:"), WITHIN_S, "the takeover")
+    assert c.reason().startswith("gpuguard: reboot: xid.recent")
+
+
+def test_fake_nodes_answer_nothing(cluster: Cluster) -> None:
+    """The brake's partition: nine configured nodes that never come up (not this host)."""
+    out = cluster.cli("sinfo", "-h", "-N", "-n", FAKE_NODES, "-o", "%N %T").stdout
+    assert len(out.split("\n")) >= 9 and "idle " not in out.replace("idle*", "")
