@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from gpuguard.config.ruleset import load_ruleset
+from gpuguard.judge import xid_buckets
+from gpuguard.model.rule import RuleSet, XidEntry
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "rules.md"
 
@@ -115,21 +117,52 @@ more GPUs than were read): an unread GPU never makes it ok.
 TAIL = """
 ## Xid catalog (`rules/xid.yaml`)
 
-`xid.recent` grades each Xid by this table; re-grade one in a rules.d file with
-`xid_catalog: {13: {severity: ignore}}`. `ignore` never counts on its own.
+`xid.recent` grades every Xid of NVIDIA's Xid catalog for Ampere and newer ("Analyzing
+Xid Errors with the Xid Catalog", {xid_source}; saved as
+`tests/fixtures/nvidia-xid-catalog/`): each code carries NVIDIA's mnemonic and its
+immediate and investigatory resolution buckets, and its grade follows this table
+(`gpuguard/judge/xid_buckets.py`):
 
-| Xid | severity | action | meaning |
-| --- | --- | --- | --- |
+| NVIDIA's immediate bucket | severity | action |
+| --- | --- | --- |
+{buckets}
+| `CONTACT_SUPPORT` on a code in use | critical | `inspect_hardware` |
+| `CONTACT_SUPPORT` on an unused code | warning | `inspect_hardware` |
+| none (a code in use without one) | its investigatory bucket's, else warning | `inspect_hardware` |
+
+`follow_text`: the line carries its own grade. The NVLink5 Xids (144-150) say `Fatal`
+(critical, `reset_gpu`: NVIDIA resolves every fatal item with RESET_GPU) or `Nonfatal`
+(warning, `none`: the driver names an action in an Xid 154 if one is needed); Xid 154
+names the recovery action (`Node Reboot Required`: critical, `reboot`; `GPU Reset
+Required`, `Drain and Reset`: critical, `reset_gpu`; `Drain P2P`: warning, `restart_app`;
+`None`: not counted). A line that says neither (an NVML event has no text) is critical,
+`reset_gpu`. The workflows whose line carries no grade (`-` above) are graded in the
+catalog with their reason, as is every code gpuguard grades otherwise than the table
+says (the last column). An Xid the catalog does not hold is a warning whose action is
+`inspect_hardware`, named as not in the catalog gpuguard ships. Re-grade one in a
+rules.d file with `xid_catalog: {13: {severity: ignore}}`; `ignore` never counts on its
+own; `tests/test_xid_catalog.py` holds the pack to the table and to the saved catalog.
+
+| Xid | mnemonic | NVIDIA's buckets | severity | action | meaning | why it differs from the table |
+| --- | --- | --- | --- | --- | --- | --- |
 {catalog}
 
 ## SXid catalog (`rules/sxid.yaml`)
 
-`sxid.recent` grades each NVSwitch SXid by this table (same severities and actions, and
-`sxid_catalog:` in a rules.d file); an SXid it does not hold is graded by its line's own
-word: `Fatal` critical, `Non-fatal` warning.
+`sxid.recent` grades every NVSwitch SXid NVIDIA publishes ({sxid_source}, appendix D;
+saved as `tests/fixtures/nvidia-sxid-list/`) by the class the guide files it under:
 
-| SXid | severity | action | meaning |
-| --- | --- | --- | --- |
+| class (appendix D) | severity | action |
+| --- | --- | --- |
+{classes}
+
+`follow_text`: fatal or not as the line says (`Fatal`: critical, `reboot`, the
+NVSwitches and GPUs must be reset; `Non-fatal`: warning, `inspect_hardware`; neither:
+critical). An SXid not in the list is graded by its line's word the same way. An SXid
+line names its NVSwitch (PCI address), not a GPU, so SXids are the host's result.
+
+| SXid | name | class | severity | action | meaning | why it differs from the table |
+| --- | --- | --- | --- | --- | --- | --- |
 {sxid_catalog}
 
 ## Conditions in user rules
@@ -167,14 +200,28 @@ def render() -> str:
         rows.append(f"| `{r.id}` | {r.scope} | {r.severity.value} | {r.cadence} "
                     f"| {', '.join(r.tags) or '-'} "
                     f"| {r.summary} | {r.problem or '-'} | {thresholds} |")
-    catalog = "\n".join(
-        f"| {xid} | {e.severity} | {', '.join(e.actions)} | {e.meaning} |"
-        for xid, e in sorted(ruleset.xid_catalog.items()))
-    sxid_catalog = "\n".join(
-        f"| {sxid} | {e.severity} | {', '.join(e.actions)} | {e.meaning} |"
-        for sxid, e in sorted(ruleset.sxid_catalog.items()))
-    return HEAD + "\n".join(rows) + "\n" + TAIL.replace("{catalog}", catalog).replace(
-        "{sxid_catalog}", sxid_catalog)
+    return HEAD + "\n".join(rows) + "\n" + _catalogs(ruleset)
+
+
+def _catalogs(ruleset: RuleSet) -> str:
+    """The bucket tables (gpuguard/judge/xid_buckets.py) and both catalogs."""
+    def row(code: int, e: XidEntry) -> str:
+        return (f"| {code} | {e.mnemonic} | {' / '.join(b or '-' for b in e.nvidia)} | "
+                f"{e.severity} | {', '.join(e.actions)} | {e.meaning} | {e.reason or ''} |")
+
+    buckets = "\n".join(
+        f"| `{bucket}` | {grade[0] if grade else '-'} | "
+        f"{'`' + grade[1] + '`' if grade else 'in the catalog, with its reason'} |"
+        for bucket, grade in xid_buckets.XID_BUCKETS.items())
+    classes = "\n".join(f"| {kind} | {grade[0]} | `{grade[1]}` |"
+                         for kind, grade in xid_buckets.SXID_CLASSES.items())
+    return (TAIL.replace("{buckets}", buckets).replace("{classes}", classes)
+            .replace("{xid_source}", ruleset.xid_catalog_source)
+            .replace("{sxid_source}", ruleset.sxid_catalog_source)
+            .replace("{catalog}", "\n".join(
+                row(c, e) for c, e in sorted(ruleset.xid_catalog.items())))
+            .replace("{sxid_catalog}", "\n".join(
+                row(c, e) for c, e in sorted(ruleset.sxid_catalog.items()))))
 
 
 def main() -> int:

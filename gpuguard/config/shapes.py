@@ -21,11 +21,12 @@ RULE_ID_PATTERN = r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$"
 # gpuguard.model.results.SEVERITIES as values (a test holds the two together)
 Severity = Literal["warning", "critical"]
 XidSeverity = Literal["critical", "warning", "ignore"]
-XidAction = Literal["restart_app", "reset_gpu", "reboot", "contact_vendor", "ignore",
-                    "follow_text"]
+XidAction = Literal["restart_app", "update_software", "reset_gpu", "reboot", "inspect_hardware",
+                    "contact_vendor", "ignore", "follow_text"]
 
 # gpuguard.judge.actions.Action, by severity (a test holds the two together)
-RuleAction = Literal["none", "restart_app", "reset_gpu", "reboot", "inspect_hardware"]
+RuleAction = Literal["none", "restart_app", "update_software", "reset_gpu", "reboot",
+                     "inspect_hardware"]
 Span = Annotated[str, msgspec.Meta(pattern=r"^[0-9]+(\.[0-9]+)?[smhd]$",
                                    description="a span such as 90s, 15m, 24h, 7d")]
 
@@ -98,11 +99,16 @@ class RuleSpec(_Strict):
 
 
 class XidSpec(_Strict):
-    """One Xid's grading; an Xid the catalog does not know yet needs all three."""
+    """One Xid's grading; an Xid the catalog does not know yet needs all three. The pack
+    also names NVIDIA's mnemonic and buckets, and why it grades a code otherwise."""
 
     severity: XidSeverity | Unset = UNSET
     action: XidAction | Annotated[list[XidAction], msgspec.Meta(min_length=1)] | Unset = UNSET
     meaning: Text | Unset = UNSET
+    mnemonic: Text | Unset = UNSET
+    nvidia: Annotated[list[str], msgspec.Meta(max_length=2, description=(
+        "NVIDIA's buckets: [immediate, investigatory]"))] | Unset = UNSET
+    reason: Text | Unset = UNSET
 
 
 class RulesFile(_Strict):
@@ -111,6 +117,9 @@ class RulesFile(_Strict):
     xid_catalog: dict[int, XidSpec] = msgspec.field(default_factory=dict)
     # NVSwitch SXids: the same shape and actions as the Xid catalog (rules/sxid.yaml)
     sxid_catalog: dict[int, XidSpec] = msgspec.field(default_factory=dict)
+    # Which catalog and of when: "NVIDIA's Xid catalog of 2025-10-29"
+    xid_catalog_source: Text | Unset = UNSET
+    sxid_catalog_source: Text | Unset = UNSET
 
 
 class DriverSpec(_Strict):

@@ -39,6 +39,17 @@ class Finding:
 
 
 @dataclass
+class PerGpu:
+    """A host check's findings told apart by GPU (xid.recent, sxid.recent, gsp.firmware: a
+    kernel log names the GPU of each line): one per GPU index, and one for the host where
+    something names no GPU the snapshot lists (None: no host result). The engine makes a
+    result of each, so each GPU's finding has its own status, action, alert and history."""
+
+    gpus: dict[int, Finding]
+    host: Finding | None = None
+
+
+@dataclass
 class CheckContext:
     rule: Rule
     snapshot: Snapshot
@@ -78,7 +89,7 @@ def unknown(reason: str, **observed: Any) -> Finding:
     return Finding(Status.UNKNOWN, reason, observed)
 
 
-HostCheck = Callable[[CheckContext], Finding]
+HostCheck = Callable[[CheckContext], "Finding | PerGpu"]
 GpuCheck = Callable[["GpuSnapshot", CheckContext], Finding]
 
 HOST_CHECKS: dict[str, HostCheck] = {}

@@ -54,7 +54,9 @@ def test_daemon_exports_what_the_doc_lists(start_daemon, tmp_path):
     lint = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"],
                           input=text, capture_output=True, text=True, check=False)
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    assert 'gpuguard_xid_events_total{gpu="",pci_bus_id="",severity="critical",xid="119"}' \
+    # an Xid at an address NVML does not list keeps the line's address (issue 21)
+    assert 'gpuguard_xid_events_total{gpu="",pci_bus_id="0000:00:06.0",severity="critical",' \
+        'uuid="",xid="119"}' \
         in text
     # per GPU, summed over its links: 2 links x 23
     assert 'gpuguard_gpu_nvlink_errors_total{gpu="1",pci_bus_id="00000000:86:00.0",' \
