@@ -5,7 +5,8 @@ An action is one of `none`, `restart_app`, `update_software`, `reset_gpu`, `rebo
 at fault; a reboot also resets the GPU; inspecting the hardware comes after a reboot did
 not help). It is derived, first match wins, from:
 
-0. a probe that read back wrong data (WRONG_DATA): `inspect_hardware`, whatever else;
+0. a probe that read back wrong data (WRONG_DATA), or a fact that no reset repairs
+   (NO_RESET_HELPS: a row remapping failure): `inspect_hardware`, whatever else;
 1. the rule's own `action:` key in its YAML (where the family default below is wrong);
 2. the Xid / SXid catalog's first action for each counted event, or the grade the event's
    own line names (xid.recent, sxid.recent); for gsp.firmware, what each GSP line means;
@@ -75,6 +76,11 @@ RECOVERY_FIELD = {
 # `mismatches`): silent data corruption. A reset does not make such a board trustworthy
 # (the next wrong answer is served, not caught), so it goes to a person, before any key.
 WRONG_DATA = ("gpu.compute", "memory.pattern")
+# Findings whose observed fact says a reset cannot repair them: rule -> (the fact, why).
+# A failed row remapping means the bank has no spare row left; a reset activates pending
+# remaps but adds no rows, so the board goes to a person (NVIDIA: an RMA).
+NO_RESET_HELPS = {"memory.row_remap": ("failure", "row remapping failed: no spare row is "
+                                                  "left, and a reset does not add any")}
 # family -> (action when critical, action when warning). A warning is something to watch,
 # not to act on, unless the family says otherwise.
 FAMILY_DEFAULT: dict[str, tuple[Action, Action]] = {
@@ -137,6 +143,9 @@ def suggest(rule: Rule, status: Status, observed: dict[str, Any],
     if rule.id in WRONG_DATA and observed.get("mismatches"):
         return Action.INSPECT_HARDWARE, ("wrong data read back: silent data corruption, "
                                          "which no reset makes trustworthy")
+    fact, why = NO_RESET_HELPS.get(rule.id, ("", ""))
+    if fact and observed.get(fact) is True:
+        return Action.INSPECT_HARDWARE, why
     if rule.action is not None:
         where = (rule.action_origin or rule.origin).rsplit("/", 1)[-1]
         return Action(rule.action), f"the rule's action: key, {where}"
