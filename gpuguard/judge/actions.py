@@ -103,6 +103,8 @@ FAMILY_DEFAULT: dict[str, tuple[Action, Action]] = {
     "recovery": (Action.RESET_GPU, Action.NONE),
     "xid": (Action.RESET_GPU, Action.NONE),
     "sxid": (Action.REBOOT, Action.NONE),
+    # where no line names one (a GSP kind this gpuguard does not know)
+    "gsp": (Action.RESET_GPU, Action.NONE),
 }
 
 
