@@ -13,8 +13,17 @@ from collections import defaultdict
 from typing import Any
 
 from gpuguard.judge.actions import CATALOG_WORDS
-from gpuguard.judge.registry import CheckContext, Finding, PerGpu, host_check, ok, warning
-from gpuguard.judge.xids import Selection, by_gpu, grade, select, severest_first, span
+from gpuguard.judge.registry import (
+    CheckContext,
+    Finding,
+    PerGpu,
+    gpu_check,
+    host_check,
+    ok,
+    warning,
+)
+from gpuguard.judge.xids import Grade, Selection, by_gpu, grade, select, severest_first, span
+from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 
 # The message names at most this many codes, the most severe first; the rest are in
 # `observed` (codes, events) and in `gpuguard events`.
@@ -125,3 +134,78 @@ def _unlisted_where(events: list[dict[str, Any]]) -> str:
     shown = ", ".join(addresses[:3]) + (f" and {len(addresses) - 3} more"
                                          if len(addresses) > 3 else "")
     return f"{shown} (not among the GPUs NVML lists)"
+
+
+# -- xid.app_repeated: an application's Xid that keeps hitting one GPU ------------------
+
+APP_XIDS = (13, 31)
+# The lines of one fault come within a second or two (several SMs report it); a minute
+# apart on one GPU, or another process, is another incident.
+BURST_US = 60 * 10**6
+
+
+@gpu_check("xid.app_repeated", thresholds=("window_s", "min_incidents"))
+def app_repeated(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    """Xid 13 and 31 are the application's (a bad address, an illegal instruction), unless
+    they keep hitting one GPU: the same code on the other GPUs of the host is the app's,
+    the same GPU alone, again and again, is the GPU's. An incident is alone when no other
+    GPU logged one within a minute of it (a tensor-parallel job fails on all its GPUs at
+    once); the GPU is suspect when it has at least `min_incidents` alone in `window_s`
+    and more than all the other GPUs together."""
+    log = ctx.snapshot.host.kernel_log.get()
+    window_s = ctx.threshold("window_s")
+    incidents = _incidents(log, ctx.snapshot, window_s)
+    alone = {index: [i for i in found if not _shared(i, index, incidents)]
+             for index, found in incidents.items()}
+    mine = alone.get(gpu.index, [])
+    others = sum(len(found) for index, found in alone.items() if index != gpu.index)
+    observed = {"window_s": window_s, "incidents": len(incidents.get(gpu.index, [])),
+                "alone": len(mine), "alone_on_other_gpus": others,
+                "pids": sorted({i["pid"] for i in mine if i["pid"] is not None})[:20]}
+    if len(mine) >= ctx.threshold("min_incidents") and len(mine) > others:
+        return ctx.fail(f"Xid 13/31 hit this GPU alone {len(mine)} times in the last "
+                        f"{span(window_s)} ({others} alone on the other GPUs): an "
+                        "application fault that keeps hitting one GPU points at the GPU",
+                        **observed)
+    return ok(f"{len(mine)} Xid 13/31 incident(s) on this GPU alone in the last "
+              f"{span(window_s)} ({others} on the other GPUs)", **observed)
+
+
+def _incidents(log: dict[str, Any], snapshot: Snapshot, window_s: float
+               ) -> dict[int, list[dict[str, Any]]]:
+    """Each GPU's Xid 13/31 incidents inside the window and not acknowledged: lines of one
+    process within a minute of each other are one ({"start", "end", "pid"}); lines without
+    a time stamp are one incident per process."""
+    chosen = select([e for e in log["xids"] if e["xid"] in APP_XIDS], log, window_s,
+                    lambda e: Grade("warning", "", "", "restart_app"))
+    out: dict[int, list[dict[str, Any]]] = {}
+    for index, events in by_gpu(chosen.counted, snapshot).items():
+        if index is None:
+            continue  # an address NVML does not list: nothing to compare with
+        found: list[dict[str, Any]] = []
+        for e in sorted(events, key=lambda e: e.get("usec") or -1):
+            usec, last = e.get("usec"), found[-1] if found else None
+            same = last is not None and last["pid"] == e.get("pid") and (
+                usec is None or last["end"] is None or usec - last["end"] <= BURST_US)
+            if same and last is not None:
+                last["end"] = usec if usec is not None else last["end"]
+            else:
+                found.append({"start": usec, "end": usec, "pid": e.get("pid")})
+        out[index] = found
+    return out
+
+
+def _shared(incident: dict[str, Any], index: int,
+            incidents: dict[int, list[dict[str, Any]]]) -> bool:
+    """Another GPU logged an incident within a minute of this one (or, without times, of
+    the same process): the application spans GPUs."""
+    for other, found in incidents.items():
+        if other == index:
+            continue
+        for i in found:
+            if incident["start"] is None or i["start"] is None:
+                if incident["pid"] is not None and i["pid"] == incident["pid"]:
+                    return True
+            elif abs(i["start"] - incident["start"]) <= BURST_US:
+                return True
+    return False

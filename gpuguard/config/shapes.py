@@ -181,6 +181,10 @@ class ProfileFile(_Strict):
         ge=0, description="a whole number >= 0")] | Unset = UNSET
     p2p: P2pSpec | Unset = UNSET
     mig: Literal["enabled", "disabled"] | bool | Unset = UNSET
+    # devices.uvm: `required` (always) or `auto` (only while a CUDA process runs)
+    uvm: Literal["required", "auto"] | Unset = UNSET
+    # devices.peermem: GPUDirect RDMA through nvidia-peermem
+    gpudirect_rdma: Flag | Unset = UNSET
     disk_paths: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(
         max_length=64, description="a list of absolute paths")] | Unset = UNSET
     active_probe: ActiveProbeSpec | Unset = UNSET

@@ -105,6 +105,8 @@ FAMILY_DEFAULT: dict[str, tuple[Action, Action]] = {
     "sxid": (Action.REBOOT, Action.NONE),
     # where no line names one (a GSP kind this gpuguard does not know)
     "gsp": (Action.RESET_GPU, Action.NONE),
+    # every devices.* rule names its own action (rules/devices.yaml)
+    "devices": (Action.NONE, Action.NONE),
 }
 
 

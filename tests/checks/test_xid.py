@@ -390,3 +390,105 @@ def test_acknowledged_and_aged_lines_are_told_not_hidden(h200, run_rule):
     assert result.status is Status.OK
     assert result.message == "no Xid since boot to act on (2 acknowledged)"
     assert result.observed["acknowledged"] == 2
+
+
+# -- xid.app_repeated: an application's Xid that keeps hitting one GPU (issue 21) --------
+
+BUS = {0: "0000:00:06.0", 1: "0000:3b:00.0", 2: "0000:86:00.0"}
+
+
+def app_xid(gpu, at_s, pid=100, xid=13, seq=None):
+    return {"xid": xid, "pci": BUS[gpu], "pid": pid, "process": "python3", "text": "",
+            "seq": seq, "usec": None if at_s is None else at_s * 10**6}
+
+
+def repeated(run_rule, h200, events, rules=None, now_s=90_000):
+    snap = logged(h200, events, now=now_s * 10**6)
+    return by_gpu(run_rule("xid.app_repeated", snap, rules=rules))
+
+
+def test_an_app_xid_that_keeps_hitting_one_gpu_alone_points_at_the_gpu(h200, run_rule):
+    events = [app_xid(1, t, pid=p) for t, p in ((10_000, 7), (20_000, 8), (30_000, 9))]
+    results = repeated(run_rule, h200, events)
+    gpu1 = results[1]
+    assert (gpu1.status, gpu1.action) == (Status.WARNING, "inspect_hardware")
+    assert gpu1.message == ("Xid 13/31 hit this GPU alone 3 times in the last 1d (0 alone on "
+                            "the other GPUs): an application fault that keeps hitting one GPU "
+                            "points at the GPU")
+    assert gpu1.observed["pids"] == [7, 8, 9]
+    assert results[0].status is Status.OK and results[2].status is Status.OK
+    assert results[0].message == ("0 Xid 13/31 incident(s) on this GPU alone in the last 1d "
+                                  "(3 on the other GPUs)")
+    # two are not yet a pattern
+    assert repeated(run_rule, h200, events[:2])[1].status is Status.OK
+
+
+def test_a_fault_spread_over_gpus_is_the_apps(h200, run_rule):
+    # a tensor-parallel job failing on three GPUs at once, three times
+    at_once = [app_xid(gpu, t + gpu, pid=t) for t in (10_000, 20_000, 30_000) for gpu in (0, 1, 2)]
+    assert {r.status for r in repeated(run_rule, h200, at_once).values()} == {Status.OK}
+    # one model per GPU, the bug hitting GPU 0 and GPU 2 as often: neither is singled out
+    spread = [app_xid(gpu, t, pid=t) for gpu, times in ((0, (11_000, 15_000, 19_000)),
+                                                        (2, (13_000, 17_000, 21_000)))
+              for t in times]
+    assert {r.status for r in repeated(run_rule, h200, spread).values()} == {Status.OK}
+    # GPU 1 alone more often than all the others together: singled out
+    more = spread[:2] + [app_xid(1, t, pid=t) for t in (23_000, 25_000, 27_000)]
+    results = repeated(run_rule, h200, more)
+    assert results[1].status is Status.WARNING and results[0].status is Status.OK
+    assert results[1].observed["alone_on_other_gpus"] == 2
+
+
+def test_the_lines_of_one_fault_are_one_incident(h200, run_rule):
+    # several SMs report one fault: 4 lines within a second, then Xid 31 a minute on
+    burst = [app_xid(1, 10_000 + i, pid=5) for i in range(4)] + \
+        [app_xid(1, 10_060, pid=5, xid=31)]
+    assert repeated(run_rule, h200, burst)[1].observed["incidents"] == 1
+    # a minute and a second later, or another process: another incident
+    assert repeated(run_rule, h200, [*burst, app_xid(1, 10121, pid=5)])[1] \
+        .observed["incidents"] == 2
+    assert repeated(run_rule, h200, [*burst, app_xid(1, 10061, pid=6)])[1] \
+        .observed["incidents"] == 2
+    # an incident on GPU 0 a minute after GPU 1's starts is shared; one later is not
+    assert repeated(run_rule, h200, [*burst, app_xid(0, 10060, pid=9)])[1] \
+        .observed["alone"] == 0
+    assert repeated(run_rule, h200, [*burst, app_xid(0, 10061, pid=9)])[1] \
+        .observed["alone"] == 1
+    # only 13 and 31 count
+    assert repeated(run_rule, h200, [app_xid(1, t, pid=t, xid=43) for t in
+                                     (10_000, 20_000, 30_000)])[1].observed["incidents"] == 0
+
+
+def test_lines_without_a_time_are_one_incident_per_process(h200, run_rule):
+    untimed = [app_xid(1, None, pid=p) for p in (1, 1, 2, 3)]
+    results = repeated(run_rule, h200, untimed)
+    assert results[1].observed["incidents"] == 3 and results[1].status is Status.WARNING
+    # the same process on another GPU: shared, the app's
+    assert repeated(run_rule, h200, [*untimed, app_xid(0, None, pid=3)])[1] \
+        .observed["alone"] == 2
+
+
+def test_the_window_the_ack_and_the_thresholds(h200, run_rule, tmp_path):
+    from tests.conftest import overridden
+
+    old = [app_xid(1, t, pid=t, seq=t) for t in (1_000, 2_000, 3_000)]
+    # the log ends at 90,000 s: a day back reaches 3,600 s
+    assert repeated(run_rule, h200, old)[1].status is Status.OK
+    assert repeated(run_rule, h200, old, now_s=87_400)[1].status is Status.WARNING
+    assert repeated(run_rule, h200, old, now_s=87_401)[1].status is Status.OK
+    rules = overridden(tmp_path, "xid.app_repeated", window_s=100_000, min_incidents=4)
+    assert repeated(run_rule, h200, old, rules)[1].status is Status.OK
+    four = [*old, app_xid(1, 4000, pid=4, seq=4000)]
+    assert repeated(run_rule, h200, four, rules)[1].status is Status.WARNING
+    snap = logged(h200, four, now=90_000 * 10**6)
+    snap.host.kernel_log.value["acked_seq"] = 1_000
+    [gpu1] = [r for r in run_rule("xid.app_repeated", snap, rules=rules) if r.gpu.index == 1]
+    assert gpu1.status is Status.OK and gpu1.observed["incidents"] == 3
+
+
+def test_the_real_h200s_log_has_no_repeated_app_xid(h200, run_rule):
+    snap = host(h200, "h200-healthy.kmsg")
+    assert {r.status for r in run_rule("xid.app_repeated", snap)} == {Status.OK}
+    # an address NVML does not list has no peers to compare with: nothing to say
+    lone = [{**app_xid(1, t, pid=t), "pci": "0000:5e:00.0"} for t in (1, 200, 400)]
+    assert {r.status for r in repeated(run_rule, h200, lone).values()} == {Status.OK}
