@@ -68,7 +68,7 @@ def test_stuck_processes_and_modules_from_the_hosts_own_trees(fake_env, tmp_path
     run = gpuguard("check", *args, "--format", "json", "--only", "devices.*",
                    env=fake_env(gpus=1, procs_file=procs))
     found = by_rule_and_gpu(run)
-    stuck = found[("devices.stuck_processes", None)]
+    stuck = found[("devices.unkillable", None)]
     assert (stuck["status"], stuck["action"]) == ("warning", "reboot")
     assert "pid 4321 (nvidia-smi) holding /dev/nvidia0, /dev/nvidiactl for 400 s" \
         in stuck["message"]

@@ -25,7 +25,7 @@ def _part(snapshot: Snapshot, name: str) -> Any:
     return snapshot.host.gpu_devices.get().get(name)
 
 
-@host_check("devices.stuck_processes", thresholds=("min_stuck_s",))
+@host_check("devices.unkillable", thresholds=("min_stuck_s",))
 def stuck_processes(ctx: CheckContext) -> Finding:
     stuck = _part(ctx.snapshot, "stuck")
     if stuck is None:

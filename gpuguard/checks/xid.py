@@ -144,31 +144,33 @@ APP_XIDS = (13, 31)
 BURST_US = 60 * 10**6
 
 
-@gpu_check("xid.app_repeated", thresholds=("window_s", "min_incidents"))
+@gpu_check("xid.app_repeated", thresholds=("period_s", "min_incidents"))
 def app_repeated(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     """Xid 13 and 31 are the application's (a bad address, an illegal instruction), unless
     they keep hitting one GPU: the same code on the other GPUs of the host is the app's,
     the same GPU alone, again and again, is the GPU's. An incident is alone when no other
     GPU logged one within a minute of it (a tensor-parallel job fails on all its GPUs at
-    once); the GPU is suspect when it has at least `min_incidents` alone in `window_s`
+    once); the GPU is suspect when it has at least `min_incidents` alone in `period_s`
     and more than all the other GPUs together."""
     log = ctx.snapshot.host.kernel_log.get()
-    window_s = ctx.threshold("window_s")
-    incidents = _incidents(log, ctx.snapshot, window_s)
+    # not `window_s`: the daemon keeps its samples as long as the longest of those, and
+    # this span is of kernel-log lines, not of samples
+    period_s = ctx.threshold("period_s")
+    incidents = _incidents(log, ctx.snapshot, period_s)
     alone = {index: [i for i in found if not _shared(i, index, incidents)]
              for index, found in incidents.items()}
     mine = alone.get(gpu.index, [])
     others = sum(len(found) for index, found in alone.items() if index != gpu.index)
-    observed = {"window_s": window_s, "incidents": len(incidents.get(gpu.index, [])),
+    observed = {"period_s": period_s, "incidents": len(incidents.get(gpu.index, [])),
                 "alone": len(mine), "alone_on_other_gpus": others,
                 "pids": sorted({i["pid"] for i in mine if i["pid"] is not None})[:20]}
     if len(mine) >= ctx.threshold("min_incidents") and len(mine) > others:
         return ctx.fail(f"Xid 13/31 hit this GPU alone {len(mine)} times in the last "
-                        f"{span(window_s)} ({others} alone on the other GPUs): an "
+                        f"{span(period_s)} ({others} alone on the other GPUs): an "
                         "application fault that keeps hitting one GPU points at the GPU",
                         **observed)
     return ok(f"{len(mine)} Xid 13/31 incident(s) on this GPU alone in the last "
-              f"{span(window_s)} ({others} on the other GPUs)", **observed)
+              f"{span(period_s)} ({others} on the other GPUs)", **observed)
 
 
 def _incidents(log: dict[str, Any], snapshot: Snapshot, window_s: float

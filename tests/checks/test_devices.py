@@ -31,7 +31,7 @@ def stuck(*processes, more=0, unreadable=()):
 
 
 def test_a_process_stuck_long_holding_a_gpu_device_is_a_warning_to_reboot(h200, run_rule):
-    [result] = run_rule("devices.stuck_processes", devices(h200, stuck(
+    [result] = run_rule("devices.unkillable", devices(h200, stuck(
         proc(4321, 400.0, held=("/dev/nvidia0", "/dev/nvidiactl")), proc(1234, 50.0))))
     assert (result.status, result.action) == (Status.WARNING, "reboot")
     assert result.message == ("1 process(es) stuck in uninterruptible sleep holding GPU "
@@ -43,44 +43,44 @@ def test_a_process_stuck_long_holding_a_gpu_device_is_a_warning_to_reboot(h200, 
 
 def test_the_limit_is_the_rules_threshold(h200, run_rule, tmp_path):
     at = devices(h200, stuck(proc(1, 120.0)))
-    assert run_rule("devices.stuck_processes", at)[0].status is Status.WARNING
+    assert run_rule("devices.unkillable", at)[0].status is Status.WARNING
     below = devices(h200, stuck(proc(1, 119.9)))
-    [result] = run_rule("devices.stuck_processes", below)
+    [result] = run_rule("devices.unkillable", below)
     assert result.status is Status.OK
     assert result.message == ("no process stuck in uninterruptible sleep holds a GPU device "
                               "(1 in it for less than 120 s)")
-    rules = overridden(tmp_path, "devices.stuck_processes", min_stuck_s=100)
-    assert run_rule("devices.stuck_processes", below, rules=rules)[0].status is Status.WARNING
+    rules = overridden(tmp_path, "devices.unkillable", min_stuck_s=100)
+    assert run_rule("devices.unkillable", below, rules=rules)[0].status is Status.WARNING
 
 
 def test_five_are_named_and_the_rest_counted(h200, run_rule):
     many = [proc(100 + n, 300.0 + n, comm=f"p{n}") for n in range(7)]
-    [result] = run_rule("devices.stuck_processes", devices(h200, stuck(*many, more=2)))
+    [result] = run_rule("devices.unkillable", devices(h200, stuck(*many, more=2)))
     assert result.message.startswith("9 process(es) stuck in uninterruptible sleep")
     assert "pid 104 (p4)" in result.message and "pid 105" not in result.message
     assert "; and 4 more. They cannot be killed" in result.message
-    [result] = run_rule("devices.stuck_processes", devices(h200, stuck(*many[:5])))
+    [result] = run_rule("devices.unkillable", devices(h200, stuck(*many[:5])))
     assert "more" not in result.message
 
 
 def test_what_cannot_be_told_is_unknown(h200, run_rule):
     # in D holding a GPU device, but how long cannot be read (no /proc/PID/sched)
-    [result] = run_rule("devices.stuck_processes", devices(h200, stuck(proc(7, None))))
+    [result] = run_rule("devices.unkillable", devices(h200, stuck(proc(7, None))))
     assert result.status is Status.UNKNOWN and "how long cannot be told" in result.message
     # stuck long, but its files cannot be listed (another user's, without root)
     hidden = {"pid": 9, "comm": "x", "off_cpu_s": 500.0}
-    [result] = run_rule("devices.stuck_processes", devices(h200, stuck(unreadable=[hidden])))
+    [result] = run_rule("devices.unkillable", devices(h200, stuck(unreadable=[hidden])))
     assert result.status is Status.UNKNOWN and "run as root" in result.message
     brief = {**hidden, "off_cpu_s": 5.0}
-    assert run_rule("devices.stuck_processes",
+    assert run_rule("devices.unkillable",
                     devices(h200, stuck(unreadable=[brief])))[0].status is Status.OK
-    [result] = run_rule("devices.stuck_processes",
+    [result] = run_rule("devices.unkillable",
                         devices(h200, {"error": "the scan stopped after 9 processes"}))
     assert result.status is Status.UNKNOWN and "the scan stopped" in result.message
 
 
 def test_a_replay_without_the_roots_is_skipped(h200, run_rule):
-    for rule in ("devices.stuck_processes", "devices.uvm"):
+    for rule in ("devices.unkillable", "devices.uvm"):
         assert run_rule(rule, devices(h200))[0].status is Status.SKIPPED
         assert run_rule(rule, h200)[0].status is Status.SKIPPED  # no gpu_devices at all
 

@@ -476,7 +476,7 @@ def test_the_window_the_ack_and_the_thresholds(h200, run_rule, tmp_path):
     assert repeated(run_rule, h200, old)[1].status is Status.OK
     assert repeated(run_rule, h200, old, now_s=87_400)[1].status is Status.WARNING
     assert repeated(run_rule, h200, old, now_s=87_401)[1].status is Status.OK
-    rules = overridden(tmp_path, "xid.app_repeated", window_s=100_000, min_incidents=4)
+    rules = overridden(tmp_path, "xid.app_repeated", period_s=100_000, min_incidents=4)
     assert repeated(run_rule, h200, old, rules)[1].status is Status.OK
     four = [*old, app_xid(1, 4000, pid=4, seq=4000)]
     assert repeated(run_rule, h200, four, rules)[1].status is Status.WARNING
