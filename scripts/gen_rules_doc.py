@@ -63,14 +63,32 @@ healthy state.
 
 ## What to do: `action`, `auto_clear`, `escalate`
 
-Every failing result suggests an action (`none`, `restart_app`, `reset_gpu`, `reboot`,
-`inspect_hardware`; `gpuguard/judge/actions.py` decides, docs/events.md says how). A rule sets
+Every failing result suggests an action (`none`, `restart_app`, `update_software`,
+`reset_gpu`, `reboot`, `inspect_hardware`; `gpuguard/judge/actions.py` decides,
+docs/events.md says how). A rule sets
 its own with `action:` only where its family's default is wrong; an override (rules.d,
 the profile's `rules:`) may change it. `auto_clear: 24h` acknowledges a failing status
 left unchanged that long (the status stays, the action becomes none); `escalate: {count:
 5, window: 24h}` (xid.recent) makes the same fatal Xid on one board that often within the
 window `inspect_hardware`. All three are validated (`file:line`, exit 3).
 `gpuguard rules explain RULE` prints the action a critical and a warning result take.
+
+## The kernel log's rules, per GPU (`xid.recent`, `sxid.recent`, `gsp.firmware`)
+
+Each line of the kernel log names a GPU by its bus address, so these rules, host rules
+in their files, give one result per GPU NVML lists (ok where it logged nothing), and a
+host result only for lines that name no GPU NVML lists: a GPU that fell off the bus, a
+line without an address, the driver's own GPU number in a GSP boot failure, an NVSwitch
+(an SXid names its switch, never a GPU, so `sxid.recent` is the host's; it gives no per-GPU
+series). Each result has its own status, action, alert and history, and the supervisor
+moves only the services on that GPU. The message names at most the three most severe
+codes (critical before warning, then the weightier action, then the more frequent, then
+the latest), each with its count; the rest are in `observed.codes` and `gpuguard
+events`. A kernel log that cannot be read is one unknown host result: no GPU is vouched
+for. `xid.app_repeated` judges each GPU's Xid 13/31 incidents (the lines of one process
+within a minute are one) that no other GPU shared within a minute: at least
+`min_incidents` in `period_s`, and more than all the other GPUs together, point at the GPU
+(`inspect_hardware`); the same fault spread over GPUs stays the application's.
 
 ## Power capping (`clocks.power_cap`, `power.limit`)
 

@@ -61,6 +61,8 @@ def test_five_are_named_and_the_rest_counted(h200, run_rule):
     assert "; and 4 more. They cannot be killed" in result.message
     [result] = run_rule("devices.unkillable", devices(h200, stuck(*many[:5])))
     assert "more" not in result.message
+    [result] = run_rule("devices.unkillable", devices(h200, stuck(*many[:6])))
+    assert "; and 1 more. They" in result.message
 
 
 def test_what_cannot_be_told_is_unknown(h200, run_rule):
@@ -71,6 +73,9 @@ def test_what_cannot_be_told_is_unknown(h200, run_rule):
     hidden = {"pid": 9, "comm": "x", "off_cpu_s": 500.0}
     [result] = run_rule("devices.unkillable", devices(h200, stuck(unreadable=[hidden])))
     assert result.status is Status.UNKNOWN and "run as root" in result.message
+    at_limit = {**hidden, "off_cpu_s": 120.0}
+    assert run_rule("devices.unkillable",
+                    devices(h200, stuck(unreadable=[at_limit])))[0].status is Status.UNKNOWN
     brief = {**hidden, "off_cpu_s": 5.0}
     assert run_rule("devices.unkillable",
                     devices(h200, stuck(unreadable=[brief])))[0].status is Status.OK
@@ -93,7 +98,8 @@ def test_uvm_is_judged_only_while_cuda_runs_or_where_the_profile_requires_it(h20
     unloaded = {"nvidia_uvm": None, "nvidia_peermem": None}
     # the real H200 fixture lists no compute process: not needed yet
     [result] = run_rule("devices.uvm", devices(h200, modules=unloaded, nodes=["nvidia0"]))
-    assert result.status is Status.OK and "not needed yet" in result.message
+    assert (result.status, result.message) == (
+        Status.OK, "nvidia-uvm is not loaded, and not needed yet: it loads on the first CUDA use")
     [result] = run_rule("devices.uvm", devices(h200, modules=unloaded, nodes=["nvidia0"]),
                         Profile(uvm_required=True))
     assert (result.status, result.action) == (Status.CRITICAL, "none")
@@ -109,6 +115,7 @@ def test_uvm_loaded_needs_its_device_node(h200, run_rule):
     [result] = run_rule("devices.uvm", devices(with_cuda(h200), modules=live))
     assert (result.status, result.message) == (
         Status.OK, "nvidia-uvm is loaded with /dev/nvidia-uvm (1 CUDA process(es) run)")
+    assert result.observed["nodes"] == ["nvidia-uvm", "nvidia-uvm-tools"]
     [result] = run_rule("devices.uvm", devices(with_cuda(h200), modules=live,
                                                nodes=["nvidia0", "nvidiactl"]))
     assert result.status is Status.CRITICAL and "/dev/nvidia-uvm is missing" in result.message

@@ -108,3 +108,34 @@ def test_repeats_are_counted(h200, run_rule):
     assert gpu1.message.startswith("GSP RPC timeouts, rate-limited (the driver: the GPU likely "
                                    "needs to be reset) x2, last 50s ago")
     assert gpu1.observed["counted"] == 2
+
+
+def test_xid_120_also_leaves_the_finding_to_xid_recent(h200, run_rule):
+    snap = logged(h200)
+    snap.host.kernel_log.value["xids"] = [
+        {"xid": 120, "pci": "0000:3b:00.0", "pid": None, "process": None,
+         "text": "GSP task panic", "seq": 240, "usec": 5400 * 10**6}]
+    gpu1 = by_gpu(run_rule("gsp.firmware", snap))[1]
+    assert gpu1.status is Status.OK and gpu1.observed["with_xid"] == [120]
+
+
+def test_lines_not_kept_are_counted(h200, run_rule):
+    snap = logged(h200)
+    assert {r.observed["older_not_kept"] for r in run_rule("gsp.firmware", snap)} == {0}
+    del snap.host.kernel_log.value["gsp_dropped"]
+    assert {r.observed["older_not_kept"] for r in run_rule("gsp.firmware", snap)} == {0}
+    snap.host.kernel_log.value["gsp_dropped"] = 7
+    assert {r.observed["older_not_kept"] for r in run_rule("gsp.firmware", snap)} == {7}
+
+
+def test_a_crash_report_naming_no_gpu_at_all_says_no_number(h200, run_rule):
+    """The crash report as some drivers print it, without "GPU0" (a user's report quoted
+    in NVIDIA/open-gpu-kernel-modules#1271): the host's, and no made-up GPU number."""
+    snap = logged(h200)
+    snap.host.kernel_log.value["gsp"] = [
+        {"kind": "crash", "pci": None, "rm_gpu": None,
+         "text": "NVRM: kgspHealthCheck_TU102: ***** GSP-CrashCat Report *****",
+         "seq": 300, "usec": 6000 * 10**6}]
+    host = by_gpu(run_rule("gsp.firmware", snap))["host"]
+    assert host.status is Status.CRITICAL
+    assert host.message.startswith("GSP crash report (GSP-CrashCat)")

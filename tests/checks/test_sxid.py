@@ -184,3 +184,14 @@ def test_ages_are_written_in_the_largest_whole_unit(run_rule, age_s, shown):
     event = {**sxid(12028, NONFATAL), "usec": later - age_s * 10**6}
     [result] = run_rule("sxid.recent", with_sxids([event], now_usec=later))
     assert f", last {shown} ago: " in result.message
+
+
+def test_one_sxid_on_two_switches_is_two_pairs_and_three_pairs_need_no_more(run_rule):
+    two = [sxid(20034, FATAL, "0000:07:00.0", 14, seq=1),
+           sxid(20034, FATAL, "0000:08:00.0", 3, seq=2)]
+    [result] = run_rule("sxid.recent", with_sxids(two))
+    assert len(result.message.split(" | ")) == 2
+    assert "NVSwitch 0000:08:00.0 link 3" in result.message
+    three = [*two, sxid(20001, "20001, Non-fatal, Link 1", seq=3)]
+    [result] = run_rule("sxid.recent", with_sxids(three))
+    assert len(result.message.split(" | ")) == 3 and "more" not in result.message

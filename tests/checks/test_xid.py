@@ -492,3 +492,25 @@ def test_the_real_h200s_log_has_no_repeated_app_xid(h200, run_rule):
     # an address NVML does not list has no peers to compare with: nothing to say
     lone = [{**app_xid(1, t, pid=t), "pci": "0000:5e:00.0"} for t in (1, 200, 400)]
     assert {r.status for r in repeated(run_rule, h200, lone).values()} == {Status.OK}
+
+
+def test_xid_31_counts_as_13_does_and_the_pids_are_bounded(h200, run_rule):
+    events = [app_xid(1, 10_000 + 100 * n, pid=n, xid=31) for n in range(25)]
+    gpu1 = repeated(run_rule, h200, events)[1]
+    assert gpu1.status is Status.WARNING and gpu1.observed["alone"] == 25
+    assert gpu1.observed["pids"] == list(range(20))  # the first 20 in observed
+
+
+def test_a_line_exactly_a_minute_after_the_last_is_the_same_incident(h200, run_rule):
+    lines = [app_xid(1, 10_000, pid=5), app_xid(1, 10_060, pid=5)]
+    assert repeated(run_rule, h200, lines)[1].observed["incidents"] == 1
+    # an untimed line of the process, then its timed ones: the first timed one sets the
+    # incident's end, so one more than a minute later is another incident
+    mixed = [app_xid(1, None, pid=5), app_xid(1, 10_000, pid=5), app_xid(1, 20_000, pid=5)]
+    assert repeated(run_rule, h200, mixed)[1].observed["incidents"] == 2
+
+
+def test_an_untimed_incident_of_the_same_process_elsewhere_is_shared(h200, run_rule):
+    timed = [app_xid(1, t, pid=p) for t, p in ((10_000, 1), (20_000, 2), (30_000, 3))]
+    gpu1 = repeated(run_rule, h200, [*timed, app_xid(0, None, pid=1)])[1]
+    assert gpu1.status is Status.OK and gpu1.observed["alone"] == 2
