@@ -75,33 +75,41 @@ def _named(p: dict[str, Any]) -> str:
 def uvm(ctx: CheckContext) -> Finding:
     """nvidia-uvm loads on the first CUDA use (nvidia-modprobe), so it is judged only while
     a CUDA process runs, or always where the profile says `uvm: required` (containers
-    cannot load it themselves)."""
+    cannot load it themselves). Its device node is judged where /dev was read; a /dev that
+    could not be read leaves a required module unknown, and a live one that CUDA processes
+    already use ok (they opened the node)."""
     modules = _part(ctx.snapshot, "modules")
     if modules is None:
         return skipped("this input did not read the loaded modules (no --path.sysfs)")
     state = modules.get("nvidia_uvm")
-    nodes = ctx.snapshot.host.device_nodes.get()
     required = ctx.profile.uvm_required
     running = _cuda_processes(ctx.snapshot)
-    observed = {"state": state, "nodes": [n for n in nodes if n.startswith("nvidia-uvm")],
-                "required": required, "cuda_processes": running}
+    read = ctx.snapshot.host.device_nodes
+    nodes = read.value if read.is_ok else None
+    observed = {"state": state, "required": required, "cuda_processes": running,
+                "nodes": None if nodes is None else [n for n in nodes
+                                                     if n.startswith("nvidia-uvm")]}
     if str(state).startswith("unreadable"):
         return unknown(f"cannot tell whether nvidia-uvm is loaded: {state}", **observed)
+    loaded = state in ("live", "builtin")
     why = "the profile requires it (uvm: required)" if required else \
         f"{running} CUDA process(es) run" if running else None
     if why is None:
-        if state in ("live", "builtin") or running == 0:
+        if loaded or running == 0:
             return ok(f"nvidia-uvm is {state or 'not loaded'}, and not needed yet: it loads on "
                       "the first CUDA use", **observed)
         return skipped("the profile does not require nvidia-uvm and whether a CUDA process "
                        "runs cannot be read (NVML lists no processes here)", **observed)
-    if state not in ("live", "builtin"):
+    if not loaded:
         return ctx.fail(f"nvidia-uvm is {state or 'not loaded'} while {why}: CUDA cannot "
                         "start (cuInit fails) until it is", **observed)
-    if "nvidia-uvm" not in nodes:
+    if nodes is None and required:
+        read.get()  # /dev could not be read: whether the node is there cannot be told
+    if nodes is not None and "nvidia-uvm" not in nodes:
         return ctx.fail(f"nvidia-uvm is loaded but /dev/nvidia-uvm is missing while {why}: "
                         "CUDA cannot open it", **observed)
-    return ok(f"nvidia-uvm is loaded with /dev/nvidia-uvm ({why})", **observed)
+    where = "with /dev/nvidia-uvm" if nodes is not None else "(/dev not read here)"
+    return ok(f"nvidia-uvm is loaded {where} ({why})", **observed)
 
 
 def _cuda_processes(snapshot: Snapshot) -> int | None:

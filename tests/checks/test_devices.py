@@ -157,3 +157,21 @@ def test_peermem_only_where_gpudirect_rdma_is_asked_for(h200, run_rule):
     [result] = run_rule("devices.peermem", devices(h200, modules={
         "nvidia_peermem": "unreadable: x"}, rdma=[]), rdma)
     assert result.status is Status.UNKNOWN
+
+
+def test_uvm_where_dev_cannot_be_read(h200, run_rule):
+    """A container whose /dev is not the host's (the DaemonSet mounts none): the CUDA
+    processes running already opened the node, so a live module is ok; a required one
+    cannot be vouched for."""
+    live = {"nvidia_uvm": "live"}
+    snap = devices(with_cuda(h200), modules=live)
+    snap.host.device_nodes = Reading.failed("cannot list /host/dev: No such file or directory")
+    snap.host.__post_init__()
+    [result] = run_rule("devices.uvm", snap)
+    assert (result.status, result.message) == (
+        Status.OK, "nvidia-uvm is loaded (/dev not read here) (1 CUDA process(es) run)")
+    assert result.observed["nodes"] is None
+    [result] = run_rule("devices.uvm", snap, Profile(uvm_required=True))
+    assert result.status is Status.UNKNOWN and "/host/dev" in result.message
+    [result] = run_rule("devices.uvm", devices(snap, modules={"nvidia_uvm": None}))
+    assert result.status is Status.CRITICAL  # not loaded while CUDA runs: /dev not needed

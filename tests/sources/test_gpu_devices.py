@@ -51,7 +51,7 @@ STUCK = {
 
 def test_processes_in_d_holding_gpu_devices_with_how_long(tmp_path):
     proc = proc_tree(tmp_path, STUCK)
-    stuck = gpu_devices.unkillable(proc, time.monotonic() + 5)
+    stuck = gpu_devices.stuck_processes(proc, time.monotonic() + 5)
     by_pid = {p["pid"]: p for p in stuck["processes"]}
     assert set(by_pid) == {4321, 1234}  # 2222 is not in D, 3333 holds no GPU device
     assert by_pid[4321] == {"pid": 4321, "comm": "nvidia-smi", "off_cpu_s": 400.0,
@@ -63,24 +63,24 @@ def test_processes_in_d_holding_gpu_devices_with_how_long(tmp_path):
 
 def test_without_sched_the_time_is_unknown_never_zero(tmp_path):
     proc = proc_tree(tmp_path, {4321: {**STUCK[4321], "ago_s": None}})
-    [p] = gpu_devices.unkillable(proc, time.monotonic() + 5)["processes"]
+    [p] = gpu_devices.stuck_processes(proc, time.monotonic() + 5)["processes"]
     assert p["off_cpu_s"] is None
     (proc / "self" / "sched").unlink()  # a kernel without /proc/PID/sched
     proc2 = proc_tree(tmp_path / "b", {4321: STUCK[4321]})
     (proc2 / "self" / "sched").unlink()
-    [p] = gpu_devices.unkillable(proc2, time.monotonic() + 5)["processes"]
+    [p] = gpu_devices.stuck_processes(proc2, time.monotonic() + 5)["processes"]
     assert p["off_cpu_s"] is None
 
 
 def test_the_scan_is_bounded_in_time_and_in_count(tmp_path, monkeypatch):
     proc = proc_tree(tmp_path, STUCK)
-    late = gpu_devices.unkillable(proc, time.monotonic() - 1)
+    late = gpu_devices.stuck_processes(proc, time.monotonic() - 1)
     assert "error" in late and "deadline" in late["error"]
     monkeypatch.setattr(gpu_devices, "MAX_STUCK", 1)
     many = {pid: {**STUCK[4321], "comm": f"p{pid}"} for pid in range(10, 14)}
-    listed = gpu_devices.unkillable(proc_tree(tmp_path / "m", many), time.monotonic() + 5)
+    listed = gpu_devices.stuck_processes(proc_tree(tmp_path / "m", many), time.monotonic() + 5)
     assert len(listed["processes"]) == 1 and listed["more"] == 3
-    assert "error" in gpu_devices.unkillable(tmp_path / "nothing", time.monotonic() + 5)
+    assert "error" in gpu_devices.stuck_processes(tmp_path / "nothing", time.monotonic() + 5)
 
 
 def test_modules_and_rdma_nodes(tmp_path):
