@@ -91,20 +91,26 @@ def uvm(ctx: CheckContext) -> Finding:
                                                      if n.startswith("nvidia-uvm")]}
     if str(state).startswith("unreadable"):
         return unknown(f"cannot tell whether nvidia-uvm is loaded: {state}", **observed)
-    loaded = state in ("live", "builtin")
     why = "the profile requires it (uvm: required)" if required else \
         f"{running} CUDA process(es) run" if running else None
     if why is None:
-        if loaded or running == 0:
+        if state in ("live", "builtin") or running == 0:
             return ok(f"nvidia-uvm is {state or 'not loaded'}, and not needed yet: it loads on "
                       "the first CUDA use", **observed)
         return skipped("the profile does not require nvidia-uvm and whether a CUDA process "
                        "runs cannot be read (NVML lists no processes here)", **observed)
-    if not loaded:
+    return _uvm_needed(ctx, why, observed)
+
+
+def _uvm_needed(ctx: CheckContext, why: str, observed: dict[str, Any]) -> Finding:
+    """nvidia-uvm where CUDA needs it (`why`): loaded, and its node present where /dev was
+    read."""
+    state, nodes = observed["state"], observed["nodes"]
+    if state not in ("live", "builtin"):
         return ctx.fail(f"nvidia-uvm is {state or 'not loaded'} while {why}: CUDA cannot "
                         "start (cuInit fails) until it is", **observed)
-    if nodes is None and required:
-        read.get()  # /dev could not be read: whether the node is there cannot be told
+    if nodes is None and observed["required"]:
+        ctx.snapshot.host.device_nodes.get()  # /dev unread: the node cannot be vouched for
     if nodes is not None and "nvidia-uvm" not in nodes:
         return ctx.fail(f"nvidia-uvm is loaded but /dev/nvidia-uvm is missing while {why}: "
                         "CUDA cannot open it", **observed)
