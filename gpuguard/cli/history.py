@@ -110,7 +110,8 @@ def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Pa
         path_procfs: Path | None, kmsg_device: Path | None, profile_path: Path | None,
         rules_dirs: tuple[Path, ...]) -> None:
     """Acknowledge RULE's finding as the event store last recorded it (its status, and
-    for a host rule what it names): its suggested action becomes none (its status stays)
+    for a host rule what it names; a per-GPU result of a host rule, such as xid.recent's,
+    with --gpu): its suggested action becomes none (its status stays)
     until the finding changes or the time is up. A rule that is ok, or a GPU the store
     never recorded, is refused."""
     from gpuguard.events.ack_command import AckRefused, record_ack
@@ -123,8 +124,8 @@ def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Pa
     if scope == "gpu" and gpu is None:
         raise ConfigProblem(f"{rule_id} is a GPU rule: name the GPU with --gpu (an ack "
                             "covers one board's finding)")
-    if scope == "host" and gpu is not None:
-        raise ConfigProblem(f"{rule_id} is a host rule: it takes no --gpu")
+    # a host rule with --gpu: the result it gives that GPU (xid.recent, sxid.recent and
+    # gsp.firmware give one per GPU); the store refuses a GPU it recorded no finding on
     seconds = _finite_span(duration, "--for", ACK_MAX_S)
     from gpuguard.io.paths import host_default, state_dir_or_default
 
