@@ -210,6 +210,7 @@ class Daemon:
         results = evaluate(snap, ruleset, profile, cadence="fast", samples=self.samples)
         if self.recorder is not None:
             results = self.recorder.on_cycle(results, snap.gpu_ids(), ruleset)
+            self.gpus_seen.forget_acknowledged(results)
         self.xids.count_kernel_log(snap, ruleset)
         self._last = snap
         self.store.update(results, "fast", source_failed=status.source_failure(snap))
