@@ -348,6 +348,7 @@ class Daemon:
         if self.cfg.input_path is None:
             self.sampler = NvmlSampler(procfs, self.on_nvml_xid)
         self.gpus_seen = SeenGpus(state_dir, boot)
+        active.HOST_LOCK["state_dir"] = state_dir
 
     def _registry(self) -> CollectorRegistry:
         registry = CollectorRegistry(auto_describe=False)
