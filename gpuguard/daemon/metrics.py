@@ -196,13 +196,14 @@ class DaemonCollector(Collector):
             "NVML events, by Xid and GPU (an Xid at an address NVML does not list: gpu and "
             "uuid empty, the line's address).", labels=["xid", "severity", *families.GPU_LABELS])
         last_seen = GaugeMetricFamily(
-            "gpuguard_xid_last_seen_timestamp_seconds", "When the last Xid of this kind "
-            "happened on this GPU (Unix time; from the kernel log's own clock). Alert on "
-            "`time() - this < window`: an old Xid never fires, a restart changes nothing.",
+            "gpuguard_xid_last_seen_age_seconds", "How long ago the last Xid of this kind "
+            "happened on this GPU, by the kernel log's own clock and the daemon's monotonic "
+            "clock (never the wall clock: a host clock that steps, or one apart from "
+            "Prometheus's, neither hides nor repeats one). Alert on `this < window`.",
             labels=["xid", "severity", *families.GPU_LABELS])
         for label, count in sorted(xids.items()):
             xid.add_metric(list(label), count)
-            last_seen.add_metric(list(label), xid_last.get(label, 0.0))
+            last_seen.add_metric(list(label), round(max(0.0, now - xid_last.get(label, now)), 1))
         yield xid
         yield last_seen
         yield CounterMetricFamily("gpuguard_check_deadline_exceeded",

@@ -32,12 +32,16 @@ class XidCounter:
         for event in self.marks.new_events(log_["xids"]):
             # the kernel log's clock (time since boot) turned into wall time
             usec = event.get("usec")
-            when = now - (now_usec - usec) / 1e6 if usec is not None and now_usec else now
+            ago = max(0.0, (now_usec - usec) / 1e6) if usec is not None and now_usec else 0.0
             self.add(event["xid"], event.get("pci"), event.get("text"), ruleset, snap,
-                     when, event.get("seq"), "kmsg")
+                     now - ago, event.get("seq"), "kmsg", ago)
 
     def add(self, xid: int, pci: str | None, text: str | None, ruleset: RuleSet,
-            snap: Snapshot, when: float, seq: int | None = None, source: str = "nvml") -> None:
+            snap: Snapshot, when: float, seq: int | None = None, source: str = "nvml",
+            ago_s: float = 0.0) -> None:
+        """One Xid: `when` (wall time) is what the store keeps; `ago_s`, how long ago it
+        happened by the kernel log's own clock, dates it on the monotonic clock for the
+        metric's age (a step of the host's wall clock moves neither)."""
         severity = grade(xid, text, ruleset.xid_catalog).severity
         gpu = snap.gpu_at(pci)
         if self.recorder is not None and severity != "ignore":
@@ -51,7 +55,8 @@ class XidCounter:
         label = (str(xid), severity, *labels)
         with self.stats.lock:
             self.stats.xids[label] = self.stats.xids.get(label, 0) + 1
-            self.stats.xid_last[label] = max(self.stats.xid_last.get(label, 0.0), when)
+            happened = time.monotonic() - ago_s
+            self.stats.xid_last[label] = max(self.stats.xid_last.get(label, happened), happened)
 
 
 class XidMarks:
