@@ -47,8 +47,8 @@ def test_an_ack_for_a_gpu_this_host_does_not_have_is_refused(tmp_path, run):
 
 
 def test_an_ack_ends_when_what_its_finding_names_changes(tmp_path, run):
-    """xid.recent critical for Xid 79 on GPU 0 (one result per GPU), acknowledged; then Xid 48 too, still critical:
-    the ack covered Xid 79 only, so the action comes back."""
+    """xid.recent critical for Xid 79 on GPU 0 (one result per GPU), acknowledged; then
+    Xid 48 too, still critical: the ack covered Xid 79 only, so the action comes back."""
     state, proc = tmp_path / "state", procfs(tmp_path, BOOT_A)
     one = kmsg_lines(tmp_path, "one.log", [79])
     first = result(run(state, proc, "--kmsg-file", str(one), recovery=NONE), "xid.recent", 0)
