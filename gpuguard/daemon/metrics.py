@@ -95,6 +95,24 @@ class DaemonCollector(Collector):
         yield GaugeMetricFamily("gpuguard_event_store_size_bytes",
                                 "Size of the store's main file at its last write.",
                                 value=got["size_bytes"])
+        yield GaugeMetricFamily("gpuguard_event_store_wal_bytes",
+                                "Size of the store's write-ahead log at its last flush.",
+                                value=got["wal_bytes"])
+        yield CounterMetricFamily(
+            "gpuguard_event_store_wal_pinned", "Flushes that could not bring the WAL under "
+            "its bound: a reader held a read transaction (docs/events.md).",
+            value=got["wal_pinned"])
+        yield CounterMetricFamily(
+            "gpuguard_event_store_replaced", "Times the store's files were deleted or "
+            "replaced under the daemon (it reopened a fresh store; the log names the file).",
+            value=got["wal_replaced"])
+        yield CounterMetricFamily(
+            "gpuguard_event_store_unsafe", "Opens of the store refused: a symbolic link or "
+            "a file of another user in its place.", value=got["unsafe"])
+        yield CounterMetricFamily(
+            "gpuguard_event_store_rows_skipped", "Stored rows that failed validation on "
+            "read (each counted once; history and acks go on without them).",
+            value=got["rows_skipped"])
 
     def _failover(self) -> Iterator[Metric]:
         snaps = self.services()
