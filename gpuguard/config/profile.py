@@ -28,7 +28,6 @@
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 from typing import TYPE_CHECKING
 

@@ -22,6 +22,7 @@ from gpuguard.events.store import Event, StoreUnreadable
 from gpuguard.events.writer import EventWriter
 from gpuguard.io.clock import utc
 from gpuguard.io.paths import Paths
+from gpuguard.io.text import printable
 from gpuguard.judge.actions import of_xid
 from gpuguard.judge.xids import grade
 from gpuguard.model.results import Result
@@ -123,7 +124,7 @@ def list_events(state_dir: Path, since_s: float, gpu: str | None, rule: str | No
 
 def _table_row(e: Event, width: int) -> list[str]:
     """One event in `events`'s table: a line, and more where its message wraps."""
-    what = f"Xid {e.code}" if e.kind == "xid" else (e.rule or "-")
+    what = f"Xid {e.code}" if e.kind == "xid" else printable(e.rule or "-")
     gpu_text = "-" if e.gpu_index is None else str(e.gpu_index)
     change = (f"{e.old_status or 'new'} -> {e.status}" if e.kind == "rule"
               else (e.status or "-"))
@@ -134,7 +135,10 @@ def _table_row(e: Event, width: int) -> list[str]:
               f"{change:<20}  {(e.action or '-'):<16}  ")
     # the message wrapped under its column (as `check`'s table does), never one line
     # of hundreds of characters
-    wrapped = textwrap.wrap(message[:MAX_MESSAGE], max(30, width - len(prefix))) or [""]
+    # a stored message quotes the kernel log or an operator: nothing in it reaches the
+    # terminal as a control character
+    wrapped = textwrap.wrap(printable(message[:MAX_MESSAGE]),
+                            max(30, width - len(prefix))) or [""]
     return [prefix + wrapped[0], *(" " * len(prefix) + more for more in wrapped[1:])]
 
 
@@ -188,7 +192,8 @@ def last_transitions(state_dir: Path, limit: int = 10) -> list[str]:
     lines = ["", f"last {len(found)} transition(s) (gpuguard events for more):"]
     for e in found:
         if e.kind == "supervisor":
-            what = f"{e.rule}: {e.status} (action {e.action or 'none'}): {e.message[:120]}"
+            what = printable(f"{e.rule}: {e.status} (action {e.action or 'none'}): "
+                             f"{e.message[:120]}")
         else:
             gpu = "" if e.gpu_index is None else f" GPU {e.gpu_index}"
             what = (f"{e.rule}{gpu}: {e.old_status or 'new'} -> {e.status} "

@@ -128,3 +128,22 @@ def test_names_are_a_bounded_set_of_short_strings():
     many = names_of({NAMES: [f"name-{i}" for i in range(1000)]})
     assert len(many) <= 65 and many != names_of({NAMES: [f"name-{i}" for i in range(999)]})
     assert max(len(n) for n in names_of({NAMES: ["x" * 5000]})) <= 200
+
+
+def test_what_an_operator_or_the_kernel_wrote_prints_no_control_character(tmp_path, run):
+    """An ack's reason (anyone in the gpuguard group can give one) with a terminal escape:
+    `gpuguard events` shows it escaped, never as a sequence the terminal runs."""
+    from tests.conftest import gpuguard
+
+    state, proc = tmp_path / "state", procfs(tmp_path, BOOT_A)
+    run(state, proc, "--kmsg-file", str(kmsg_lines(tmp_path, "one.log", [79])), recovery=NONE)
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    out = gpuguard("ack", "xid.recent", "--gpu", "0", "--reason", "RMA\x1b]0;owned\x07\x1b[2J",
+                   "--state-dir", str(state), "--path.procfs", str(proc), "--kmsg-file",
+                   str(empty))
+    assert out.returncode == 0, out.stderr
+    table = gpuguard("events", "--state-dir", str(state))
+    assert table.returncode == 0, table.stderr
+    assert "\x1b" not in table.stdout and "\x07" not in table.stdout
+    assert "RMA\\x1b]0;owned\\x07\\x1b[2J" in table.stdout, table.stdout
