@@ -140,11 +140,11 @@ def test_each_gsp_pattern_is_read_with_its_gpu():
         ("crash", None, 0, 300), ("boot_failed", None, 7, 400)]
     assert log["gsp_dropped"] == 0
     assert [x["xid"] for x in log["xids"]] == [119]
-    # each load of the driver, open or proprietary module (a hook for a reload clearing
-    # findings)
-    assert log["driver_loads"] == [{"version": "580.159.04", "seq": 100, "usec": 1_000_000},
-                                   {"version": "570.195.03", "seq": 500,
-                                    "usec": 7_200_000_000}]
+    # each load of the driver, open or proprietary module; the second is a reload (issue 21,
+    # item 3), before every GSP line, so it clears none of them
+    assert log["driver_loads"] == [{"version": "570.195.03", "seq": 50, "usec": 500_000},
+                                   {"version": "580.159.04", "seq": 100, "usec": 1_000_000}]
+    assert [(r["kind"], r["seq"]) for r in log["repairs"]] == [("driver_reload", 100)]
 
 
 def test_the_real_h200s_log_holds_a_driver_load_and_no_gsp_error():
