@@ -79,6 +79,32 @@ def kernel_log_xids(snapshot: Snapshot, source: str, grade: Any) -> list[Event]:
     return events
 
 
+def kernel_log_repairs(snapshot: Snapshot, source: str,
+                       only: list[dict[str, Any]] | None = None) -> list[Event]:
+    """Every repair the kernel log read this run shows (or `only` these of it: the daemon's
+    new ones): a GPU reset, with the board it names; a driver reload, of every GPU; as
+    kind `repair` (the store keeps one per line and boot)."""
+    if not snapshot.host.kernel_log.is_ok:
+        return []
+    log = snapshot.host.kernel_log.get()
+    now, now_usec = time.time(), log.get("now_usec")
+    events = []
+    for r in (log.get("repairs") or []) if only is None else only:
+        usec = r.get("usec")
+        when = now - (now_usec - usec) / 1e6 if usec is not None and now_usec else now
+        gpu = snapshot.gpu_at(r.get("pci")) if r.get("pci") else next(
+            (g for g in snapshot.gpus if r.get("uuid") and g.uuid.is_ok
+             and g.uuid.get() == r["uuid"]), None)
+        columns = _gpu_columns(None if gpu is None else gpu.identity())
+        if gpu is None and r["kind"] == "gpu_reset":
+            # a GPU NVML does not list (yet): the line's own name for it
+            columns.update(gpu_uuid=r.get("uuid"), gpu_bus_id=r.get("pci"))
+        events.append(Event(kind="repair", source=source, time=when, seq=r.get("seq"),
+                            status=r["kind"], message=(r.get("text") or "")[:500],
+                            **columns))
+    return events
+
+
 def _gpu_columns(gpu: GpuId | None) -> dict[str, Any]:
     if gpu is None:
         return {}
