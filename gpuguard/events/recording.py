@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from gpuguard.events.store import Event, Finding
+from gpuguard.judge.xids import repaired_gpu
 from gpuguard.model.identity import GpuId, finding_key
 from gpuguard.model.results import NAMES, SEVERITIES, Result, Status, names_of
 from gpuguard.model.snapshot import Snapshot
@@ -92,9 +93,7 @@ def kernel_log_repairs(snapshot: Snapshot, source: str,
     for r in (log.get("repairs") or []) if only is None else only:
         usec = r.get("usec")
         when = now - (now_usec - usec) / 1e6 if usec is not None and now_usec else now
-        gpu = snapshot.gpu_at(r.get("pci")) if r.get("pci") else next(
-            (g for g in snapshot.gpus if r.get("uuid") and g.uuid.is_ok
-             and g.uuid.get() == r["uuid"]), None)
+        gpu = repaired_gpu(snapshot, r)
         columns = _gpu_columns(None if gpu is None else gpu.identity())
         if gpu is None and r["kind"] == "gpu_reset":
             # a GPU NVML does not list (yet): the line's own name for it

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpuguard.model.rule import XidEntry
-    from gpuguard.model.snapshot import Snapshot
+    from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 
 ACTION_WORDS = {
     "restart_app": "restart the application",
@@ -114,6 +114,15 @@ class Selection:
     cleared: int = 0  # logged before a repair that did what they asked for
     repair: dict[str, Any] | None = None  # the latest repair that cleared one
 
+    def clear(self, repair: dict[str, Any] | None) -> bool:
+        """Count an event the repair cleared (None: it cleared none); whether it did."""
+        if repair is None:
+            return False
+        self.cleared += 1
+        if self.repair is None or repair["n"] > self.repair["n"]:
+            self.repair = repair
+        return True
+
 
 # What a repair does, by the action an event asked for (issue 21, item 3): a GPU reset
 # answers a reset (and an application's fault, whose state the reset ends), a driver reload
@@ -132,12 +141,20 @@ def repairs_for(log: dict[str, Any], snapshot: Snapshot, gpu: int | None
         if repair["kind"] == "driver_reload":
             out.append(repair)
             continue
-        target = snapshot.gpu_at(repair.get("pci")) if repair.get("pci") else next(
-            (g for g in snapshot.gpus if g.uuid.is_ok and g.uuid.get() == repair.get("uuid")),
-            None)
+        target = repaired_gpu(snapshot, repair)
         if gpu is not None and target is not None and target.index == gpu:
             out.append(repair)
     return out
+
+
+def repaired_gpu(snapshot: Snapshot, repair: dict[str, Any]) -> GpuSnapshot | None:
+    """The GPU a reset line names, by bus id or UUID, if NVML lists it (a reload names
+    none)."""
+    if repair.get("pci"):
+        return snapshot.gpu_at(repair["pci"])
+    uuid = repair.get("uuid")
+    return next((g for g in snapshot.gpus if uuid and g.uuid.is_ok and g.uuid.get() == uuid),
+                None)
 
 
 def repair_words(repair: dict[str, Any]) -> str:
@@ -184,11 +201,7 @@ def select(events: list[dict[str, Any]], log: dict[str, Any], window_s: float | 
         if graded.severity == "ignore":
             chosen.ignored += 1
             continue
-        repair = _cleared_by(event, action_of(graded), repairs or [])
-        if repair is not None:
-            chosen.cleared += 1
-            if chosen.repair is None or repair["n"] > chosen.repair["n"]:
-                chosen.repair = repair
+        if chosen.clear(_cleared_by(event, action_of(graded), repairs or [])):
             continue
         chosen.counted.append({**event, "severity": graded.severity, "meaning": graded.meaning,
                                "action": graded.action, "first": graded.first,
