@@ -71,7 +71,7 @@ def _finite_span(text: str, option: str, most_s: float | None = None) -> float:
 @click.option("--gpu", metavar="N|UUID|SERIAL", help="Only this GPU (by index, UUID or serial).")
 @click.option("--rule", "rule_id", metavar="ID", help="Only this rule (xid.recent for Xids).")
 @click.option("--kind", "kinds", multiple=True,
-              type=click.Choice(["rule", "xid", "supervisor", "ack", "probe"]),
+              type=click.Choice(["rule", "xid", "supervisor", "ack", "probe", "repair"]),
               help="Only these kinds (repeatable).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
@@ -80,7 +80,7 @@ def _finite_span(text: str, option: str, most_s: float | None = None) -> float:
 @state_dir_option()
 def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[str, ...],
                fmt: str, limit: int, state_dir: Path | None) -> None:
-    """What happened: rule transitions, Xids, failovers, acks (any user may read)."""
+    """What happened: rule transitions, Xids, repairs, failovers, acks (any user may read)."""
     from gpuguard.events.commands import CannotRead, list_events
     from gpuguard.io.paths import state_dir_or_default
 

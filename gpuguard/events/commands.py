@@ -16,7 +16,7 @@ from pathlib import Path
 from gpuguard.events import store as eventstore
 from gpuguard.events.ack_command import CLI_WRITE_WAIT_S, flush_within
 from gpuguard.events.escalation import apply_history
-from gpuguard.events.recording import kernel_log_xids, rule_transitions
+from gpuguard.events.recording import kernel_log_repairs, kernel_log_xids, rule_transitions
 from gpuguard.events.rows import Skipped, a_time, data_of
 from gpuguard.events.store import Event, StoreUnreadable
 from gpuguard.events.writer import EventWriter
@@ -62,6 +62,8 @@ def with_history(results: list[Result], snapshot: Snapshot, ruleset: RuleSet,
             snapshot, "check",
             lambda xid, text: (grade(xid, text, catalog).severity,
                                of_xid(xid, text, catalog).value)))
+        # the repairs before the history is read: a fault back after one escalates
+        writer.record_all(kernel_log_repairs(snapshot, "check"))
         flush_within(writer, CLI_WRITE_WAIT_S)
     try:
         conn = eventstore.open_reader(path)
@@ -124,7 +126,8 @@ def list_events(state_dir: Path, since_s: float, gpu: str | None, rule: str | No
 
 def _table_row(e: Event, width: int) -> list[str]:
     """One event in `events`'s table: a line, and more where its message wraps."""
-    what = f"Xid {e.code}" if e.kind == "xid" else printable(e.rule or "-")
+    what = f"Xid {e.code}" if e.kind == "xid" else \
+        (e.status or "-").replace("_", " ") if e.kind == "repair" else printable(e.rule or "-")
     gpu_text = "-" if e.gpu_index is None else str(e.gpu_index)
     change = (f"{e.old_status or 'new'} -> {e.status}" if e.kind == "rule"
               else (e.status or "-"))
