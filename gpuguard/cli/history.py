@@ -32,8 +32,7 @@ def xid() -> None:
 def xid_ack(state_dir: Path | None, path_procfs: Path | None, kmsg_device: Path | None) -> None:
     """Stop the Xids logged so far (this boot) from counting in xid.recent."""
     from gpuguard.io.paths import host_default, state_dir_or_default
-    from gpuguard.sources import host as host_sources
-    from gpuguard.sources import kmsg
+    from gpuguard.sources import boot_state, kmsg
 
     state_dir = state_dir_or_default(state_dir)
     paths = paths_from(None, path_procfs, None)
@@ -45,7 +44,7 @@ def xid_ack(state_dir: Path | None, path_procfs: Path | None, kmsg_device: Path 
         click.echo("no Xid in the kernel log: nothing to acknowledge")
         return
     try:
-        host_sources.write_xid_ack(state_dir, paths, max(seqs))
+        boot_state.write_xid_ack(state_dir, paths, max(seqs))
     except OSError as exc:
         raise ConfigProblem(f"cannot write {state_dir}: {exc.strerror or exc}") from exc
     click.echo(f"acknowledged {len(seqs)} Xid line(s) up to kmsg sequence {max(seqs)}")

@@ -28,7 +28,7 @@ from gpuguard.judge.xids import grade
 from gpuguard.model.results import Result
 from gpuguard.model.rule import RuleSet
 from gpuguard.model.snapshot import Snapshot
-from gpuguard.sources.host import boot_id
+from gpuguard.sources.boot_state import boot_id
 
 # The longest message `events` prints in its table (JSON has it whole).
 MAX_MESSAGE = 1000

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from gpuguard.io.paths import Paths
-from gpuguard.sources.host import read_xid_ack, write_xid_ack
+from gpuguard.sources.boot_state import read_xid_ack, write_xid_ack
 from tests.conftest import gpuguard, own_host
 from tests.daemon.conftest import host_snapshot, write_snapshot
 from tests.events.conftest import BOOT_A, BOOT_B, GPU_RESET, NONE, events, procfs, result
