@@ -15,6 +15,7 @@ from __future__ import annotations
 import _socket
 import os
 import sys
+import time
 
 TYPE_CHECKING = False  # typing's own import costs 3 ms here; mypy knows the name
 if TYPE_CHECKING:
@@ -95,6 +96,9 @@ ESCAPES = {'"': '\\"', "\\": "\\\\"}
 def exchange(path: str, request: bytes | str, timeout: float) -> bytes:
     """Send one request line, read the reply to its end (at most MAX_REPLY bytes)."""
     data = request.encode() if isinstance(request, str) else request
+    # one deadline for the whole exchange: a timeout per call would let a server that
+    # trickles a byte a second hold the command for ever
+    end = time.monotonic() + timeout
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
@@ -102,6 +106,10 @@ def exchange(path: str, request: bytes | str, timeout: float) -> bytes:
         sock.sendall(data + b"\n")
         chunks, size = [], 0
         while size <= MAX_REPLY:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
             chunk = sock.recv(1 << 20)
             if not chunk:
                 break

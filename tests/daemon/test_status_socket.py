@@ -314,3 +314,36 @@ def test_sigterm_removes_the_socket(start_daemon: Any, tmp_path: Path) -> None:
     daemon.proc.send_signal(signal.SIGTERM)
     assert daemon.proc.wait(timeout=15) == 0
     assert not sock.exists()
+
+
+def test_one_deadline_for_the_whole_answer(tmp_path: Path) -> None:
+    """A server that trickles a byte a second (a wedged daemon thread, another program)
+    held `status --timeout 1` for as long as it kept sending: a deadline per recv."""
+    import threading
+
+    sock = tmp_path / "s.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(sock))
+    server.listen(1)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(b"GGV1 0\nok")
+            while not stop.wait(0.3):
+                try:
+                    conn.sendall(b" ")
+                except OSError:
+                    return
+
+    threading.Thread(target=trickle, daemon=True).start()
+    started = time.monotonic()
+    try:
+        run = status(sock, "--timeout", "1")
+    finally:
+        stop.set()
+        server.close()
+    assert run.returncode == 3 and "did not answer within 1 s" in run.stderr, run
+    assert time.monotonic() - started < 20  # bounded; it waited until killed before
