@@ -9,7 +9,9 @@ the GPU from being reset: only a reboot frees it. A process is briefly in D all 
 (the driver pins memory, waits on a lock), so how long it has been off the CPU decides:
 the scheduler's `se.exec_start` in /proc/PID/sched is when it last ran, on the clock our
 own task's line (/proc/self/sched, read while we run) gives as now. Every read is bounded:
-the /proc scan by a deadline and MAX_PIDS, the fds of one process by MAX_FDS, the list
+the /proc scan by a deadline and MAX_PIDS, the threads of one process by MAX_TASKS
+(a process is stuck when any of its threads is: /proc/PID/task/TID/stat), the fds of one
+process by MAX_FDS, the list
 by MAX_STUCK; /proc/PID/stat, fd links and sched never take the process's memory lock
 (cmdline and environ would, and hang behind a stuck process).
 """
@@ -27,6 +29,7 @@ from gpuguard.model.snapshot import Reading
 MAX_PIDS = 100_000
 MAX_FDS = 4096
 MAX_STUCK = 64
+MAX_TASKS = 4096  # threads of one process looked at
 MODULES = ("nvidia_uvm", "nvidia_peermem")
 _EXEC_START = re.compile(rb"^se\.exec_start\s*:\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)\s*$",
                          re.MULTILINE)
@@ -65,10 +68,11 @@ def stuck_processes(procfs: Path, end: float) -> dict[str, Any]:
             return {"error": f"the scan of {procfs} stopped after {scanned} processes "
                              "(deadline or size bound): not every process was seen"}
         scanned += 1
-        state, comm = _state(procfs / name / "stat")
-        if state != "D":
+        stuck_task = _stuck_task(procfs / name, end)
+        if stuck_task is None:
             continue
-        off_cpu_s = _off_cpu_s(procfs / name / "sched", now_ms)
+        comm = _state(procfs / name / "stat")[1]
+        off_cpu_s = _off_cpu_s(stuck_task / "sched", now_ms)
         devices = _nvidia_fds(procfs / name / "fd")
         entry = {"pid": int(name), "comm": comm, "off_cpu_s": off_cpu_s}
         if devices is None:
@@ -80,6 +84,25 @@ def stuck_processes(procfs: Path, end: float) -> dict[str, Any]:
                 more += 1
     return {"processes": found, "more": more, "unreadable": unreadable[:MAX_STUCK],
             "scanned": scanned}
+
+
+def _stuck_task(proc: Path, end: float) -> Path | None:
+    """The process's folder when its main thread is in D, else its first thread in D
+    (a PyTorch process waits in the driver on a worker thread while its main thread
+    sleeps interruptibly: the process is just as unkillable), else None. At most
+    MAX_TASKS threads of one process, within the scan's deadline."""
+    if _state(proc / "stat")[0] == "D":
+        return proc
+    try:
+        tasks = os.listdir(proc / "task")
+    except OSError:
+        return None  # exited while we looked, or no task folder (a replayed tree)
+    for tid in tasks[:MAX_TASKS]:
+        if time.monotonic() > end:
+            return None  # the scan's own bound says so when it stops
+        if tid != proc.name and _state(proc / "task" / tid / "stat")[0] == "D":
+            return proc / "task" / tid
+    return None
 
 
 def _state(path: Path) -> tuple[str | None, str | None]:

@@ -97,3 +97,23 @@ def test_modules_and_rdma_nodes(tmp_path):
     (sysfs / "module" / "nvidia_peermem").rmdir()
     assert gpu_devices.modules(sysfs)["nvidia_peermem"] is None
     assert gpu_devices.rdma_nodes(tmp_path / "nowhere") == []
+
+
+def test_a_process_stuck_on_a_worker_thread_is_stuck(tmp_path):
+    """PyTorch's shape: the main thread sleeps interruptibly (S) while a worker thread waits
+    in the driver (D) holding /dev/nvidia0; only /proc/PID/stat was read, so it was missed."""
+    proc = proc_tree(tmp_path, {4444: {"comm": "python3", "state": "S", "ago_s": 1,
+                                       "fds": {3: "/dev/nvidia0"}}})
+    task = proc / "4444" / "task"
+    for tid, state, ago in ((4444, "S", 1), (4450, "S", 2), (4451, "D", 600)):
+        (task / str(tid)).mkdir(parents=True)
+        (task / str(tid) / "stat").write_text(
+            f"{tid} (pt_worker) {state} 1 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0\n")
+        (task / str(tid) / "sched").write_text(
+            f"se.exec_start                                :       {NOW_MS - ago * 1000:.6f}\n")
+    [p] = gpu_devices.stuck_processes(proc, time.monotonic() + 5)["processes"]
+    assert (p["pid"], p["comm"], p["off_cpu_s"]) == (4444, "python3", 600.0), p
+    # every thread sleeping interruptibly: not stuck
+    (task / "4451" / "stat").write_text(
+        "4451 (pt_worker) S 1 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 100 0 0\n")
+    assert gpu_devices.stuck_processes(proc, time.monotonic() + 5)["processes"] == []
