@@ -18,6 +18,10 @@ def count(ctx: CheckContext) -> Finding:
     if missing.is_ok and missing.get():
         return _gone(ctx, missing.get())
     seen = ctx.snapshot.host.gpu_count.get()
+    if missing.state == "error" and ctx.profile.gpu_count is None:
+        # the daemon's memory of the GPUs is lost (daemon/gpus_seen.py): fewer GPUs than
+        # before cannot be told from a host that always had this many
+        return unknown(f"{seen} GPU(s) listed; {missing.error}", gpu_count=seen)
     listed = len(ctx.snapshot.gpus)
     if listed != seen:
         # The driver's count and the GPUs listed disagree: a live sweep lists every GPU it
@@ -44,7 +48,9 @@ def _gone(ctx: CheckContext, missing: list[dict[str, Any]]) -> Finding:
     seen, expected = len(ctx.snapshot.gpus), ctx.profile.gpu_count
     against = f"; {seen} GPU(s) visible, the profile expects {expected}" \
         if expected is not None and expected != seen else ""
-    return ctx.fail(f"{len(missing)} GPU(s) seen since boot are gone: {'; '.join(names)}"
+    when = "in an earlier boot" if any(g.get("earlier_boot") for g in missing) else \
+        "since boot"
+    return ctx.fail(f"{len(missing)} GPU(s) seen {when} are gone: {'; '.join(names)}"
                     f"{against}", missing=missing, names=names, gpus=indexes,
                     gpu_count=seen, expected=expected)
 

@@ -41,7 +41,7 @@ from gpuguard.model.pci import normalise_pci
 from gpuguard.model.profile import Profile
 from gpuguard.model.rule import RuleSet
 from gpuguard.model.samples import Samples
-from gpuguard.model.snapshot import Reading, Snapshot
+from gpuguard.model.snapshot import Snapshot
 from gpuguard.sources import collect, nvml, replay
 from gpuguard.sources import host as host_sources
 from gpuguard.supervisor.config import load_services
@@ -193,9 +193,9 @@ class Daemon:
         # The slow cycle's host facts, and the kernel log read now (Xids cannot wait a minute).
         host_sources.collect_host(self._slow_facts, self.cfg.host, only=FAST_SOURCES)
         collect.finish(snap, self._slow_facts, self.cfg.host)
-        missing = self.gpus_seen.update(snap)
-        if missing is not None:
-            snap.host.gpus_missing = Reading.ok(missing)
+        seen = self.gpus_seen.reading(snap)
+        if seen is not None:
+            snap.host.gpus_missing = seen
         # The probe's age and the samples' windows on the monotonic clock: a step of the
         # wall clock neither ages a result into stale nor empties a window.
         now = time.monotonic()

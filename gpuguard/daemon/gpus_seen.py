@@ -1,13 +1,20 @@
-"""The GPUs the daemon has seen since boot, so that one that disappears from NVML is a
-finding (gpu.count), not a host with one GPU fewer that looks healthy: the shipped profile
-sets no gpu_count to compare with.
+"""The GPUs the daemon has seen, so that one that disappears from NVML is a finding
+(gpu.count), not a host with one GPU fewer that looks healthy: the shipped profile sets no
+gpu_count to compare with.
 
 A GPU is known by its UUID, or by its bus address where the UUID was not read. The set is
 kept in the state dir with the boot id, so a restart of the daemon within one boot keeps
-it and a reboot starts it afresh. Only a sweep that answered updates it: when NVML does
-not answer, which GPUs are there cannot be told. A missing GPU stays missing until it
-comes back, the host reboots, or an ack of gpu.count covering exactly the missing set
-makes the daemon forget it (forget()).
+it. A reboot keeps it too, as GPUs of an earlier boot known by their slot (bus address;
+a board swapped in the same slot is not missing): a GPU that does not come back after
+the reboot gpuguard asked for is the finding it was, not a smaller healthy host. Only a
+sweep that answered updates it: when NVML does not answer, which GPUs are there cannot
+be told. A missing GPU stays missing until it comes back, or an ack of gpu.count
+covering exactly the missing set makes the daemon forget it (forget()).
+
+A file that cannot be read (corrupt, too large, not ours) is doubt, not a fresh start:
+gpu.count is unknown, saying so, for the rest of this boot (the doubt is kept in the file)
+unless the profile's gpu_count confirms the count; deleting the file and restarting the
+daemon accepts the GPUs present then.
 """
 
 from __future__ import annotations
@@ -22,12 +29,13 @@ from gpuguard.io import bounded
 from gpuguard.io.atomic import write_text
 from gpuguard.model.derived import missing_gpu_name
 from gpuguard.model.results import Result, names_of
-from gpuguard.model.snapshot import GpuSnapshot, Snapshot
+from gpuguard.model.snapshot import GpuSnapshot, Reading, Snapshot
 
 log = structlog.get_logger("gpuguard.daemon")
 
 FILE = "gpus-seen.json"
 RULE = "gpu.count"
+EARLIER = "earlier_boot"  # a GPU seen in an earlier boot, not yet in this one
 ACKED = "acknowledged at"  # an ack's words in observed (events/acks.py), not auto_clear's
 MAX_FILE_BYTES = 1 << 20
 
@@ -36,6 +44,10 @@ class SeenGpus:
     def __init__(self, state_dir: Path | None, boot_id: str | None) -> None:
         self.path = state_dir / FILE if state_dir is not None else None
         self.boot_id = boot_id
+        # why the set cannot be trusted this boot (an unreadable file), or None
+        self.doubt: str | None = None
+        self._unsaved = True  # the boot id (or the doubt) is not in the file yet
+        self._save_failed = False
         self.gpus: list[dict[str, Any]] = self._load()
 
     def _load(self) -> list[dict[str, Any]]:
@@ -44,15 +56,23 @@ class SeenGpus:
         try:
             raw = json.loads(bounded.read_text(self.path, MAX_FILE_BYTES, 1.0))
         except (OSError, ValueError) as exc:
-            log.warning("gpus_seen_unreadable", file=str(self.path), error=str(exc),
-                        action="starts afresh from this sweep")
-            return []
-        if not isinstance(raw, dict) or raw.get("boot_id") != self.boot_id or \
-                not isinstance(raw.get("gpus"), list):
-            return []  # another boot (or not ours): what was seen then says nothing now
-        return [g for g in raw["gpus"] if isinstance(g, dict)
-                and isinstance(g.get("uuid"), str | None)
-                and isinstance(g.get("pci_bus_id"), str | None)]
+            return self._doubt(f"{self.path} cannot be read: {exc}")
+        if not isinstance(raw, dict) or not isinstance(raw.get("gpus"), list) or \
+                not all(_valid(g) for g in raw["gpus"]):
+            return self._doubt(f"{self.path} is not a list of GPUs")
+        if raw.get("boot_id") == self.boot_id:
+            doubt = raw.get("doubt")
+            self.doubt = doubt if isinstance(doubt, str) else None
+            return list(raw["gpus"])
+        # an earlier boot: its GPUs are expected back, known by their slot
+        return [{**g, EARLIER: True} for g in raw["gpus"]]
+
+    def _doubt(self, why: str) -> list[dict[str, Any]]:
+        log.warning("gpus_seen_unreadable", why=why,
+                    action="gpu.count unknown this boot (unless the profile's gpu_count "
+                           "confirms it)")
+        self.doubt = why
+        return []
 
     def update(self, snap: Snapshot) -> list[dict[str, Any]] | None:
         """The GPUs seen since boot that this sweep does not list; None when the sweep
@@ -65,12 +85,29 @@ class SeenGpus:
         for entry in present:
             if entry["uuid"] is None and entry["pci_bus_id"] is None:
                 continue
-            if not any(_same(entry, seen) for seen in self.gpus):
+            matches = [i for i, seen in enumerate(self.gpus) if _same(entry, seen)]
+            if not matches:
                 self.gpus.append(entry)
                 changed = True
-        if changed:
+            elif self.gpus[matches[0]].get(EARLIER):
+                self.gpus[matches[0]] = entry  # back after the reboot: seen this boot
+                changed = True
+        if changed or self._unsaved:
             self._save()
         return [seen for seen in self.gpus if not any(_same(entry, seen) for entry in present)]
+
+    def reading(self, snap: Snapshot) -> Reading[list[dict[str, Any]]] | None:
+        """gpus_missing for the snapshot: the GPUs gone; where none is and the set is in
+        doubt, a failed reading saying why (gpu.count unknown); None when the sweep
+        cannot tell."""
+        missing = self.update(snap)
+        if missing is None:
+            return None
+        if not missing and self.doubt is not None:
+            return Reading.failed(f"which GPUs this host had cannot be told: {self.doubt} "
+                                  "(delete it and restart the daemon to accept the GPUs "
+                                  "present, or set gpu_count in the profile)")
+        return Reading.ok(missing)
 
     def forget(self, names: set[str]) -> None:
         """An ack of gpu.count covering exactly these missing GPUs: they are not expected
@@ -96,9 +133,13 @@ class SeenGpus:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_text(self.path, json.dumps({"boot_id": self.boot_id, "gpus": self.gpus}))
+            write_text(self.path, json.dumps({"boot_id": self.boot_id, "gpus": self.gpus,
+                                              "doubt": self.doubt}))
+            self._unsaved = False
         except OSError as exc:  # kept in memory; a restart then starts afresh
-            log.warning("gpus_seen_not_saved", file=str(self.path), error=str(exc))
+            if not self._save_failed:  # once, not every cycle it keeps failing
+                log.warning("gpus_seen_not_saved", file=str(self.path), error=str(exc))
+            self._save_failed = True
 
 
 def _entry(gpu: GpuSnapshot) -> dict[str, Any]:
@@ -107,8 +148,17 @@ def _entry(gpu: GpuSnapshot) -> dict[str, Any]:
             "index": gpu.index, "name": gpu.name.get_or(None)}
 
 
+def _valid(g: object) -> bool:
+    return isinstance(g, dict) and isinstance(g.get("uuid"), str | None) \
+        and isinstance(g.get("pci_bus_id"), str | None)
+
+
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """One GPU: by UUID where both were read, else by bus address."""
+    """One GPU: by UUID where both were read, else by bus address; a GPU of an earlier
+    boot by its slot too (a board swapped into it is the slot's GPU back)."""
+    if (a.get(EARLIER) or b.get(EARLIER)) and a.get("pci_bus_id") and \
+            str(a["pci_bus_id"]).lower() == str(b.get("pci_bus_id") or "").lower():
+        return True
     if a.get("uuid") and b.get("uuid"):
         return bool(a["uuid"].lower() == b["uuid"].lower())
     return bool(a.get("pci_bus_id")) and str(a["pci_bus_id"]).lower() == \

@@ -41,7 +41,7 @@ def test_a_gpu_that_vanishes_is_critical_and_named_until_it_comes_back(start_dae
     again.wait_for(lambda: again.result("gpu.count")["status"] == "ok", what="back")
 
 
-def test_a_new_boot_forgets_and_a_sweep_that_cannot_tell_judges_nothing(tmp_path):
+def test_a_reboot_keeps_the_slots_and_a_sweep_that_cannot_tell_judges_nothing(tmp_path):
     def snapshot(*uuids: str, hung: bool = False) -> Snapshot:
         snap = Snapshot()
         for i, uuid in enumerate(uuids):
@@ -58,16 +58,31 @@ def test_a_new_boot_forgets_and_a_sweep_that_cannot_tell_judges_nothing(tmp_path
     assert saved["boot_id"] == "boot-a" and len(saved["gpus"]) == 2
     assert [g["uuid"] for g in SeenGpus(tmp_path, "boot-a").update(snapshot("GPU-a"))] == \
         ["GPU-b"]  # the same boot, a new daemon
-    assert SeenGpus(tmp_path, "boot-b").update(snapshot("GPU-a")) == []  # a reboot
+    # a reboot (the one gpuguard asked for after Xid 79): GPU-b did not come back, and
+    # is still missing, known by its slot; a board swapped into a slot is that slot's GPU
+    rebooted = SeenGpus(tmp_path, "boot-b")
+    [gone] = rebooted.update(snapshot("GPU-a"))
+    assert (gone["uuid"], gone["earlier_boot"]) == ("GPU-b", True)
+    assert SeenGpus(tmp_path / "x", "boot-b").update(snapshot("GPU-a")) == []
+    assert SeenGpus(tmp_path, "boot-c").update(snapshot("GPU-a", "GPU-new")) == []
     # a GPU renumbered (index 0 now) is the same GPU: matched by UUID, not by index
     renumbered = SeenGpus(tmp_path / "r", "boot-a")
     renumbered.update(snapshot("GPU-a", "GPU-b"))
     assert renumbered.update(snapshot("GPU-b")) == [
         {"uuid": "GPU-a", "pci_bus_id": "00000000:18:00.0", "index": 0, "name": None}]
-    # a corrupt file starts afresh, never crashes
+    # a corrupt file is doubt, never a fresh start: gpu.count unknown this boot, also
+    # after a restart of the daemon (the doubt is kept in the file); never a crash
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / FILE).write_text("{not json")
-    assert SeenGpus(tmp_path / "c", "boot-a").update(snapshot("GPU-a")) == []
+    doubt = SeenGpus(tmp_path / "c", "boot-a").reading(snapshot("GPU-a"))
+    assert doubt is not None and doubt.state == "error" and "cannot be read" in doubt.error
+    again = SeenGpus(tmp_path / "c", "boot-a").reading(snapshot("GPU-a"))
+    assert again is not None and again.state == "error"
+    # a GPU gone after the doubt began is still named (critical, not unknown)
+    gone_too = SeenGpus(tmp_path / "c", "boot-a").reading(snapshot())
+    assert gone_too is not None and gone_too.is_ok and len(gone_too.get()) == 1
+    # the next boot starts from what this one saw, without the doubt
+    assert SeenGpus(tmp_path / "c", "boot-b").reading(snapshot("GPU-a")).get() == []
 
 
 def test_the_seen_file_keeps_the_tests_boot(start_daemon, tmp_path):
@@ -98,3 +113,15 @@ def test_an_ack_of_gpu_count_forgets_exactly_the_gpus_it_covers(start_daemon, tm
     saved = json.loads((state / FILE).read_text())
     assert [g["uuid"] for g in saved["gpus"]] == [
         f"GPU-fa4e0000-0000-0000-0000-00000000000{i}" for i in range(2)], saved
+
+
+def test_a_corrupt_file_makes_gpu_count_unknown_not_ok(start_daemon, tmp_path):
+    """A missing GPU, the daemon restarted, and the file is now 2 MB of garbage: it
+    started afresh and gpu.count said ok (exit 0) with the evidence overwritten."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / FILE).write_bytes(b"x" * (2 << 20))
+    daemon, snap = replay(start_daemon, tmp_path, gpus=1)
+    result = daemon.wait_for(lambda: (r := daemon.result("gpu.count"))["status"] == "unknown"
+                             and r, what="gpu.count unknown")
+    assert "which GPUs this host had cannot be told" in result["message"], result
