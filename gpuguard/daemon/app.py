@@ -63,6 +63,7 @@ class Daemon:
         self.sampler: NvmlSampler | None = None
         self._config: tuple[Profile, RuleSet] | None = None
         self._last: Snapshot | None = None
+        self._last_at = 0.0  # time.monotonic() of the last sweep
         self._slow_facts = Snapshot()
         self.xids = XidCounter(self.stats)
         self._cycle_ids = itertools.count(1)
@@ -212,7 +213,7 @@ class Daemon:
             results = self.recorder.on_cycle(results, snap.gpu_ids(), ruleset)
             self.gpus_seen.forget_acknowledged(results)
         self.xids.count_kernel_log(snap, ruleset)
-        self._last = snap
+        self._last, self._last_at = snap, time.monotonic()
         self.store.update(results, "fast", source_failed=status.source_failure(snap))
         current = self.store.results()
         for supervisor in self.supervisors:
@@ -224,7 +225,10 @@ class Daemon:
         facts = Snapshot()
         host_sources.collect_host(facts, self.cfg.host, skip=FAST_SOURCES)
         self._slow_facts = facts
-        base = self._last if self._last is not None else self._collect_nvml()
+        # the last sweep, unless fast cycles stopped ending: slow results judged on an old
+        # sweep would be stored as fresh
+        fresh = time.monotonic() - self._last_at <= 2 * self.cfg.fast_interval
+        base = self._last if self._last is not None and fresh else self._collect_nvml()
         snap = Snapshot(host=copy.copy(base.host), nvml=base.nvml, gpus=base.gpus)
         host_sources.merge(snap, facts)
         results = evaluate(snap, ruleset, profile, cadence="slow")
