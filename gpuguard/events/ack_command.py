@@ -149,7 +149,10 @@ def _ack_kernel_log(state_dir: Path, paths: Paths, kmsg: Path) -> str:
     seqs = [e["seq"] for e in log.value["xids"] + (log.value.get("sxids") or [])
             if e.get("seq") is not None]
     if not seqs:
-        return "; no Xid line in the kernel log"
+        lines = log.value["xids"] + (log.value.get("sxids") or [])
+        # a saved log (dmesg's text) has no sequence numbers: the store's ack covers it
+        return ("; the kernel log's Xid lines carry no sequence number (a saved log): "
+                "none acknowledged by line" if lines else "; no Xid line in the kernel log")
     try:
         boot_state.write_xid_ack(state_dir, paths, max(seqs))
     except OSError as exc:
