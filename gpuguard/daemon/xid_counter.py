@@ -11,6 +11,7 @@ from gpuguard.daemon.recorder import EventRecorder
 from gpuguard.events.recording import kernel_log_repairs, xid_event
 from gpuguard.judge.actions import of_xid
 from gpuguard.judge.xids import grade
+from gpuguard.model.pci import nvml_pci
 from gpuguard.model.rule import RuleSet
 from gpuguard.model.snapshot import Snapshot
 
@@ -58,12 +59,19 @@ class XidCounter:
                                            when, seq, text, pci))
         # the GPU's own labels (gpu, uuid, pci_bus_id); an Xid at an address NVML does not
         # list (a GPU that fell off the bus) keeps the line's address, so it alerts apart
-        labels = gpu.identity().labels() if gpu is not None else ["", "", pci or ""]
+        labels = gpu.identity().labels() if gpu is not None else ["", "", _label(pci)]
         label = (str(xid), severity, *labels)
         with self.stats.lock:
             self.stats.xids[label] = self.stats.xids.get(label, 0) + 1
             happened = time.monotonic() - ago_s
             self.stats.xid_last[label] = max(self.stats.xid_last.get(label, happened), happened)
+
+
+def _label(pci: str | None) -> str:
+    try:
+        return nvml_pci(pci) if pci else ""
+    except (ValueError, IndexError):  # not an address (the line's own text): as it came
+        return pci or ""
 
 
 class XidMarks:

@@ -11,3 +11,11 @@ def normalise_pci(address: str) -> str:
     device, _, function = rest.partition(".")
     return f"{int(domain, 16):04x}:{bus}:{device}.{function or '0'}"
 
+
+
+def nvml_pci(address: str) -> str:
+    """The address as NVML spells it (`00000000:3B:00.0`): the label of a GPU NVML does not
+    list any more matches the series it had while it did."""
+    short = normalise_pci(address)
+    domain, bus, rest = short.split(":")
+    return f"{int(domain, 16):08X}:{bus.upper()}:{rest.upper()}"

@@ -69,3 +69,19 @@ def test_the_xid_age_is_the_kernel_logs_not_the_wall_clocks(start_daemon, tmp_pa
         r'gpuguard_xid_last_seen_age_seconds\{[^}]*xid="(\d+)"\} (\S+)', daemon.metrics())}
     # the fixture's lines are seconds apart, the last one "now" by the log's own clock
     assert set(ages) == {"48", "13", "79"} and all(0 <= age < 600 for age in ages.values()), ages
+
+
+def test_an_unlisted_gpus_xid_is_labelled_as_nvml_spells_its_address(start_daemon, tmp_path):
+    """The kernel log writes 0000:9b:00; NVML (and the GPU's own series while it was
+    listed) 00000000:9B:00.0: one spelling, so the two series are one GPU's."""
+    log = tmp_path / "kmsg.log"
+    log.write_text("4,100,1000000,-;NVRM: Xid (PCI:0000:9b:00): 79, pid='<unknown>', "
+                   "name=<unknown>, GPU has fallen off the bus.\n")
+    snap = tmp_path / "host.json"
+    write_snapshot(snap, host_snapshot(1))
+    daemon = start_daemon("--input", str(snap), "--fast-interval", "0.3",
+                          "--kmsg-file", str(log))
+    text = daemon.wait_for(lambda: (m := daemon.metrics()) and "gpuguard_xid_events_total{" in m
+                           and m, what="the Xid metric")
+    assert ('gpuguard_xid_events_total{gpu="",pci_bus_id="00000000:9B:00.0",'
+            'severity="critical",uuid="",xid="79"} 1.0') in text, text
