@@ -121,7 +121,7 @@ def test_a_corrupt_file_makes_gpu_count_unknown_not_ok(start_daemon, tmp_path):
     state = tmp_path / "state"
     state.mkdir()
     (state / FILE).write_bytes(b"x" * (2 << 20))
-    daemon, snap = replay(start_daemon, tmp_path, gpus=1)
+    daemon, _ = replay(start_daemon, tmp_path, gpus=1)
     result = daemon.wait_for(lambda: (r := daemon.result("gpu.count"))["status"] == "unknown"
                              and r, what="gpu.count unknown")
     assert "which GPUs this host had cannot be told" in result["message"], result
