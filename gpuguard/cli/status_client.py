@@ -93,6 +93,17 @@ def encode(value: object) -> str:
 ESCAPES = {'"': '\\"', "\\": "\\\\"}
 
 
+def _check_peer(sock: _socket.socket, path: str) -> None:
+    """The answer counts only from root or from this user (the daemon runs as root; a
+    test's as its user): another user's program listening at a path we were given is not
+    the daemon, and its "all ok" is not a verdict (SO_PEERCRED: pid, uid, gid)."""
+    cred = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+    uid = int.from_bytes(cred[4:8], sys.byteorder)
+    if uid not in (0, os.getuid()):
+        raise NoDaemon(f"the program answering on {path} runs as uid {uid}, not root or "
+                       "this user: not gpuguard's daemon")
+
+
 def exchange(path: str, request: bytes | str, timeout: float) -> bytes:
     """Send one request line, read the reply to its end (at most MAX_REPLY bytes)."""
     data = request.encode() if isinstance(request, str) else request
@@ -103,6 +114,7 @@ def exchange(path: str, request: bytes | str, timeout: float) -> bytes:
     sock.settimeout(timeout)
     try:
         sock.connect(path)
+        _check_peer(sock, path)
         sock.sendall(data + b"\n")
         chunks, size = [], 0
         while size <= MAX_REPLY:

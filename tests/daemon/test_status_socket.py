@@ -347,3 +347,27 @@ def test_one_deadline_for_the_whole_answer(tmp_path: Path) -> None:
         server.close()
     assert run.returncode == 3 and "did not answer within 1 s" in run.stderr, run
     assert time.monotonic() - started < 20  # bounded; it waited until killed before
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="starts a server as nobody: needs root and /usr/bin/python3")
+def test_an_answer_from_another_users_program_is_not_a_verdict(tmp_path: Path) -> None:
+    """Another user's program listening where `--socket` points answers "all ok": the
+    client asks the kernel who it is (SO_PEERCRED) and takes no verdict from it."""
+    folder = Path(tempfile.mkdtemp(prefix="gg-peer-"))
+    folder.chmod(0o777)
+    sock = folder / "s.sock"
+    code = ("import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.bind(sys.argv[1])\n"
+            "s.listen(1)\nprint('up',flush=True)\nc,_=s.accept()\nc.recv(4096)\n"
+            "c.sendall(b'GGV1 0\\nall ok\\n')\nc.close()\n")
+    python = "/usr/bin/python3"  # the system one: the checkout and pyenv may be closed to nobody
+    server = subprocess.Popen([python, "-c", code, str(sock)], user=65534,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "up"
+        run = status(sock)
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+        shutil.rmtree(folder, ignore_errors=True)
+    assert run.returncode == 3 and "runs as uid 65534" in run.stderr, run
