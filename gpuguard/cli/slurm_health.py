@@ -87,6 +87,9 @@ def _run_health(run: HealthRun) -> int:
         return EXIT_UNKNOWN
     failure = current_failure(run, node)
     record = slurm_state.drain_record(run.state_dir, run.node)
+    if record is not None and not node.drained:  # resumed by hand: a next drain starts anew
+        slurm_state.clear_drain(run.state_dir)
+        record = None
     results = found.results if failure is None else _reprobe(run, failure, found.results)
     taken_over = None
     if failure is not None and failure.get("findings"):

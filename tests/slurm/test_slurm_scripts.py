@@ -96,6 +96,10 @@ def test_health_does_not_resume_after_the_drained_gpu_fell_off_the_bus(fleet: Fl
     kept = fleet.health(now)
     assert fleet.node()[0] == "drained", kept.stdout
     assert "00000000:48:00.0), present at the drain, is missing" in kept.stdout
+    # the administrator pulls the board and resumes by hand: the record goes with the drain
+    fleet.write([("n1", "idle", "Unknown", "none")])
+    fleet.health(now)
+    assert not (fleet.root / "state" / "slurm" / "drain.json").exists()
 
 
 def test_a_stale_failure_record_never_claims_another_prologs_drain(fleet: Fleet) -> None:
