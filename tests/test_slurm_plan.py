@@ -4,18 +4,37 @@ prints them: the cases the real cluster's tests (tests/slurm/) do not reach one 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from gpuguard.integrations import slurm, slurm_brake, slurm_ctl
 from gpuguard.integrations.slurm_ctl import SEP, NodeInfo
 
+if TYPE_CHECKING:
+    from gpuguard.integrations.slurm_resume import DrainRecord
+
+
+def board(i: int, bus: int | None = None) -> dict[str, Any]:
+    """GPU i as results name it: its UUID and bus id are the board's (`bus`: where it sits,
+    when the index moved)."""
+    bus = i if bus is None else bus
+    return {"index": i, "uuid": f"GPU-00000000-0000-0000-0000-{bus:012d}",
+            "pci_bus_id": f"00000000:{0x18 + bus * 0x10:02X}:00.0"}
+
 
 def result(rule: str, status: str, action: str = "none", gpu: int | None = 0,
-           message: str = "x") -> dict[str, Any]:
+           message: str = "x", bus: int | None = None) -> dict[str, Any]:
     return {"rule": rule, "status": status, "action": action, "message": message,
-            "gpu": None if gpu is None else {"index": gpu}}
+            "gpu": None if gpu is None else board(gpu, bus)}
+
+
+def drained_for(findings: list[dict[str, Any]], gpus: int = 8) -> DrainRecord:
+    """health's record of a drain for these findings on a host of `gpus` GPUs."""
+    from gpuguard.integrations import slurm_resume
+
+    every = [result("thermal.margin", "ok", gpu=i) for i in range(gpus)]
+    return slurm_resume.record_of(slurm.reason_for(findings), findings, every + findings, None)
 
 
 def node(state: str = "idle", reason: str = "", when: float | None = None) -> NodeInfo:
@@ -53,8 +72,8 @@ def test_a_drain_gpuguard_did_not_write_is_left_alone_whatever_it_sees() -> None
     for reason in ("admin: cable swap", "NHC: check_gpu failed", "gpuguard-ish", ""):
         for results in ([HOT], [result("thermal.margin", "ok")]):
             assert slurm.plan(results, set(), node("drained", reason), None).do == "none"
-    # Slurm's own prolog drain is gpuguard's only after gpuguard recorded a failure
-    # before it; an older failure record does not claim a newer drain
+    # Slurm's own prolog drain is gpuguard's only when set close after a failure
+    # gpuguard recorded: not before it, not a day later, not without a time
     now = time.time()
     prolog = node("drained", "Prolog error", now)
     assert slurm.plan([], set(), prolog, None).do == "none"
@@ -63,18 +82,113 @@ def test_a_drain_gpuguard_did_not_write_is_left_alone_whatever_it_sees() -> None
     assert (taken.do, taken.reason) == ("update", "gpuguard: inspect_hardware: gpu.compute GPU 1")
 
 
+def test_a_script_drain_is_gpuguards_only_close_after_its_recorded_failure() -> None:
+    now = time.time()
+    findings = "gpuguard: reset_gpu: xid.recent GPU 0"
+    for when, failed in ((None, now - 2), (now, now - 86400), (now, now - 400), (now - 90, now)):
+        other = node("drained", "Epilog error", when)
+        assert slurm.plan([], set(), other, failed, findings).do == "none", (when, failed)
+    for when, failed in ((now, now - 2), (now, now - 250), (now - 30, now)):
+        mine = node("drained", "Epilog error", when)
+        assert slurm.plan([], set(), mine, failed, findings).do == "update", (when, failed)
+
+
 def test_resume_needs_the_named_rule_ok_not_unknown_or_missing() -> None:
     ours = node("drained", "gpuguard: inspect_hardware: thermal.margin GPU 0")
-    assert slurm.plan([result("thermal.margin", "ok")], set(), ours, None).do == "resume"
-    for results in ([result("thermal.margin", "unknown")], [result("thermal.margin", "skipped")],
-                    [], [result("thermal.margin", "ok", gpu=1)]):
-        assert slurm.plan(results, set(), ours, None).do == "keep", results
-    assert slurm.plan([HOT], set(), ours, None).do == "keep"
+    record = drained_for([HOT], gpus=2)
+    both_ok = [result("thermal.margin", "ok", gpu=i) for i in (0, 1)]
+    assert slurm.plan(both_ok, set(), ours, None, record=record).do == "resume"
+    for results in ([result("thermal.margin", "unknown"), both_ok[1]],
+                    [result("thermal.margin", "skipped"), both_ok[1]],
+                    [], [both_ok[1]]):
+        assert slurm.plan(results, set(), ours, None, record=record).do == "keep", results
+    assert slurm.plan([HOT, both_ok[1]], set(), ours, None, record=record).do == "keep"
     other = result("ecc.uncorrected", "critical", "reset_gpu", gpu=1)
-    changed = slurm.plan([other], set(), ours, None)
+    changed = slurm.plan([other], set(), ours, None, record=record)
     assert (changed.do, changed.reason) == ("update", "gpuguard: reset_gpu: ecc.uncorrected GPU 1")
     draining = node("draining", "gpuguard: inspect_hardware: thermal.margin GPU 0")
-    assert slurm.plan([result("thermal.margin", "ok")], set(), draining, None).do == "resume"
+    assert slurm.plan(both_ok, set(), draining, None, record=record).do == "resume"
+    # without the record of what it drained for (a lost state dir) it cannot tell
+    assert slurm.plan(both_ok, set(), ours, None).do == "keep"
+
+
+def test_resume_judges_the_whole_verdict_not_the_first_finding_named() -> None:
+    """Drained for memory.row_remap on GPUs 0 and 3 ("GPU 0 (+1 more)"): GPU 0 reads fine
+    but GPU 3 cannot be read. Unknown anywhere on a drain-capable rule is no evidence."""
+    bad = [result("memory.row_remap", "critical", "inspect_hardware", gpu=g) for g in (0, 3)]
+    record = drained_for(bad)
+    ours = node("drained", slurm.reason_for(slurm.drain_worthy(bad, set())))
+    assert ours.reason == "gpuguard: inspect_hardware: memory.row_remap GPU 0 (+1 more)"
+    healthy = [result("memory.row_remap", "ok", gpu=g) for g in range(8)]
+    assert slurm.plan(healthy, set(), ours, None, record=record).do == "resume"
+    gpu3_unknown = [*healthy[:3], result("memory.row_remap", "unknown", gpu=3), *healthy[4:]]
+    kept = slurm.plan(gpu3_unknown, set(), ours, None, record=record)
+    assert kept.do == "keep" and "unknown" in kept.why
+    assert slurm.plan([*healthy[:3], *healthy[4:]], set(), ours, None, record=record).do == "keep"
+    # another drain-capable rule unknown (ecc.*: reset_gpu), or missing on one GPU
+    for extra in ([result("ecc.uncorrected", "unknown", gpu=5)],
+                  [result("ecc.uncorrected", "ok", gpu=g) for g in range(7)],
+                  [result("site.tray_check", "unknown", gpu=None)],
+                  [result("gpu.lost", "unknown", gpu=2)]):
+        assert slurm.plan(healthy + extra, set(), ours, None, record=record).do == "keep", extra
+    # a rule that never drains (persistence.*: no action) may be unknown; a failover
+    # rule may not
+    calm = [*healthy, result("persistence.mode", "unknown", gpu=1)]
+    assert slurm.plan(calm, set(), ours, None, record=record).do == "resume"
+    tagged = [*healthy, result("persistence.mode", "unknown", gpu=1)]
+    assert slurm.plan(tagged, {"persistence.mode"}, ours, None, record=record).do == "keep"
+
+
+def test_resume_follows_the_board_not_the_nvml_index() -> None:
+    """Drained for GPU 3 (bus 0x48); GPU 3 fell off the bus and NVML renumbered: index 3 is
+    now the healthy board of bus 0x58. A cold check sees seven healthy GPUs."""
+    record = drained_for([result("memory.row_remap", "critical", "inspect_hardware", gpu=3)])
+    ours = node("drained", "gpuguard: inspect_hardware: memory.row_remap GPU 3")
+    seven = [result(rule, "ok", gpu=i, bus=i if i < 3 else i + 1)
+             for i in range(7) for rule in ("memory.row_remap", "thermal.margin")]
+    kept = slurm.plan(seven, set(), ours, None, record=record)
+    assert kept.do == "keep" and "00000000:48:00.0" in kept.why and "missing" in kept.why
+    # the board back (reseated) and ok: resumed
+    eight = seven + [result(r, "ok", gpu=7, bus=3) for r in ("memory.row_remap", "thermal.margin")]
+    assert slurm.plan(eight, set(), ours, None, record=record).do == "resume"
+    # a rewritten reason keeps every GPU present at the first drain
+    from gpuguard.integrations import slurm_resume
+
+    again = slurm_resume.record_of("r", [], seven, record)
+    assert slurm.plan(seven, set(), ours, None, record=again).do == "keep"
+
+
+def test_a_cut_reason_never_names_another_gpu() -> None:
+    rule = "site.nvlink_replay_counter_growth_on_tray_xyzw"
+    finding = [result(rule, "critical", "inspect_hardware", gpu=12)]
+    reason = slurm.reason_for(finding)
+    assert len(reason) <= 80 and reason.endswith(" GPU 12"), reason
+    named = slurm.named_in(reason)
+    assert named is not None and named[1] == 12 and named[0].endswith("~")
+    assert rule.startswith(named[0][:-1]) and len(reason) == 80
+    more = slurm.reason_for(finding + [result(rule, "critical", "inspect_hardware", gpu=1)] * 11)
+    assert len(more) <= 80 and more.endswith(" GPU 12 (+11 more)") and "~" in more
+    named_more = slurm.named_in(more)
+    assert named_more is not None and named_more[1] == 12 and named_more[0].endswith("~")
+    # and a cut reason does not resume on another GPU's ok (the whole verdict is judged)
+    later = [result(rule, "ok", gpu=1), result(rule, "unknown", gpu=12)]
+    record = drained_for(finding, gpus=13)
+    assert slurm.plan(later, set(), node("drained", reason), None, record=record).do == "keep"
+
+
+def test_only_gpuguards_exact_reason_is_gpuguards() -> None:
+    ok = [result("memory.row_remap", "ok", gpu=g) for g in range(8)]
+    for reason in ("gpuguard: inspect_hardware: memory.row_remap GPU 3 RMA-4711 keep out",
+                   " gpuguard: inspect_hardware: memory.row_remap GPU 3",
+                   "gpuguard: inspect_hardware: memory.row_remap GPU 3 (+1 more) hold",
+                   "gpuguard: keep_out: memory.row_remap GPU 3",
+                   "gpuguard: inspect_hardware: memory.row_remap GPU 3x",
+                   "gpuguard: inspect_hardware: Memory.row_remap GPU 3"):
+        assert slurm.named_in(reason) is None, reason
+        assert slurm.plan(ok, set(), node("drained", reason), None).do == "none", reason
+    assert slurm.named_in("gpuguard: inspect_hardware: memory.row_remap GPU 3") == \
+        ("memory.row_remap", 3)
+    assert slurm.named_in("gpuguard: failover: gpu.lost") == ("gpu.lost", None)
 
 
 def nodes(n: int, drained: dict[str, tuple[str, float]]) -> dict[str, NodeInfo]:
@@ -106,6 +220,29 @@ def test_the_brake_counts_only_gpuguards_recent_drains() -> None:
     assert found.drained_by_us == ["n3"]
     assert 0 <= slurm_brake.jitter_s(slurm_brake.BrakeSettings(), 300) <= 30
     assert slurm_brake.jitter_s(slurm_brake.BrakeSettings(jitter_share=0), 300) == 0
+
+
+def test_the_brake_caps_what_gpuguard_holds_drained_whatever_its_age() -> None:
+    """8 of 10 nodes drained by gpuguard 11 minutes ago (past the window): the rate lets
+    the 9th through, the cap does not. Existing drains are counted, never undone."""
+    now = time.time()
+    old = {f"n{i}": ("gpuguard: reset_gpu: xid.recent GPU 0", now - 660) for i in range(2, 10)}
+    found = slurm_brake.count(nodes(10, old), "n1", now, 600)
+    assert found.drained_by_us == [] and len(found.held_by_us) == 8
+    why = slurm_brake.why_held(found, slurm_brake.BrakeSettings())
+    assert why is not None and "cap of 3" in why
+    # under the cap (2 of 10 old) the rate alone decides: free to drain
+    two = {k: v for k, v in old.items() if k in ("n2", "n3")}
+    assert not slurm_brake.holds(slurm_brake.count(nodes(10, two), "n1", now, 600),
+                                 slurm_brake.BrakeSettings())
+    # the cap is at least one node; an administrator's drain does not count
+    one = slurm_brake.count(nodes(2, {"n0": ("admin: rma", now - 9999)}), "n1", now, 600)
+    assert not slurm_brake.holds(one, slurm_brake.BrakeSettings(cap_percent=0))
+    # Slurm's "Prolog error" drains within the window count (gpuguard's until taken over)
+    fresh = {f"n{i}": ("Prolog error", now - 20) for i in (2, 3)}
+    assert slurm_brake.count(nodes(10, fresh), "n1", now, 600).drained_by_us == ["n2", "n3"]
+    stale = {f"n{i}": ("Prolog error", now - 6000) for i in (2, 3)}
+    assert slurm_brake.count(nodes(10, stale), "n1", now, 600).held_by_us == []
 
 
 def test_sinfo_lines_parse_and_odd_ones_are_not_trusted() -> None:

@@ -32,6 +32,43 @@ def input_options(fn: Any) -> Any:
     return rule_options(path_options(fn))
 
 
+def slurm_options(fn: Any) -> Any:
+    """How to reach Slurm and the fleet brake: health's, and the prolog's and epilog's
+    before they fail (a failure is Slurm's drain)."""
+    for option in reversed([
+        click.option("--slurm-bin", type=click.Path(path_type=Path), metavar="DIR",
+                     help="Folder of scontrol and sinfo [default: PATH, then /usr/bin, "
+                          "/usr/local/bin, /opt/slurm/bin]."),
+        click.option("--slurm-conf", type=click.Path(path_type=Path), metavar="FILE",
+                     help="The cluster's slurm.conf [default: $SLURM_CONF, else Slurm's "
+                          "own]."),
+        click.option("--slurm-timeout", type=click.FloatRange(min=0.5), default=10.0,
+                     show_default=True, help="Deadline of each scontrol or sinfo call."),
+        click.option("--brake-percent", type=click.FloatRange(min=0, max=100), default=20.0,
+                     show_default=True, help="Share of the partition drained by gpuguard "
+                     "within --brake-window at which it stops draining."),
+        click.option("--brake-window", type=click.FloatRange(min=0), default=600.0,
+                     show_default=True, metavar="S",
+                     help="Seconds the brake counts drains over."),
+        click.option("--brake-cap", type=click.FloatRange(min=0, max=100), default=30.0,
+                     show_default=True, help="Share of the partition drained by gpuguard "
+                     "now (any age) at which it drains no more (at least one node)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def settings_of(kw: dict[str, Any], jitter: float = 0.0) -> tuple[Any, Any]:
+    """(SlurmSettings, BrakeSettings) from slurm_options' values (taken out of kw)."""
+    from gpuguard.integrations.slurm_brake import BrakeSettings
+    from gpuguard.integrations.slurm_ctl import SlurmSettings
+
+    ctl = SlurmSettings(kw.pop("slurm_bin"), kw.pop("slurm_conf"), kw.pop("slurm_timeout"))
+    brake = BrakeSettings(kw.pop("brake_percent"), kw.pop("brake_window"),
+                          jitter_share=jitter, cap_percent=kw.pop("brake_cap"))
+    return ctl, brake
+
+
 def inputs_of(kw: dict[str, Any]) -> Any:
     from gpuguard.cli.slurm_verdict import Inputs
     from gpuguard.io.paths import state_dir_or_default
@@ -51,18 +88,7 @@ def slurm() -> None:
 @click.option("--socket", "socket_path", metavar="PATH",
               help="The daemon's status socket [default: /run/gpuguard/status.sock].")
 @click.option("--no-daemon", is_flag=True, help="Always a cold check, never the daemon's.")
-@click.option("--slurm-bin", type=click.Path(path_type=Path), metavar="DIR",
-              help="Folder of scontrol and sinfo [default: PATH, then /usr/bin, "
-                   "/usr/local/bin, /opt/slurm/bin].")
-@click.option("--slurm-conf", type=click.Path(path_type=Path), metavar="FILE",
-              help="The cluster's slurm.conf [default: $SLURM_CONF, else Slurm's own].")
-@click.option("--slurm-timeout", type=click.FloatRange(min=0.5), default=10.0,
-              show_default=True, help="Deadline of each scontrol or sinfo call.")
-@click.option("--brake-percent", type=click.FloatRange(min=0, max=100), default=20.0,
-              show_default=True, help="Share of the partition drained by gpuguard within "
-                                      "--brake-window at which it stops draining.")
-@click.option("--brake-window", type=click.FloatRange(min=0), default=600.0,
-              show_default=True, metavar="S", help="Seconds the brake counts drains over.")
+@slurm_options
 @click.option("--brake-jitter", type=click.FloatRange(min=0, max=1), default=0.2,
               show_default=True, metavar="SHARE",
               help="Wait up to this share of HealthCheckInterval (at most 30 s) before "
@@ -72,23 +98,18 @@ def slurm() -> None:
                    "collector (the alert that needs no daemon).")
 @click.option("--probe-budget", type=click.FloatRange(min=0.5, max=50), default=3.0,
               show_default=True, help="Seconds for re-probing the GPUs a prolog failed on.")
-def health(socket_path: str | None, no_daemon: bool, slurm_bin: Path | None,
-           slurm_conf: Path | None, slurm_timeout: float, brake_percent: float,
-           brake_window: float, brake_jitter: float, metrics_file: Path | None,
-           probe_budget: float, **kw: Any) -> None:
+def health(socket_path: str | None, no_daemon: bool, brake_jitter: float,
+           metrics_file: Path | None, probe_budget: float, **kw: Any) -> None:
     """slurmd's HealthCheckProgram: drain on a critical hardware finding, resume when it is
     gone; exit 0, 2 when the fleet brake held, 3 when Slurm did not answer."""
     from gpuguard.cli import status_client
     from gpuguard.cli.slurm_health import HealthRun, run_health
     from gpuguard.cli.slurm_jobs import node_name
-    from gpuguard.integrations.slurm_brake import BrakeSettings
-    from gpuguard.integrations.slurm_ctl import SlurmSettings
 
+    ctl, brake = settings_of(kw, brake_jitter)
     inputs = inputs_of(kw)
     cold = no_daemon or inputs.input_path is not None
-    run = HealthRun(node_name(kw["node"]), SlurmSettings(slurm_bin, slurm_conf, slurm_timeout),
-                    BrakeSettings(brake_percent, brake_window, jitter_share=brake_jitter),
-                    inputs, inputs.state_dir,
+    run = HealthRun(node_name(kw["node"]), ctl, brake, inputs, inputs.state_dir,
                     None if cold else socket_path or status_client.default_socket(),
                     metrics_file, probe_budget)
     code = run_health(run)
@@ -98,17 +119,20 @@ def health(socket_path: str | None, no_daemon: bool, slurm_bin: Path | None,
 
 @slurm.command()
 @input_options
+@slurm_options
 @click.option("--budget", type=click.FloatRange(min=0.5, max=60), default=3.0,
               show_default=True, help="Seconds the probe of the job's GPUs may take.")
 def prolog(budget: float, **kw: Any) -> None:
     """slurmd's Prolog: the active probe on the job's GPUs (SLURM_JOB_GPUS); exit 1 when
-    one fails it (Slurm drains the node and requeues the job)."""
-    from gpuguard.cli.slurm_jobs import Job, job_gpus, node_name
+    one fails it (Slurm drains the node and requeues the job), unless the fleet brake
+    holds."""
+    from gpuguard.cli.slurm_jobs import Job, node_name
     from gpuguard.cli.slurm_jobs import prolog as run
 
+    ctl, brake = settings_of(kw)
     inputs = inputs_of(kw)
     job = Job(node_name(kw["node"]), os.environ.get("SLURM_JOB_ID", "unknown"),
-              job_gpus(dict(os.environ)), inputs.state_dir, inputs)
+              dict(os.environ), inputs.state_dir, inputs, ctl, brake)
     code, lines = run(job, budget)
     click.echo("\n".join(f"gpuguard slurm prolog: {line}" for line in lines), err=code != 0)
     sys.exit(code)
@@ -116,16 +140,18 @@ def prolog(budget: float, **kw: Any) -> None:
 
 @slurm.command()
 @input_options
+@slurm_options
 def epilog(**kw: Any) -> None:
     """slurmd's Epilog: exit 1 on a hardware finding during the job (an Xid whose catalog
     action is reset_gpu or worse, uncorrectable ECC growth); application Xids are only
     recorded with the job id."""
-    from gpuguard.cli.slurm_jobs import Job, job_gpus, node_name
+    from gpuguard.cli.slurm_jobs import Job, node_name
     from gpuguard.cli.slurm_jobs import epilog as run
 
+    ctl, brake = settings_of(kw)
     inputs = inputs_of(kw)
     job = Job(node_name(kw["node"]), os.environ.get("SLURM_JOB_ID", "unknown"),
-              job_gpus(dict(os.environ)), inputs.state_dir, inputs)
+              dict(os.environ), inputs.state_dir, inputs, ctl, brake)
     code, lines = run(job)
     click.echo("\n".join(f"gpuguard slurm epilog: {line}" for line in lines), err=code != 0)
     sys.exit(code)

@@ -11,10 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.cli import slurm_verdict
-from gpuguard.integrations import slurm, slurm_brake, slurm_ctl, slurm_state
+from gpuguard.integrations import slurm, slurm_brake, slurm_ctl, slurm_resume, slurm_state
 
 EXIT_BRAKE = 2
 EXIT_UNKNOWN = 3
+# A failure record is dropped once the node is seen not drained this long after it (the
+# admin resumed it, or Slurm never drained): it must not claim a later "Prolog error" of
+# someone else's. The slack covers Slurm draining a moment after the script exited.
+FAILURE_STALE_S = 120.0
 
 
 @dataclass
@@ -81,35 +85,72 @@ def _run_health(run: HealthRun) -> int:
         run.say(f"UNKNOWN slurm: {exc}: nothing changed")
         write_metrics(run, unknown=True)
         return EXIT_UNKNOWN
-    failure = slurm_state.failure(run.state_dir, run.node)
+    failure = current_failure(run, node)
+    record = slurm_state.drain_record(run.state_dir, run.node)
+    if record is not None and not node.drained:  # resumed by hand: a next drain starts anew
+        slurm_state.clear_drain(run.state_dir)
+        record = None
     results = found.results if failure is None else _reprobe(run, failure, found.results)
     taken_over = None
     if failure is not None and failure.get("findings"):
         taken_over = slurm.reason_for(slurm.drain_worthy(failure["findings"], set())
                                       or failure["findings"])
     plan = slurm.plan(results, found.failover_rules, node,
-                      None if failure is None else float(failure["time"]), taken_over)
+                      None if failure is None else float(failure["time"]), taken_over, record)
     run.say(f"node {node.name} ({node.state}, reason {node.reason or 'none'}): "
             f"{plan.do}: {plan.why}")
+    findings = slurm.drain_worthy(results, found.failover_rules) or \
+        (failure or {}).get("findings") or []
     try:
-        return act(run, node, plan, failure)
+        return act(run, node, plan, failure, Drained(findings, results, record))
     except slurm_ctl.SlurmUnavailable as exc:
         run.say(f"UNKNOWN slurm: {exc}: nothing changed")
         write_metrics(run, unknown=True)
         return EXIT_UNKNOWN
 
 
+def current_failure(run: HealthRun, node: slurm_ctl.NodeInfo) -> dict[str, Any] | None:
+    """The recorded prolog/epilog failure, dropped once the node is seen not drained
+    after it (a stale one must never claim another script's drain)."""
+    failure = slurm_state.failure(run.state_dir, run.node)
+    if failure is None or node.drained or \
+            time.time() - float(failure["time"]) < FAILURE_STALE_S:
+        return failure
+    slurm_state.clear_failure(run.state_dir)
+    run.say(f"the {failure.get('script')} failure of job {failure.get('job')} is past: "
+            "the node is not drained (record dropped)")
+    return None
+
+
+@dataclass
+class Drained:
+    """What a drain (or a rewritten reason) is for: kept in the state dir, for resume."""
+    findings: list[dict[str, Any]]
+    results: list[dict[str, Any]]
+    before: slurm_resume.DrainRecord | None
+
+    def keep(self, run: HealthRun, reason: str) -> None:
+        record = slurm_resume.record_of(reason, self.findings, self.results, self.before)
+        try:
+            slurm_state.save_drain(run.state_dir, run.node, record)
+        except OSError as exc:  # then it never resumes this drain: a person does
+            run.say(f"cannot keep the drain's record ({exc.strerror or exc}): gpuguard "
+                    "will not resume this node")
+
+
 def act(run: HealthRun, node: slurm_ctl.NodeInfo, plan: slurm.Plan,
-        failure: dict[str, Any] | None) -> int:
+        failure: dict[str, Any] | None, drained: Drained) -> int:
     if plan.do == "drain":
         assert plan.reason is not None
-        return drain(run, node, plan.reason)
+        return drain(run, node, plan.reason, drained)
     if plan.do == "update":
         assert plan.reason is not None
         slurm_ctl.drain(run.ctl, node.name, plan.reason)
+        drained.keep(run, plan.reason)
         run.say(f"reason now {plan.reason!r}")
     elif plan.do == "resume":
         slurm_ctl.resume(run.ctl, node.name)
+        slurm_state.clear_drain(run.state_dir)
         if failure is not None:
             slurm_state.clear_failure(run.state_dir)
         record(run, "resume", node.reason, "ok")
@@ -118,13 +159,14 @@ def act(run: HealthRun, node: slurm_ctl.NodeInfo, plan: slurm.Plan,
     return 0
 
 
-def drain(run: HealthRun, node: slurm_ctl.NodeInfo, reason: str) -> int:
+def drain(run: HealthRun, node: slurm_ctl.NodeInfo, reason: str, drained: Drained) -> int:
     """Drain unless the brake holds, counted twice: now, and after the random wait."""
     for attempt in ("first", "recount"):
         nodes = slurm_ctl.partition_nodes(run.ctl, node.partitions or ["*"])
         count = slurm_brake.count(nodes, node.name, time.time(), run.brake.window_s)
-        if slurm_brake.holds(count, run.brake):
-            return brake(run, node, reason, count)
+        why = slurm_brake.why_held(count, run.brake)
+        if why is not None:
+            return brake(run, reason, count, why)
         if attempt == "first":
             interval = slurm_ctl.health_interval(run.ctl)
             wait = slurm_brake.jitter_s(run.brake, interval)
@@ -132,18 +174,17 @@ def drain(run: HealthRun, node: slurm_ctl.NodeInfo, reason: str) -> int:
                     f"{run.brake.window_s:g} s; counting again in {wait:.1f} s")
             time.sleep(wait)
     slurm_ctl.drain(run.ctl, node.name, reason)
+    drained.keep(run, reason)
     record(run, "drain", reason, "critical")
     run.say(f"drained: {reason!r} ({count.describe()})")
     write_metrics(run, drained=True)
     return 0
 
 
-def brake(run: HealthRun, node: slurm_ctl.NodeInfo, reason: str,
-          count: slurm_brake.Count) -> int:
+def brake(run: HealthRun, reason: str, count: slurm_brake.Count, held: str) -> int:
     """Not drained: the critical fleet.brake result, an event and the metric say so."""
-    why = (f"{count.describe()} drained by gpuguard within {run.brake.window_s:g} s "
-           f"reaches the brake ({run.brake.percent:g} %; others: "
-           f"{', '.join(count.drained_by_us[:5]) or 'none'}): not draining for {reason!r}")
+    why = (f"{held} (others: {', '.join((count.held_by_us or count.drained_by_us)[:5]) or 'none'}"
+           f"): not draining for {reason!r}")
     run.say(f"CRITICAL {slurm.BRAKE_RULE}: {why}")
     record(run, slurm.BRAKE_RULE, why, "critical")
     write_metrics(run, braked=True)

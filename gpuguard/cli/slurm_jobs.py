@@ -8,18 +8,25 @@ and the ECC counters stood. The epilog compares: an Xid that appeared during the
 whose catalog action (rules/xid.yaml, read through judge.actions.of_xid) is reset_gpu or
 worse, or uncorrectable ECC errors that grew, fail it; an application Xid (restart_app,
 ignore) only goes to the event store with the job id.
+
+Before failing, either consults the fleet brake (integrations/slurm_brake.py) as health
+does: a failure is a drain, and a bad driver push fails every job's prolog at once. When
+the brake holds it passes and says so. A state dir that cannot be written never fails a
+job: the note for the epilog is skipped (the epilog then says unknown) and said.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuguard.cli import slurm_verdict
-from gpuguard.integrations import slurm_state
+from gpuguard.cli.slurm_gpus import JobGpus, job_gpus
+from gpuguard.integrations import slurm_brake, slurm_ctl, slurm_state
+from gpuguard.integrations.slurm import BRAKE_RULE
 from gpuguard.judge.actions import Action, of_xid
 
 if TYPE_CHECKING:
@@ -31,16 +38,50 @@ if TYPE_CHECKING:
 class Job:
     node: str
     job_id: str
-    gpus: list[int]
+    env: dict[str, str]  # the job's variables: its GPUs (cli/slurm_gpus.py)
     state_dir: Path
     inputs: slurm_verdict.Inputs
+    # how to read Slurm for the brake (None: never asked, the failure goes through)
+    ctl: slurm_ctl.SlurmSettings | None = None
+    brake: slurm_brake.BrakeSettings = field(default_factory=slurm_brake.BrakeSettings)
 
 
-def job_gpus(env: dict[str, str]) -> list[int]:
-    """The job's GPUs as Slurm gives them to a prolog (SLURM_JOB_GPUS), else as a step
-    sees them (CUDA_VISIBLE_DEVICES); indexes only (a UUID list is not probed by index)."""
-    text = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
-    return sorted({int(p) for p in text.split(",") if p.strip().isdigit()})
+def gpus_of(job: Job, snapshot: Snapshot) -> JobGpus:
+    from gpuguard.io.paths import Paths
+
+    procfs = Paths(procfs=job.inputs.procfs).procfs if job.inputs.input_path is None \
+        else job.inputs.procfs
+    return job_gpus(job.env, snapshot, procfs)
+
+
+def braked(job: Job) -> tuple[str | None, str]:
+    """(why the fleet brake holds, None when it does not; what was counted)."""
+    if job.ctl is None:
+        return None, "the fleet brake was not asked (no Slurm settings)"
+    try:
+        node = slurm_ctl.node(job.ctl, job.node)
+        nodes = slurm_ctl.partition_nodes(job.ctl, node.partitions or ["*"])
+    except slurm_ctl.SlurmUnavailable as exc:
+        return None, f"the fleet brake cannot count (Slurm: {exc}): failing as without it"
+    count = slurm_brake.count(nodes, job.node, time.time(), job.brake.window_s)
+    return slurm_brake.why_held(count, job.brake), f"fleet brake: {count.describe()}"
+
+
+def fail(job: Job, script: str, findings: list[dict[str, Any]], gpus: list[int],
+         lines: list[str]) -> tuple[int, list[str]]:
+    """Exit 1 (Slurm drains the node) unless the brake holds: then pass, and say so."""
+    why, counted = braked(job)
+    if why is not None:
+        return 0, [f"CRITICAL {BRAKE_RULE}: {why}: not failing job {job.job_id} (Slurm "
+                   "would drain the node); the findings stand", *lines]
+    lines = [*lines, counted]
+    try:
+        slurm_state.record_failure(job.state_dir, script, job.node, job.job_id, findings,
+                                   gpus)
+    except OSError as exc:  # the drain stays Slurm's: gpuguard will not resume it
+        lines.append(f"cannot record the failure ({exc.strerror or exc}): Slurm's drain "
+                     "will not be gpuguard's to resume")
+    return 1, lines
 
 
 def _kernel_log(snapshot: Snapshot) -> dict[str, Any] | None:
@@ -60,23 +101,37 @@ def position(snapshot: Snapshot) -> dict[str, Any]:
             "ecc_uncorrected": ecc}
 
 
+def note_start(job: Job, snapshot: Snapshot) -> list[str]:
+    """The note for the epilog; a state dir that cannot take it does not fail the job."""
+    try:
+        slurm_state.save_job_start(job.state_dir, job.job_id, position(snapshot))
+    except OSError as exc:
+        return [f"cannot note the job's start in {job.state_dir} ({exc.strerror or exc}): "
+                "its epilog will say unknown"]
+    return []
+
+
 def prolog(job: Job, budget_s: float) -> tuple[int, list[str]]:
     snapshot = slurm_verdict.snapshot_of(job.inputs)
-    slurm_state.save_job_start(job.state_dir, job.job_id, position(snapshot))
-    if not job.gpus:
-        return 0, [f"job {job.job_id}: no GPU allocated: nothing to probe"]
+    notes = note_start(job, snapshot)
+    gpus = gpus_of(job, snapshot)
+    notes += [f"UNKNOWN job GPU {u}: not probed" for u in gpus.unknown]
+    if not gpus.indexes:
+        what = "the job's GPU(s) could not be told" if gpus.unknown else \
+            "no GPU allocated: nothing to probe"
+        return 0, [f"job {job.job_id}: {what}", *notes]
     profile, ruleset = slurm_verdict.configuration(job.inputs)
-    results = slurm_verdict.probe(snapshot, profile, ruleset, job.gpus, budget_s,
+    results = slurm_verdict.probe(snapshot, profile, ruleset, gpus.indexes, budget_s,
                                   job.state_dir)
     failed = [r for r in results if r.get("status") == "critical"]
-    lines = [f"{r['status'].upper()} {r['rule']} GPU {(r.get('gpu') or {}).get('index')}: "
-             f"{r['message']}" for r in results if r.get("status") not in ("ok", "skipped")]
+    lines = [*notes, *(f"{r['status'].upper()} {r['rule']} GPU "
+                       f"{(r.get('gpu') or {}).get('index')}: {r['message']}"
+                       for r in results if r.get("status") not in ("ok", "skipped"))]
     if not failed:
-        return 0, [f"job {job.job_id}: GPU(s) {job.gpus} passed the probe", *lines]
-    slurm_state.record_failure(job.state_dir, "prolog", job.node, job.job_id, failed,
-                               job.gpus)
-    return 1, [f"job {job.job_id}: the probe failed on GPU(s) {job.gpus}: Slurm drains "
-               "the node and requeues the job", *lines]
+        return 0, [f"job {job.job_id}: GPU(s) {gpus.indexes} passed the probe", *lines]
+    return fail(job, "prolog", failed, gpus.indexes,
+                [f"job {job.job_id}: the probe failed on GPU(s) {gpus.indexes}: Slurm "
+                 "drains the node and requeues the job", *lines])
 
 
 def new_xids(log: dict[str, Any] | None, since_usec: int | None) -> list[dict[str, Any]]:
@@ -95,7 +150,7 @@ def classify(xids: list[dict[str, Any]], snapshot: Snapshot,
         action = of_xid(event["xid"], event.get("text"), ruleset.xid_catalog)
         gpu = snapshot.gpu_at(event.get("pci"))
         found = {"rule": "xid.recent", "status": "critical", "action": action.value,
-                 "gpu": None if gpu is None else {"index": gpu.index},
+                 "gpu": None if gpu is None else gpu.identity().to_json(),
                  "message": f"Xid {event['xid']} during the job ({event.get('pci')})",
                  "xid": event["xid"], "pci": event.get("pci"), "text": event.get("text")}
         (hardware if action.rank >= Action.RESET_GPU.rank else application).append(found)
@@ -109,7 +164,8 @@ def ecc_growth(start: dict[str, Any], snapshot: Snapshot) -> list[dict[str, Any]
         then, now = before.get(str(gpu.index)), gpu.ecc_volatile_uncorrected.value
         if isinstance(then, int) and isinstance(now, int) and now > then:
             grown.append({"rule": "ecc.uncorrected", "status": "critical",
-                          "action": Action.RESET_GPU.value, "gpu": {"index": gpu.index},
+                          "action": Action.RESET_GPU.value,
+                          "gpu": gpu.identity().to_json(),
                           "message": f"{now - then} uncorrectable ECC error(s) during the job"})
     return grown
 
@@ -130,10 +186,9 @@ def epilog(job: Job) -> tuple[int, list[str]]:
              f"{f['action']}" for f in hardware + application]
     if not hardware:
         return 0, [f"job {job.job_id}: no hardware finding during the job", *lines]
-    slurm_state.record_failure(job.state_dir, "epilog", job.node, job.job_id, hardware,
-                               job.gpus)
-    return 1, [f"job {job.job_id}: hardware finding(s) during the job: Slurm drains the "
-               "node", *lines]
+    return fail(job, "epilog", hardware, gpus_of(job, snapshot).indexes,
+                [f"job {job.job_id}: hardware finding(s) during the job: Slurm drains the "
+                 "node", *lines])
 
 
 def record_xids(job: Job, findings: list[dict[str, Any]]) -> None:

@@ -3,14 +3,16 @@
 
 - Drain only for a critical result whose rule counts for failover or whose suggested
   action is reset_gpu, reboot or inspect_hardware; never for a warning, an unknown or
-  fleet.brake itself. The reason is `gpuguard: <action>: <rule> [GPU n]`, at most 80
-  characters, no paths.
-- Ownership: only a drain whose reason gpuguard wrote (the prefix), or Slurm's own
-  "Prolog error"/"Epilog error" drain after a failure gpuguard recorded, is ever rewritten
-  or resumed. Anything else (an administrator's, another tool's, an administrator's
-  re-drain of a gpuguard drain) is left as it is, whatever gpuguard sees.
-- Resume only when the rule the reason names is ok now on that GPU: unknown or missing is
-  no evidence that the finding is gone.
+  fleet.brake itself. The reason is `gpuguard: <action>: <rule>[~] [GPU n] [(+k more)]`,
+  at most 80 characters, no paths: a rule id too long is cut and marked `~`, never the
+  GPU part (a cut "GPU 12" would name GPU 1).
+- Ownership: only a drain whose reason is exactly gpuguard's format (anchored at both
+  ends: an administrator's "gpuguard: ... RMA-4711 keep out" is theirs), or Slurm's own
+  "Prolog error"/"Epilog error" drain set close after a failure gpuguard recorded, is ever
+  rewritten or resumed. Anything else is left as it is, whatever gpuguard sees.
+- Resume only on the whole verdict (integrations/slurm_resume.py): nothing that would
+  drain, no drain-capable rule unknown or missing on any GPU, every GPU present at the
+  drain still there (by UUID or bus id), and each finding drained for ok on its board.
 """
 
 from __future__ import annotations
@@ -20,16 +22,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuguard.integrations.slurm_ctl import NodeInfo
+from gpuguard.integrations.slurm_resume import DrainRecord, may_resume
 from gpuguard.judge.actions import Action
 
 PREFIX = "gpuguard:"
 REASON_MAX = 80
+CUT_MARK = "~"  # not in a rule id (config/shapes.py RULE_ID_PATTERN): a cut is visible
 DRAIN_ACTIONS = (Action.RESET_GPU, Action.REBOOT, Action.INSPECT_HARDWARE)
 # Slurm's own reasons when a prolog or epilog exits non-zero (it drains and requeues)
 SLURM_SCRIPT_REASONS = ("Prolog error", "Epilog error")
+# Slurm drains right after the script exits; its reason time is slurmctld's wall clock to
+# the second: a drain this close after gpuguard's recorded failure is that failure's
+SCRIPT_DRAIN_BEFORE_S = 60.0
+SCRIPT_DRAIN_AFTER_S = 300.0
 BRAKE_RULE = "fleet.brake"
-_REASON = re.compile(r"^gpuguard: (?P<action>[a-z_]+): (?P<rule>[a-z0-9_.]+)"
-                     r"(?: GPU (?P<gpu>\d+))?")
+_REASON = re.compile(r"gpuguard: (?P<action>reset_gpu|reboot|inspect_hardware|failover): "
+                     r"(?P<rule>[a-z0-9_.]+)(?P<cut>~)?(?: GPU (?P<gpu>\d+))?"
+                     r"(?: \(\+[1-9]\d* more\))?")
 
 
 @dataclass
@@ -56,54 +65,56 @@ def drain_worthy(results: list[dict[str, Any]], failover_rules: set[str]) -> lis
 
 
 def reason_for(findings: list[dict[str, Any]]) -> str:
-    """`gpuguard: <action>: <rule> [GPU n]`, and how many more, in at most 80 characters."""
+    """`gpuguard: <action>: <rule> [GPU n]`, and how many more, in at most 80 characters:
+    the rule id is what gives way (cut and marked), never the GPU or the count."""
     first = findings[0]
     action = first.get("action") or "none"
     action = action if action != "none" else "failover"  # a failover rule without one
     gpu = gpu_of(first)
-    text = f"{PREFIX} {action}: {first.get('rule')}" + (f" GPU {gpu}" if gpu is not None
-                                                          else "")
-    if len(findings) > 1:
-        text += f" (+{len(findings) - 1} more)"
-    return text[:REASON_MAX]
+    head, rule = f"{PREFIX} {action}: ", str(first.get("rule"))
+    tail = (f" GPU {gpu}" if gpu is not None else "") + \
+        (f" (+{len(findings) - 1} more)" if len(findings) > 1 else "")
+    if len(head) + len(rule) + len(tail) > REASON_MAX:
+        rule = rule[:max(1, REASON_MAX - len(head) - len(tail) - len(CUT_MARK))] + CUT_MARK
+    return head + rule + tail
+
+
+def script_drain_ours(node: NodeInfo, script_failure_time: float | None) -> bool:
+    """Slurm's "Prolog error"/"Epilog error" drain set close after gpuguard's recorded
+    failure (no reason time, or one far from it: someone else's script)."""
+    if node.reason not in SLURM_SCRIPT_REASONS or script_failure_time is None \
+            or node.reason_time is None:
+        return False
+    return script_failure_time - SCRIPT_DRAIN_BEFORE_S <= node.reason_time \
+        <= script_failure_time + SCRIPT_DRAIN_AFTER_S
 
 
 def owned(node: NodeInfo, script_failure_time: float | None) -> bool:
     """Whether gpuguard wrote this node's drain (see the module's doc)."""
     if not node.drained:
         return False
-    if node.reason.startswith(PREFIX):
-        return True
-    if node.reason in SLURM_SCRIPT_REASONS and script_failure_time is not None:
-        # Slurm drained it after gpuguard's prolog or epilog failed (its time is Slurm's,
-        # wall clock, to the second: a minute's slack for the two clocks of one host)
-        return node.reason_time is None or node.reason_time >= script_failure_time - 60
-    return False
+    return ours(node.reason) or script_drain_ours(node, script_failure_time)
+
+
+def ours(reason: str) -> bool:
+    """Exactly gpuguard's format, nothing before or after it."""
+    return _REASON.fullmatch(reason) is not None
 
 
 def named_in(reason: str) -> tuple[str, int | None] | None:
-    """The rule and GPU a gpuguard reason names."""
-    found = _REASON.match(reason)
+    """The rule (ending in `~` when cut) and GPU a gpuguard reason names."""
+    found = _REASON.fullmatch(reason)
     if found is None:
         return None
-    return found["rule"], int(found["gpu"]) if found["gpu"] else None
-
-
-def finding_gone(results: list[dict[str, Any]], rule: str, gpu: int | None) -> tuple[bool, str]:
-    """Whether `rule` is ok now on `gpu` (every GPU of it for None), and why not."""
-    mine = [r for r in results if r.get("rule") == rule and (gpu is None or gpu_of(r) == gpu)]
-    if not mine:
-        return False, f"no result of {rule}{'' if gpu is None else f' on GPU {gpu}'} to tell"
-    bad = [r for r in mine if r.get("status") != "ok"]
-    if bad:
-        return False, f"{rule} is {bad[0].get('status')}: {str(bad[0].get('message'))[:120]}"
-    return True, f"{rule} is ok"
+    return found["rule"] + (found["cut"] or ""), int(found["gpu"]) if found["gpu"] else None
 
 
 def plan(results: list[dict[str, Any]], failover_rules: set[str], node: NodeInfo,
-         script_failure_time: float | None, taken_over: str | None = None) -> Plan:
+         script_failure_time: float | None, taken_over: str | None = None,
+         record: DrainRecord | None = None) -> Plan:
     """What to do with the node. `taken_over`: the reason to give a Prolog/Epilog error
-    drain of gpuguard's (its recorded finding)."""
+    drain of gpuguard's (its recorded finding); `record`: what gpuguard drained for
+    (the state dir's, integrations/slurm_resume.py), without which it never resumes."""
     findings = drain_worthy(results, failover_rules)
     wanted = reason_for(findings) if findings else None
     if node.drained and not owned(node, script_failure_time):
@@ -113,7 +124,7 @@ def plan(results: list[dict[str, Any]], failover_rules: set[str], node: NodeInfo
         if wanted is None:
             return Plan("none", None, "nothing to drain for")
         return Plan("drain", wanted, f"{len(findings)} finding(s) drain the node")
-    if not node.reason.startswith(PREFIX):  # Slurm's Prolog/Epilog error, after ours
+    if not ours(node.reason):  # Slurm's Prolog/Epilog error, after ours
         reason = wanted or taken_over
         if reason is None:
             return Plan("keep", None, "a prolog or epilog failure without a recorded finding")
@@ -122,8 +133,5 @@ def plan(results: list[dict[str, Any]], failover_rules: set[str], node: NodeInfo
         if wanted == node.reason:
             return Plan("keep", None, "the finding is still there")
         return Plan("update", wanted, "the finding changed")
-    named = named_in(node.reason)
-    if named is None:
-        return Plan("keep", None, f"cannot read the rule in {node.reason!r}")
-    gone, why = finding_gone(results, *named)
+    gone, why = may_resume(results, failover_rules, record)
     return Plan("resume" if gone else "keep", None, why)

@@ -1,8 +1,10 @@
 """What gpuguard's Slurm scripts keep in the state dir (STATE_DIR/slurm/): a job's start
 (the kernel log's position and the GPUs' ECC counts, for its epilog), and the last prolog
 or epilog failure (job, time, findings, GPUs), which makes Slurm's "Prolog error" or
-"Epilog error" drain gpuguard's own. Small JSON files written atomically; a bad or
-foreign one reads as absent, never as a finding."""
+"Epilog error" drain gpuguard's own, and health's record of its drain (what it drained
+for and the GPUs present, by identity: integrations/slurm_resume.py). Small JSON files
+written atomically; a bad or foreign one reads as absent, never as a finding (a drain
+record that reads as absent keeps the node drained)."""
 
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuguard.integrations.slurm_resume import DrainRecord
 from gpuguard.io.atomic import write_text
 from gpuguard.io.bounded import BoundedReadError, read_text
 
 MAX_BYTES = 256 * 1024
 KEEP_JOBS_S = 30 * 86400  # a job whose epilog never ran (node crashed): its file goes
 FAILURE = "script-failure.json"
+DRAIN = "drain.json"
 
 
 def folder(state_dir: Path) -> Path:
@@ -46,11 +50,14 @@ def save_job_start(state_dir: Path, job_id: str, start: dict[str, Any]) -> None:
 
 
 def job_start(state_dir: Path, job_id: str) -> dict[str, Any] | None:
-    return _read(_job_file(state_dir, job_id))
+    try:
+        return _read(_job_file(state_dir, job_id))
+    except OSError:  # a state dir that cannot be made: no note (the epilog says unknown)
+        return None
 
 
 def forget_job(state_dir: Path, job_id: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(OSError):
         os.unlink(_job_file(state_dir, job_id))
 
 
@@ -83,3 +90,24 @@ def failure(state_dir: Path, node: str) -> dict[str, Any] | None:
 def clear_failure(state_dir: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(folder(state_dir) / FAILURE)
+
+
+def save_drain(state_dir: Path, node: str, record: DrainRecord) -> None:
+    """What health drained for (OSError when it cannot be written: the caller says so)."""
+    write_text(folder(state_dir) / DRAIN, json.dumps({"node": node, **record.to_json()}),
+               0o600)
+
+
+def drain_record(state_dir: Path, node: str) -> DrainRecord | None:
+    try:
+        found = _read(folder(state_dir) / DRAIN)
+    except OSError:  # a state dir that cannot be made: no record, so no resume
+        return None
+    if found is None or found.get("node") != node:
+        return None
+    return DrainRecord.from_json(found)
+
+
+def clear_drain(state_dir: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(folder(state_dir) / DRAIN)

@@ -77,12 +77,13 @@ def health_args(c: Cluster, *extra: str) -> list[str]:
             *extra]
 
 
-def replayed(c: Cluster, fault: bool) -> Path:
+def replayed(c: Cluster, fault: bool, changes: dict[tuple[int, str], object] | None = None
+             ) -> Path:
     """A 2-GPU host; with the fault, GPU 0 runs past T.Limit (thermal.margin critical,
-    inspect_hardware)."""
+    inspect_hardware); `changes`: other readings of the snapshot's."""
     path = c.root / "snap.json"
-    write_snapshot(path, host_snapshot(2, {(0, "temperature_tlimit_margin_c"): -5}
-                                       if fault else None))
+    faults = {(0, "temperature_tlimit_margin_c"): -5} if fault else {}
+    write_snapshot(path, host_snapshot(2, {**faults, **(changes or {})} or None))
     return path
 
 
@@ -95,16 +96,25 @@ def runs_after(c: Cluster, n: int) -> None:
 
 
 def test_slurmd_runs_health_a_fault_drains_and_its_repair_resumes(slurm: Cluster) -> None:
+    """GPUs 0 and 1 past T.Limit: drained ("GPU 0 (+1 more)"). GPU 0 repaired while GPU 1
+    cannot be read (thermal.margin unknown there): no resume. Both fine: resumed."""
     c = slurm
-    snap = replayed(c, fault=True)
+    snap = replayed(c, True, {(1, "temperature_tlimit_margin_c"): -5})
     c.switch("health", True, health_args(c, "--input", str(snap)))
     runs, took = c.within_runs(lambda: c.reason().startswith("gpuguard:"), "the drain")
-    assert c.node_line() == ("drained", "gpuguard: inspect_hardware: thermal.margin GPU 0")
+    assert c.node_line() == ("drained",
+                             "gpuguard: inspect_hardware: thermal.margin GPU 0 (+1 more)")
     assert runs <= 2, f"{runs} health runs before the drain"
     print(f"fault -> drained in {took:.1f} s, {runs} health run(s) "
           f"(HealthCheckInterval {HEALTH_INTERVAL} s)")
     metrics = (c.root / "metrics.prom").read_text()
     assert f'gpuguard_slurm_drained{{node="{c.node}"}} 1' in metrics
+    replayed(c, False, {(1, "temperature_tlimit_margin_c"):
+                        {"state": "error", "error": "GPU is lost"}})
+    runs_after(c, 2)
+    assert c.state() == "drained", c.output("health")[-2000:]
+    assert "thermal.margin on GPU GPU-00000000-0000-0000-0000-000000000001" in \
+        c.output("health") and "is unknown" in c.output("health")
     replayed(c, fault=False)
     runs, took = c.within_runs(lambda: c.state() == "idle", "the resume")
     assert runs <= 2, f"{runs} health runs before the resume"
@@ -204,15 +214,25 @@ def fake_gpu_env(c: Cluster, fake_nvml: Path, fake_cuda: Path, **switches: str) 
 
 def live_args(c: Cluster, kmsg: str = "") -> list[str]:
     """A host of the test's own on the fake NVML (tests/conftest.py own_host), its profile
-    with the fake libcuda's bandwidth floors."""
+    with the fake libcuda's bandwidth floors, the driver's device minors of its two GPUs
+    (the GRES indexes Slurm gives the prolog), the cluster for the fleet brake."""
     host = c.root / "host"
     profile = c.root / "profile.yaml"
     profile.write_text(FAKE_FLOORS)
     args = own_host(host, kmsg=kmsg)
+    for minor in (0, 1):  # the fake NVML's GPU i sits on bus 0x10 + i
+        info = host / "proc" / "driver" / "nvidia" / "gpus" / f"0000:{0x10 + minor:02x}:00.0"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "information").write_text(f"Model: NVIDIA H200\nDevice Minor: {minor}\n")
+        # the GPU in sysfs (no AER counters: not supported) and a module list: health
+        # resumes only when no drain-capable rule (pcie.aer, driver.nouveau) is unknown
+        (host / "sys" / "bus" / "pci" / "devices" / info.name).mkdir(parents=True,
+                                                                       exist_ok=True)
+    (host / "proc" / "modules").write_text("nvidia 104071168 0 - Live 0x0000000000000000\n")
     args = [a for i, a in enumerate(args) if a != "--state-dir" and
             (i == 0 or args[i - 1] != "--state-dir")]
     return [*args, "--profile", str(profile), "--state-dir", str(c.root / "gg-state"),
-            "--node", c.node]
+            "--node", c.node, "--slurm-conf", str(c.conf)]
 
 
 def sbatch(c: Cluster, *args: str) -> str:
@@ -267,7 +287,8 @@ def test_the_epilog_drains_for_hardware_xids_and_only_records_application_ones(
     c.wait_for(lambda: "no hardware finding during the job" in c.output("epilog"), 30,
                "the epilog")
     assert "application Xid 13 during the job" in c.output("epilog")
-    assert c.state() == "idle"
+    # not drained: idle once slurmd has reported the epilog's end (completing till then)
+    c.wait_for(lambda: c.state() == "idle", 30, "the job's end")
     with sqlite3.connect(c.root / "gg-state" / "events.db") as db:
         rows = db.execute("SELECT code, action, data FROM events WHERE kind = 'xid'").fetchall()
     assert [(r[0], r[1]) for r in rows] == [(13, "restart_app")]

@@ -1,0 +1,159 @@
+"""When `gpuguard slurm health` may resume a node it drained: judged on the whole verdict,
+never on the one rule and GPU index its reason names (docs/slurm.md#resuming).
+
+At the drain, health keeps a record in the state dir (integrations/slurm_state.py): the
+findings it drained for and the GPUs present then, each by identity (UUID and bus id),
+since an NVML index names another board after a GPU falls off the bus. It resumes only
+when all of these hold; when it cannot tell, it does not resume:
+
+- there is a record (none: the state dir was lost or never written; a person resumes);
+- every GPU present at the drain is in the verdict (a cold check without gpu_count in
+  its profile does not see a missing GPU: the record does);
+- each finding drained for has results on its board, all ok;
+- no drain-capable rule is unknown, or missing on a GPU where it reports on others.
+
+A drain-capable rule: one that counts for failover, one drained for, or one whose
+family's critical action (judge/actions.py FAMILY_DEFAULT) is reset_gpu or worse; a
+family gpuguard does not know (a site's rule) counts, since it cannot tell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuguard.judge.actions import FAMILY_DEFAULT, Action
+
+_DRAINS = (Action.RESET_GPU, Action.REBOOT, Action.INSPECT_HARDWARE)
+
+
+@dataclass
+class DrainRecord:
+    reason: str
+    findings: list[dict[str, Any]]  # {"rule", "gpu": {"index", "uuid", "pci_bus_id"}|None}
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # {"index", "uuid", "pci_bus_id"}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reason": self.reason, "findings": self.findings, "gpus": self.gpus}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> DrainRecord | None:
+        """None for a record this gpuguard cannot read (it then does not resume)."""
+        reason, findings, gpus = raw.get("reason"), raw.get("findings"), raw.get("gpus")
+        if not isinstance(reason, str) or not isinstance(findings, list) \
+                or not isinstance(gpus, list):
+            return None
+        if not all(isinstance(f, dict) and isinstance(f.get("rule"), str)
+                   and isinstance(f.get("gpu"), dict | None) for f in findings):
+            return None
+        if not all(isinstance(g, dict) for g in gpus):
+            return None
+        return cls(reason, findings, gpus)
+
+
+def identity(gpu: Any) -> dict[str, Any] | None:
+    """A result's GPU as the record keeps it (None: a host result)."""
+    if not isinstance(gpu, dict):
+        return None
+    return {"index": gpu.get("index"), "uuid": gpu.get("uuid") or None,
+            "pci_bus_id": gpu.get("pci_bus_id") or None}
+
+
+def same_gpu(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """By UUID where both have one, else by bus id; never by index alone."""
+    if a.get("uuid") and b.get("uuid"):
+        return str(a["uuid"]).lower() == str(b["uuid"]).lower()
+    return bool(a.get("pci_bus_id")) and \
+        str(a["pci_bus_id"]).lower() == str(b.get("pci_bus_id") or "").lower()
+
+
+def gpus_in(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every GPU the verdict names, once each."""
+    seen: list[dict[str, Any]] = []
+    for r in results:
+        gpu = identity(r.get("gpu"))
+        if gpu is not None and not any(same_gpu(gpu, s) or gpu == s for s in seen):
+            seen.append(gpu)
+    return seen
+
+
+def record_of(reason: str, findings: list[dict[str, Any]], results: list[dict[str, Any]],
+              before: DrainRecord | None) -> DrainRecord:
+    """The record of a drain (or of a changed reason: a GPU present at the first drain
+    stays in it, so one that fell off since is still missed)."""
+    gpus = gpus_in(results)
+    for old in before.gpus if before is not None else []:
+        if not any(same_gpu(old, g) for g in gpus):
+            gpus.append(old)
+    kept = [{"rule": f.get("rule"), "gpu": identity(f.get("gpu"))} for f in findings]
+    return DrainRecord(reason, kept, gpus)
+
+
+def drain_capable(rule: str, failover_rules: set[str], drained_for: set[str]) -> bool:
+    if rule in failover_rules or rule in drained_for:
+        return True
+    family = FAMILY_DEFAULT.get(rule.split(".", 1)[0])
+    return family is None or family[0] in _DRAINS
+
+
+def _name(gpu: dict[str, Any]) -> str:
+    return f"GPU {gpu.get('uuid') or '?'} ({gpu.get('pci_bus_id') or 'no bus id'})"
+
+
+def _missing_gpu(record: DrainRecord, now: list[dict[str, Any]]) -> str | None:
+    for gpu in record.gpus:
+        if not any(same_gpu(gpu, g) for g in now):
+            return f"{_name(gpu)}, present at the drain, is missing from the verdict"
+    return None
+
+
+def _finding_left(record: DrainRecord, results: list[dict[str, Any]]) -> str | None:
+    for found in record.findings:
+        gpu = found.get("gpu")
+        mine = [r for r in results if r.get("rule") == found["rule"]
+                and (identity(r.get("gpu")) is None if gpu is None
+                     else isinstance(r.get("gpu"), dict) and same_gpu(gpu, r["gpu"]))]
+        where = "" if gpu is None else f" on {_name(gpu)}"
+        if not mine:
+            return f"no result of {found['rule']}{where} to tell"
+        bad = [r for r in mine if r.get("status") != "ok"]
+        if bad:
+            return f"{found['rule']}{where} is {bad[0].get('status')}: " \
+                   f"{str(bad[0].get('message'))[:120]}"
+    return None
+
+
+def _unknown_or_missing(results: list[dict[str, Any]], failover_rules: set[str],
+                        drained_for: set[str]) -> str | None:
+    gpus = gpus_in(results)
+    by_rule: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        rule = str(r.get("rule"))
+        if not drain_capable(rule, failover_rules, drained_for):
+            continue
+        if r.get("status") == "unknown":
+            where = "" if r.get("gpu") is None else f" on GPU {(r['gpu'] or {}).get('index')}"
+            return f"{rule}{where} is unknown: {str(r.get('message'))[:120]}"
+        gpu = identity(r.get("gpu"))
+        if gpu is not None:
+            by_rule.setdefault(rule, []).append(gpu)
+    for rule, seen in sorted(by_rule.items()):
+        for gpu in gpus:
+            if not any(same_gpu(gpu, s) or gpu == s for s in seen):
+                return f"no result of {rule} on GPU {gpu.get('index')} ({_name(gpu)})"
+    return None
+
+
+def may_resume(results: list[dict[str, Any]], failover_rules: set[str],
+               record: DrainRecord | None) -> tuple[bool, str]:
+    """Whether gpuguard may resume its drain now, and why (see the module's doc)."""
+    if record is None:
+        return False, "no record of what gpuguard drained for (the state dir's): " \
+                      "cannot tell, not resuming (resume by hand)"
+    drained_for = {str(f["rule"]) for f in record.findings}
+    why = _missing_gpu(record, gpus_in(results)) or _finding_left(record, results) \
+        or _unknown_or_missing(results, failover_rules, drained_for)
+    if why is not None:
+        return False, why
+    return True, f"{', '.join(sorted(drained_for)) or 'the finding'} ok on every GPU " \
+                 "present at the drain, nothing unknown"

@@ -1,0 +1,215 @@
+"""`gpuguard slurm health|prolog|epilog` run as slurmd runs them, against a fake sinfo and
+scontrol (tests/slurm/fake_slurm/: the node table is a `nodes` file beside --slurm-conf,
+`name|state|reason time|partition|reason` a line; scontrol changes the first line and logs
+its calls): the cases of a whole fleet, of a GPU gone, of another site's prolog, which the
+real cluster (test_slurm_cluster.py) cannot set up cheaply. One command each, a second or
+two; the GPUs are a replayed snapshot or the fake NVML and libcuda."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, own_host
+from tests.daemon.conftest import host_snapshot, write_snapshot
+
+FAKE_SLURM = Path(__file__).parent / "fake_slurm"
+GONE = {"state": "error", "error": "nvmlDeviceGetRemappedRows: GPU is lost"}
+FLOORS = "active_probe:\n  floors_gbps:\n    NVIDIA H200: {pcie: 0.5, memory: 0.5, nvlink: 0.5}\n"
+
+
+def stamp(ago_s: float = 0.0) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - ago_s))
+
+
+class Fleet:
+    """The fake Slurm's node table and gpuguard's state dir, in tmp_path."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.write([("n1", "idle", "Unknown", "none")])
+
+    def write(self, rows: list[tuple[str, str, str, str]]) -> None:
+        (self.root / "nodes").write_text("".join(f"{n}|{s}|{t}|gpu*|{r}\n"
+                                                 for n, s, t, r in rows))
+
+    def node(self) -> tuple[str, str]:
+        first = (self.root / "nodes").read_text().splitlines()[0].split("|")
+        return first[1], first[4]
+
+    def slurm_args(self) -> list[str]:
+        return ["--node", "n1", "--slurm-bin", str(FAKE_SLURM), "--slurm-conf",
+                str(self.root / "slurm.conf"), "--state-dir", str(self.root / "state")]
+
+    def gpuguard(self, *args: str, env: dict[str, str] | None = None
+                 ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gpuguard", "slurm", *args],
+                              capture_output=True, text=True, timeout=120, cwd=REPO,
+                              env={**os.environ, **(env or {})}, check=False)
+
+    def health(self, snapshot: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        path = self.root / "snap.json"
+        write_snapshot(path, snapshot)
+        return self.gpuguard("health", "--no-daemon", "--input", str(path), "--brake-jitter",
+                             "0", *self.slurm_args())
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Fleet:
+    return Fleet(tmp_path)
+
+
+def test_health_does_not_resume_while_another_drained_gpu_is_unknown(fleet: Fleet) -> None:
+    """Drained for memory.row_remap on GPUs 0 and 3 ("GPU 0 (+1 more)"); then GPU 0 reads
+    fine and GPU 3 cannot be read: no resume. Both fine: resumed."""
+    bad = fleet.health(host_snapshot(8, {(0, "remapped_rows_failure"): True,
+                                         (3, "remapped_rows_failure"): True}))
+    assert fleet.node() == ("drained",
+                            "gpuguard: inspect_hardware: memory.row_remap GPU 0 (+1 more)"), bad
+    unread = {(3, f"remapped_rows_{k}"): GONE
+              for k in ("failure", "uncorrectable", "correctable", "pending")}
+    kept = fleet.health(host_snapshot(8, unread))
+    assert fleet.node()[0] == "drained", kept.stdout
+    assert "memory.row_remap on GPU GPU-00000000-0000-0000-0000-000000000003" in kept.stdout
+    fleet.health(host_snapshot(8))
+    assert fleet.node() == ("idle", "none")
+
+
+def test_health_does_not_resume_after_the_drained_gpu_fell_off_the_bus(fleet: Fleet) -> None:
+    """GPU 3 (bus 0x48) drained for; it falls off, NVML renumbers: "GPU 3" is now the healthy
+    board of bus 0x58, and the shipped profile sets no gpu_count. No resume."""
+    before = host_snapshot(8, {(3, "remapped_rows_failure"): True})
+    fleet.health(before)
+    assert fleet.node() == ("drained", "gpuguard: inspect_hardware: memory.row_remap GPU 3")
+    now = host_snapshot(8)
+    del now["gpus"][3]
+    for i, gpu in enumerate(now["gpus"]):
+        gpu["index"] = i
+    now["host"]["gpu_count"] = 7
+    kept = fleet.health(now)
+    assert fleet.node()[0] == "drained", kept.stdout
+    assert "00000000:48:00.0), present at the drain, is missing" in kept.stdout
+    # the administrator pulls the board and resumes by hand: the record goes with the drain
+    fleet.write([("n1", "idle", "Unknown", "none")])
+    fleet.health(now)
+    assert not (fleet.root / "state" / "slurm" / "drain.json").exists()
+
+
+def test_a_stale_failure_record_never_claims_another_prologs_drain(fleet: Fleet) -> None:
+    """gpuguard's epilog failed a day ago (the admin resumed the node by hand); today the
+    site's other prolog fails and Slurm drains "Prolog error": not gpuguard's, left as it
+    is. Seen not drained, the old record is dropped."""
+    from gpuguard.integrations import slurm_state
+
+    state = fleet.root / "state"
+    slurm_state.record_failure(state, "epilog", "n1", "1001", [
+        {"rule": "xid.recent", "status": "critical", "action": "reset_gpu",
+         "gpu": {"index": 0}}], [0])
+    path = slurm_state.folder(state) / slurm_state.FAILURE
+    raw = json.loads(path.read_text())
+    raw["time"] = time.time() - 86400
+    path.write_text(json.dumps(raw))
+    fleet.write([("n1", "drained", stamp(), "Prolog error")])
+    for _ in range(2):
+        out = fleet.health(host_snapshot(2))
+        assert fleet.node()[1] == "Prolog error", out.stdout
+    assert "drained by someone else" in out.stdout and path.exists()
+    fleet.write([("n1", "idle", "Unknown", "none")])
+    fleet.health(host_snapshot(2))
+    assert not path.exists()
+
+
+def test_an_administrators_reason_in_gpuguards_words_is_theirs(fleet: Fleet) -> None:
+    reason = "gpuguard: inspect_hardware: memory.row_remap GPU 3 RMA-4711 keep out"
+    fleet.write([("n1", "drained", stamp(), reason)])
+    out = fleet.health(host_snapshot(8))
+    assert fleet.node() == ("drained", reason), out.stdout
+    assert "drained by someone else" in out.stdout
+
+
+def test_the_brake_caps_the_nodes_gpuguard_holds_drained(fleet: Fleet) -> None:
+    """8 of 10 nodes drained by gpuguard 11 minutes ago (past the window): no 9th."""
+    fleet.write([("n1", "idle", "Unknown", "none"),
+                 *((f"n{i}", "drained", stamp(660), "gpuguard: reset_gpu: xid.recent GPU 0")
+                   for i in range(2, 10)), ("n10", "idle", "Unknown", "none")])
+    out = fleet.health(host_snapshot(8, {(0, "remapped_rows_failure"): True}))
+    assert out.returncode == 2, out.stdout
+    assert fleet.node() == ("idle", "none")
+    assert "CRITICAL fleet.brake: 8 of 10 node(s) already drained by gpuguard (any age) " \
+           "reach the cap of 3 (30 %)" in out.stdout
+
+
+def live(fleet: Fleet, fake_nvml: Path, fake_cuda: Path, slurm: bool = False,
+         **env: str) -> tuple[list[str], dict[str, str]]:
+    """Options and variables of a prolog or epilog on the fake NVML and libcuda (with the
+    fake Slurm when it may fail, for the brake)."""
+    (fleet.root / "profile.yaml").write_text(FLOORS)
+    args = [*own_host(fleet.root / "host"), "--node", "n1"]
+    args[args.index("--state-dir") + 1] = str(fleet.root / "state")
+    if slurm:
+        args += fleet.slurm_args()
+    return [*args, "--profile", str(fleet.root / "profile.yaml")], \
+        {"LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}", "FAKE_NVML_GPUS": "2",
+         "FAKE_NVML_MEM_TOTAL_MIB": "1000", "SLURM_JOB_ID": "77", **env}
+
+
+def test_a_prolog_whose_state_dir_cannot_be_written_passes(fleet: Fleet, fake_nvml: Path,
+                                                           fake_cuda: Path) -> None:
+    args, env = live(fleet, fake_nvml, fake_cuda, CUDA_VISIBLE_DEVICES="0")
+    (fleet.root / "full").write_text("")
+    args = [*args, "--state-dir", str(fleet.root / "full" / "state")]  # the last one counts
+    out = fleet.gpuguard("prolog", *args, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "GPU(s) [0] passed the probe" in out.stdout
+    assert "cannot note the job's start" in out.stdout and "Traceback" not in out.stderr
+    out = fleet.gpuguard("epilog", *args, env=env)
+    assert out.returncode == 0 and "no record of its start" in out.stdout
+
+
+def test_a_prolog_failure_consults_the_fleet_brake(fleet: Fleet, fake_nvml: Path,
+                                                   fake_cuda: Path) -> None:
+    """The probe reads wrong data back on GPU 1: exit 1 (Slurm drains) while the fleet has
+    room; with two of ten nodes just drained by gpuguard, it passes and says why."""
+    args, env = live(fleet, fake_nvml, fake_cuda, True, CUDA_VISIBLE_DEVICES="0,1",
+                     FAKE_CUDA_CORRUPT="compute", FAKE_CUDA_FAULT_GPU="1")
+    rows = [("n1", "idle", "Unknown", "none"), *((f"n{i}", "idle", "Unknown", "none")
+                                                 for i in range(2, 11))]
+    fleet.write(rows)
+    out = fleet.gpuguard("prolog", *args, env=env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "fleet brake: 1 of 10 node(s) with this one" in out.stderr
+    rows[1:3] = [(f"n{i}", "drained", stamp(30), "Prolog error") for i in (2, 3)]
+    fleet.write(rows)
+    out = fleet.gpuguard("prolog", *args, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "CRITICAL fleet.brake: 3 of 10 node(s) with this one drained by gpuguard" in out.stdout
+    assert "not failing job 77" in out.stdout and "gpu.compute GPU 1" in out.stdout
+
+
+def test_the_prolog_maps_the_jobs_gpus_by_uuid_and_device_minor(
+        fleet: Fleet, fake_nvml: Path, fake_cuda: Path) -> None:
+    """CUDA_VISIBLE_DEVICES with a GPU UUID is that GPU; a MIG instance is unknown, never
+    "no GPU"; SLURM_JOB_GPUS (GRES: device minors) maps by the driver's minor number and
+    is unknown where the driver lists none (never taken as NVML's index)."""
+    args, env = live(fleet, fake_nvml, fake_cuda)
+    uuid = {"CUDA_VISIBLE_DEVICES": "GPU-fa4e0000-0000-0000-0000-000000000001"}
+    out = fleet.gpuguard("prolog", *args, env={**env, **uuid})
+    assert "GPU(s) [1] passed the probe" in out.stdout, out.stdout + out.stderr
+    out = fleet.gpuguard("prolog", *args, env={**env, "CUDA_VISIBLE_DEVICES": "MIG-a1b2c3"})
+    assert out.returncode == 0 and "no GPU allocated" not in out.stdout
+    assert "UNKNOWN job GPU MIG-a1b2c3: a MIG instance" in out.stdout
+    out = fleet.gpuguard("prolog", *args, env={**env, "SLURM_JOB_GPUS": "0"})
+    assert out.returncode == 0 and "UNKNOWN job GPU GRES GPU '0'" in out.stdout, out.stdout
+    gpus = fleet.root / "host" / "proc" / "driver" / "nvidia" / "gpus"
+    for bus, minor in (("0000:10:00.0", 1), ("0000:11:00.0", 0)):  # minors cross the indexes
+        (gpus / bus).mkdir(parents=True)
+        (gpus / bus / "information").write_text(f"Model: NVIDIA H200\nDevice Minor: {minor}\n")
+    out = fleet.gpuguard("prolog", *args, env={**env, "SLURM_JOB_GPUS": "0"})
+    assert "GPU(s) [1] passed the probe" in out.stdout, out.stdout + out.stderr
