@@ -81,20 +81,22 @@ class SeenGpus:
         if nvml.init_error or nvml.hung_call or nvml.sweep_error:
             return None
         present = [_entry(gpu) for gpu in snap.gpus]
-        changed = False
-        for entry in present:
-            if entry["uuid"] is None and entry["pci_bus_id"] is None:
-                continue
-            matches = [i for i, seen in enumerate(self.gpus) if _same(entry, seen)]
-            if not matches:
-                self.gpus.append(entry)
-                changed = True
-            elif self.gpus[matches[0]].get(EARLIER):
-                self.gpus[matches[0]] = entry  # back after the reboot: seen this boot
-                changed = True
-        if changed or self._unsaved:
+        changed = [self._add(entry) for entry in present
+                   if entry["uuid"] is not None or entry["pci_bus_id"] is not None]
+        if any(changed) or self._unsaved:
             self._save()
         return [seen for seen in self.gpus if not any(_same(entry, seen) for entry in present)]
+
+    def _add(self, entry: dict[str, Any]) -> bool:
+        """A GPU of this sweep into the set; whether the set changed."""
+        matches = [i for i, seen in enumerate(self.gpus) if _same(entry, seen)]
+        if not matches:
+            self.gpus.append(entry)
+            return True
+        if self.gpus[matches[0]].get(EARLIER):
+            self.gpus[matches[0]] = entry  # back after the reboot: seen this boot
+            return True
+        return False
 
     def reading(self, snap: Snapshot) -> Reading[list[dict[str, Any]]] | None:
         """gpus_missing for the snapshot: the GPUs gone; where none is and the set is in

@@ -55,7 +55,7 @@ def test_daemon_exports_what_the_doc_lists(start_daemon, tmp_path):
                           input=text, capture_output=True, text=True, check=False)
     assert lint.returncode == 0, lint.stdout + lint.stderr
     # an Xid at an address NVML does not list keeps the line's address (issue 21)
-    assert 'gpuguard_xid_events_total{gpu="",pci_bus_id="0000:00:06.0",severity="critical",' \
+    assert 'gpuguard_xid_events_total{gpu="",pci_bus_id="00000000:00:06.0",severity="critical",' \
         'uuid="",xid="119"}' \
         in text
     # per GPU, summed over its links: 2 links x 23
