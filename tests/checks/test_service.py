@@ -319,3 +319,91 @@ def test_policy_counts_only_its_own_service():
     assert policy.outcome([result, gpu_ok], None, tagged, None, "a")[0] == "failed"
     assert policy.outcome([result, gpu_ok], None, tagged, None, "b") == ("passed", [])
     assert policy.outcome([result, gpu_ok], None, tagged, None, "c") == ("passed", [])
+
+
+# --- the engine's own metrics (issue 23) -----------------------------------------------
+
+def engine(reads: list[list[Any]], name: str = "vllm") -> dict[str, Any]:
+    """The `engine` of a service entry as gpuguard/daemon/service_engine.py writes it."""
+    return {"engine": name, "title": "vLLM", "unit": "tokens", "url": "u",
+            "metrics": {"progress": "vllm:generation_tokens_total"}, "reads": reads}
+
+
+def flat_reads(seconds: int, progress: float = 500.0, **kv: Any) -> list[list[Any]]:
+    return [[float(t), None, 2, 9, progress, kv.get("kv", 0.3), kv.get("pre", 0)]
+            for t in range(0, seconds + 1, 5)]
+
+
+def test_engine_stuck_is_critical_and_counts_for_failover(h200, run_rule, default_rules):
+    from gpuguard.judge import actions
+
+    with_services(h200, a=entry([1], engine=engine(flat_reads(125))),
+                  b=entry([2], engine=engine(flat_reads(60))), c=entry([3]))
+    [result] = run_rule("service.engine", h200)
+    assert result.status is Status.CRITICAL
+    assert result.message.startswith("a: vLLM: stuck: 2 running and 9 waiting and no tokens "
+                                     "made for 125 s (stuck_after 120 s)")
+    assert result.observed["service_status"] == {"a": "critical", "b": "ok", "c": "skipped"}
+    assert result.observed["services"]["a"]["state"] == "stuck"
+    tagged = {"service.engine"}
+    assert policy.outcome([result], None, tagged, None, "a")[0] == "failed"
+    assert policy.outcome([result], None, tagged, None, "b") == ("passed", [])
+    rule = default_rules.rules["service.engine"]
+    assert actions.suggest(rule, Status.CRITICAL, result.observed, default_rules)[0] \
+        is actions.Action.RESTART_APP
+
+
+def test_engine_threshold_comes_from_the_rule(h200, run_rule, tmp_path):
+    rules = overridden(tmp_path, "service.engine", stuck_after_s=30, kv_full_percent=95)
+    with_services(h200, a=entry([1], engine=engine(flat_reads(35))))
+    [result] = run_rule("service.engine", h200, rules=rules)
+    assert result.status is Status.CRITICAL and "stuck_after 30 s" in result.message
+
+
+def test_saturated_makes_inference_ok_and_the_engine_saturated(h200, run_rule):
+    late = {"ok": False, "latency_s": 2.0, "status": None, "timed_out": True,
+            "error": "TimeoutError: the request timed out after 2 s", "url": "u"}
+    rising = [[0.0, None, 256, 900, 1000.0, 0.9, 0], [5.0, None, 256, 900, 26000.0, 0.9, 0]]
+    with_services(h200, a=entry([1], inference=late, engine=engine(rising)))
+    [inference] = run_rule("service.inference", h200)
+    assert inference.status is Status.OK
+    assert inference.message == ("a: saturated: no answer in 2.0 s, but the engine made "
+                                 "25,000 tokens since its last read")
+    assert policy.outcome([inference], None, {"service.inference"}, None, "a") \
+        == ("passed", [])
+    [judged] = run_rule("service.engine", h200)
+    assert judged.status is Status.OK and judged.observed["services"]["a"]["state"] \
+        == "saturated"
+    # flat while timing out: still unknown, as before (no engine says it works)
+    with_services(h200, a=entry([1], inference=late, engine=engine(flat_reads(10))))
+    assert run_rule("service.inference", h200)[0].status is Status.UNKNOWN
+
+
+def test_engine_unreachable_is_unknown_and_no_engine_skipped(h200, run_rule):
+    reads = [*flat_reads(10), [15.0, "answered 503", None, None, None, None, None]]
+    with_services(h200, a=entry([1], engine=engine(reads)))
+    [result] = run_rule("service.engine", h200)
+    assert result.status is Status.UNKNOWN and "answered 503" in result.message
+    with_services(h200, a=entry([1]))
+    [result] = run_rule("service.engine", h200)
+    assert result.status is Status.SKIPPED and "no engine gpuguard knows" in result.message
+
+
+def test_engine_at_capacity_is_ok_and_the_opt_in_rule_warns(h200, run_rule, tmp_path):
+    from gpuguard.config.ruleset import load_ruleset
+
+    full = [[float(t), None, 200, 40, 1000.0 + t, 0.97, t] for t in range(0, 905, 5)]
+    with_services(h200, a=entry([1], engine=engine(full)))
+    [judged] = run_rule("service.engine", h200)
+    assert judged.status is Status.OK
+    assert judged.observed["services"]["a"]["state"] == "capacity"
+    assert run_rule("service.engine_full", h200)[0].status is Status.SKIPPED  # opt in
+    on = tmp_path / "on.d"
+    on.mkdir()
+    (on / "on.yaml").write_text("overrides:\n  service.engine_full: {enabled: true}\n")
+    [result] = run_rule("service.engine_full", h200, rules=load_ruleset([on]))
+    assert result.status is Status.WARNING
+    assert result.message.startswith("a: at capacity for 900 s")
+    with_services(h200, a=entry([1], engine=engine(full[:-1])))
+    [result] = run_rule("service.engine_full", h200, rules=load_ruleset([on]))
+    assert result.status is Status.OK
