@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from gpuguard.config.ruleset import load_ruleset
+from gpuguard.judge import xid_buckets
+from gpuguard.model.rule import RuleSet, XidEntry
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "rules.md"
 
@@ -61,14 +63,32 @@ healthy state.
 
 ## What to do: `action`, `auto_clear`, `escalate`
 
-Every failing result suggests an action (`none`, `restart_app`, `reset_gpu`, `reboot`,
-`inspect_hardware`; `gpuguard/judge/actions.py` decides, docs/events.md says how). A rule sets
+Every failing result suggests an action (`none`, `restart_app`, `update_software`,
+`reset_gpu`, `reboot`, `inspect_hardware`; `gpuguard/judge/actions.py` decides,
+docs/events.md says how). A rule sets
 its own with `action:` only where its family's default is wrong; an override (rules.d,
 the profile's `rules:`) may change it. `auto_clear: 24h` acknowledges a failing status
 left unchanged that long (the status stays, the action becomes none); `escalate: {count:
 5, window: 24h}` (xid.recent) makes the same fatal Xid on one board that often within the
 window `inspect_hardware`. All three are validated (`file:line`, exit 3).
 `gpuguard rules explain RULE` prints the action a critical and a warning result take.
+
+## The kernel log's rules, per GPU (`xid.recent`, `sxid.recent`, `gsp.firmware`)
+
+Each line of the kernel log names a GPU by its bus address, so these rules, host rules
+in their files, give one result per GPU NVML lists (ok where it logged nothing), and a
+host result only for lines that name no GPU NVML lists: a GPU that fell off the bus, a
+line without an address, the driver's own GPU number in a GSP boot failure, an NVSwitch
+(an SXid names its switch, never a GPU, so `sxid.recent` is the host's; it gives no per-GPU
+series). Each result has its own status, action, alert and history, and the supervisor
+moves only the services on that GPU. The message names at most the three most severe
+codes (critical before warning, then the weightier action, then the more frequent, then
+the latest), each with its count; the rest are in `observed.codes` and `gpuguard
+events`. A kernel log that cannot be read is one unknown host result: no GPU is vouched
+for. `xid.app_repeated` judges each GPU's Xid 13/31 incidents (the lines of one process
+within a minute are one) that no other GPU shared within a minute: at least
+`min_incidents` in `period_s`, and more than all the other GPUs together, point at the GPU
+(`inspect_hardware`); the same fault spread over GPUs stays the application's.
 
 ## Power capping (`clocks.power_cap`, `power.limit`)
 
@@ -115,21 +135,52 @@ more GPUs than were read): an unread GPU never makes it ok.
 TAIL = """
 ## Xid catalog (`rules/xid.yaml`)
 
-`xid.recent` grades each Xid by this table; re-grade one in a rules.d file with
-`xid_catalog: {13: {severity: ignore}}`. `ignore` never counts on its own.
+`xid.recent` grades every Xid of NVIDIA's Xid catalog for Ampere and newer ("Analyzing
+Xid Errors with the Xid Catalog", {xid_source}; saved as
+`tests/fixtures/nvidia-xid-catalog/`): each code carries NVIDIA's mnemonic and its
+immediate and investigatory resolution buckets, and its grade follows this table
+(`gpuguard/judge/xid_buckets.py`):
 
-| Xid | severity | action | meaning |
-| --- | --- | --- | --- |
+| NVIDIA's immediate bucket | severity | action |
+| --- | --- | --- |
+{buckets}
+| `CONTACT_SUPPORT` on a code in use | critical | `inspect_hardware` |
+| `CONTACT_SUPPORT` on an unused code | warning | `inspect_hardware` |
+| none (a code in use without one) | its investigatory bucket's, else warning | `inspect_hardware` |
+
+`follow_text`: the line carries its own grade. The NVLink5 Xids (144-150) say `Fatal`
+(critical, `reset_gpu`: NVIDIA resolves every fatal item with RESET_GPU) or `Nonfatal`
+(warning, `none`: the driver names an action in an Xid 154 if one is needed); Xid 154
+names the recovery action (`Node Reboot Required`: critical, `reboot`; `GPU Reset
+Required`, `Drain and Reset`: critical, `reset_gpu`; `Drain P2P`: warning, `restart_app`;
+`None`: not counted). A line that says neither (an NVML event has no text) is critical,
+`reset_gpu`. The workflows whose line carries no grade (`-` above) are graded in the
+catalog with their reason, as is every code gpuguard grades otherwise than the table
+says (the last column). An Xid the catalog does not hold is a warning whose action is
+`inspect_hardware`, named as not in the catalog gpuguard ships. Re-grade one in a
+rules.d file with `xid_catalog: {13: {severity: ignore}}`; `ignore` never counts on its
+own; `tests/test_xid_catalog.py` holds the pack to the table and to the saved catalog.
+
+| Xid | mnemonic | NVIDIA's buckets | severity | action | meaning | why it differs from the table |
+| --- | --- | --- | --- | --- | --- | --- |
 {catalog}
 
 ## SXid catalog (`rules/sxid.yaml`)
 
-`sxid.recent` grades each NVSwitch SXid by this table (same severities and actions, and
-`sxid_catalog:` in a rules.d file); an SXid it does not hold is graded by its line's own
-word: `Fatal` critical, `Non-fatal` warning.
+`sxid.recent` grades every NVSwitch SXid NVIDIA publishes ({sxid_source}, appendix D;
+saved as `tests/fixtures/nvidia-sxid-list/`) by the class the guide files it under:
 
-| SXid | severity | action | meaning |
-| --- | --- | --- | --- |
+| class (appendix D) | severity | action |
+| --- | --- | --- |
+{classes}
+
+`follow_text`: fatal or not as the line says (`Fatal`: critical, `reboot`, the
+NVSwitches and GPUs must be reset; `Non-fatal`: warning, `inspect_hardware`; neither:
+critical). An SXid not in the list is graded by its line's word the same way. An SXid
+line names its NVSwitch (PCI address), not a GPU, so SXids are the host's result.
+
+| SXid | name | class | severity | action | meaning | why it differs from the table |
+| --- | --- | --- | --- | --- | --- | --- |
 {sxid_catalog}
 
 ## Conditions in user rules
@@ -167,14 +218,28 @@ def render() -> str:
         rows.append(f"| `{r.id}` | {r.scope} | {r.severity.value} | {r.cadence} "
                     f"| {', '.join(r.tags) or '-'} "
                     f"| {r.summary} | {r.problem or '-'} | {thresholds} |")
-    catalog = "\n".join(
-        f"| {xid} | {e.severity} | {', '.join(e.actions)} | {e.meaning} |"
-        for xid, e in sorted(ruleset.xid_catalog.items()))
-    sxid_catalog = "\n".join(
-        f"| {sxid} | {e.severity} | {', '.join(e.actions)} | {e.meaning} |"
-        for sxid, e in sorted(ruleset.sxid_catalog.items()))
-    return HEAD + "\n".join(rows) + "\n" + TAIL.replace("{catalog}", catalog).replace(
-        "{sxid_catalog}", sxid_catalog)
+    return HEAD + "\n".join(rows) + "\n" + _catalogs(ruleset)
+
+
+def _catalogs(ruleset: RuleSet) -> str:
+    """The bucket tables (gpuguard/judge/xid_buckets.py) and both catalogs."""
+    def row(code: int, e: XidEntry) -> str:
+        return (f"| {code} | {e.mnemonic} | {' / '.join(b or '-' for b in e.nvidia)} | "
+                f"{e.severity} | {', '.join(e.actions)} | {e.meaning} | {e.reason or ''} |")
+
+    buckets = "\n".join(
+        f"| `{bucket}` | {grade[0] if grade else '-'} | "
+        f"{'`' + grade[1] + '`' if grade else 'in the catalog, with its reason'} |"
+        for bucket, grade in xid_buckets.XID_BUCKETS.items())
+    classes = "\n".join(f"| {kind} | {grade[0]} | `{grade[1]}` |"
+                         for kind, grade in xid_buckets.SXID_CLASSES.items())
+    return (TAIL.replace("{buckets}", buckets).replace("{classes}", classes)
+            .replace("{xid_source}", ruleset.xid_catalog_source)
+            .replace("{sxid_source}", ruleset.sxid_catalog_source)
+            .replace("{catalog}", "\n".join(
+                row(c, e) for c, e in sorted(ruleset.xid_catalog.items())))
+            .replace("{sxid_catalog}", "\n".join(
+                row(c, e) for c, e in sorted(ruleset.sxid_catalog.items()))))
 
 
 def main() -> int:

@@ -83,6 +83,9 @@ EQUIVALENT: dict[str, str] = {
     "nvlink.expected_links: number `0` -> `1`":
         "both callers (nvlink.state after get(), the metric after links_up) pass a GPU whose "
         "own links were read, so counts holds it and is never empty",
+    "xid._incidents: number `1` -> `2` in `-1`":
+        "the sort key of a line without a time: any negative number sorts it before every "
+        "time stamp (>= 0), so -1 and -2 order the lines alike",
 }
 
 COMPARE_SWAP: dict[type[ast.cmpop], type[ast.cmpop]] = {

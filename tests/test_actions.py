@@ -41,14 +41,20 @@ def test_the_driver_recovery_field_names_the_action(h200, run_rule, field, actio
 
 
 def test_xids_take_the_catalog_action_per_gpu(h200, run_rule):
-    [result] = run_rule("xid.recent", host(h200))
-    by_gpu = {e["gpu"]: e["suggested"] for e in result.observed["events"]
-              if e["gpu"] is not None and e["xid"] in (119, 154, 13)}
-    # 119 GSP timeout: reset; 154 "to 0x1 (GPU Reset Required)": reset; 13: restart the app
-    assert by_gpu == {0: "reset_gpu", 1: "reset_gpu", 2: "restart_app"}
-    assert result.action == "reset_gpu" and "catalog" in (result.action_reason or "")
-    assert actions.per_gpu([result]) == {"host": Action.RESET_GPU, "0": Action.RESET_GPU,
-                                         "1": Action.RESET_GPU, "2": Action.RESTART_APP}
+    results = run_rule("xid.recent", host(h200))
+    by_gpu = {r.gpu.index: r for r in results}
+    # 119 GSP timeout: reset; 154 "to 0x1 (GPU Reset Required)": reset (the unknown 999
+    # beside it asks for an inspection, which a reset outranks only by severity: the 154
+    # is critical); 13: restart the app
+    assert {i: r.action for i, r in by_gpu.items()} == \
+        {0: "reset_gpu", 1: "inspect_hardware", 2: "restart_app"}
+    assert by_gpu[0].action_reason == "Xid 119 in the catalog"
+    assert by_gpu[1].action_reason == ("Xid 999 is not in the Xid catalog gpuguard ships "
+                                       "(NVIDIA's Xid catalog of 2025-10-29)")
+    assert {e["xid"]: e["suggested"] for e in by_gpu[1].observed["events"]} == \
+        {154: "reset_gpu", 94: "restart_app", 999: "inspect_hardware"}
+    assert actions.per_gpu(results) == {"0": Action.RESET_GPU, "1": Action.INSPECT_HARDWARE,
+                                        "2": Action.RESTART_APP}
 
 
 def test_xid_154_follows_its_text(default_rules):
@@ -57,6 +63,11 @@ def test_xid_154_follows_its_text(default_rules):
     assert actions.of_xid(154, text, catalog) is Action.REBOOT
     assert actions.of_xid(79, None, catalog) is Action.REBOOT
     assert actions.of_xid(48, None, catalog) is Action.RESET_GPU
+    assert actions.of_xid(78, None, catalog) is Action.UPDATE_SOFTWARE
+    assert actions.of_xid(64, None, catalog) is Action.INSPECT_HARDWARE
+    assert actions.of_xid(500, None, catalog) is Action.INSPECT_HARDWARE  # not in it
+    assert actions.of_xid(154, None, catalog) is Action.RESET_GPU  # an NVML event: no text
+    assert actions.of_xid(154, text.replace("to 0x2", "from"), catalog) is Action.RESET_GPU
 
 
 def test_the_rule_file_action_wins_over_the_family_default(h200, run_rule):
@@ -135,7 +146,8 @@ def test_rules_explain_says_what_to_do():
 
 
 # Critical rules whose action is deliberately `none` (their `action:` key says so and why)
-CRITICAL_AND_NONE = {"driver.version", "host.disk", "image.cuda"}
+# devices.uvm (issue 21): loading a module is configuration, not a repair of the GPU
+CRITICAL_AND_NONE = {"driver.version", "host.disk", "image.cuda", "devices.uvm"}
 
 
 def test_every_shipped_rule_has_a_deliberate_action():

@@ -17,6 +17,13 @@ def results(proc):
     return {r["rule"]: r for r in json.loads(proc.stdout)["results"]}
 
 
+def of_rule(proc, rule):
+    """A rule's results by GPU index, `host` for the host's (xid.recent gives one per GPU
+    and one for lines naming no GPU NVML lists)."""
+    return {"host" if r["gpu"] is None else r["gpu"]["index"]: r
+            for r in json.loads(proc.stdout)["results"] if r["rule"] == rule}
+
+
 def test_replay_alone_does_not_read_this_machine():
     by_rule = results(gpuguard("check", "--input", str(H200_XML), "--format", "json"))
     for rule in ("xid.recent", "driver.module_match", "driver.nouveau", "persistence.daemon",
@@ -34,8 +41,11 @@ def test_replay_combined_with_fixture_roots_and_a_kernel_log():
                     env={"DOCKER_HOST": ""})
     assert proc.returncode == 2
     by_rule = results(proc)
-    assert by_rule["xid.recent"]["status"] == "critical"
-    assert "GPU 0 (0000:00:06.0): Xid 119" in by_rule["xid.recent"]["message"]
+    xids = of_rule(proc, "xid.recent")  # the H200 at 00:06 and the addresses it lacks
+    assert xids[0]["status"] == "critical" and xids[0]["message"].startswith("Xid 119")
+    assert xids["host"]["status"] == "critical"
+    assert xids["host"]["message"].startswith("0000:3b:00.0 (not among the GPUs NVML lists): "
+                                              "Xid 154")
     assert by_rule["driver.module_match"]["status"] == "critical"
     assert by_rule["toolkit.parity"]["status"] == "critical"
     # the H200's bus address has no device in this sysfs tree: an error, never ok
@@ -59,8 +69,8 @@ def test_snapshot_records_host_facts_for_replay(tmp_path):
 def test_xid_window_option(tmp_path):
     args = ("check", "--input", str(H200_XML), "--format", "json", "--only", "xid.recent",
             "--kmsg-file", str(FIXTURES / "kmsg" / "dmesg.log"))
-    since_boot = results(gpuguard(*args))["xid.recent"]
-    windowed = results(gpuguard(*args, "--xid-window", "1h"))["xid.recent"]
+    since_boot = of_rule(gpuguard(*args), "xid.recent")["host"]  # the 13 is at 86:00
+    windowed = of_rule(gpuguard(*args, "--xid-window", "1h"), "xid.recent")["host"]
     assert since_boot["observed"]["aged_out"] == 0
     assert windowed["observed"]["aged_out"] == 2
 

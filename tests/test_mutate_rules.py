@@ -44,3 +44,16 @@ def test_tests_that_do_not_look_let_the_mutants_survive(tmp_path):
     assert [m["outcome"] for m in report["survivors"]] == ["survived", "survived"]
     assert "needed != 'none'" in done.stdout
     assert "recovery" in done.stdout and "0.0%" in done.stdout
+
+
+def test_the_new_families_of_issue_21_kill_their_mutants(tmp_path):
+    """gsp.firmware's compare and status mutants (a sample of the run over xid, sxid, gsp and
+    devices in docs/testing.md): every one killed by tests/checks/test_gsp.py."""
+    out = tmp_path / "gsp.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--modules", "gsp", "--kinds", "compare",
+                           "status", "--out", str(out)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["modules"]["gsp"]["mutants"] >= 5
+    assert report["modules"]["gsp"]["survived"] == 0

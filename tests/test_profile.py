@@ -54,6 +54,9 @@ def profile_at(tmp_path: Path, text: str) -> Path:
     ("nvlink_links_per_gpu: -2\n", 1, "nvlink_links_per_gpu must be a whole number >= 0"),
     ("p2p:\n  require_nvlnk: true\n", 2, "p2p.require_nvlnk: unknown key"),
     ("mig: maybe\n", 1, "mig must be one of `disabled`, `enabled`, not 'maybe'"),
+    # issue 21's keys
+    ("uvm: yes\n", 1, "uvm must be one of `auto`, `required`, not True"),
+    ("gpudirect_rdma: peermem\n", 1, "gpudirect_rdma must be true or false, not 'peermem'"),
 ])
 def test_a_bad_profile_is_file_line_and_what(tmp_path, text, line, problem):
     path = profile_at(tmp_path, text)
@@ -77,6 +80,8 @@ docker: required
 nvlink_links_per_gpu: 18
 p2p: {require_nvlink: true}
 mig: disabled
+uvm: required
+gpudirect_rdma: true
 rules:
   pcie.replays: {thresholds: {max_replays: 5}}
 """))
@@ -87,9 +92,10 @@ rules:
     assert profile.xid_window_s == 7200
     assert profile.docker_required is True
     assert profile.rule_overrides is not None
-    assert profile.rule_overrides.line_of("pcie.replays") == 14
+    assert profile.rule_overrides.line_of("pcie.replays") == 16
     assert profile.nvlink_links_per_gpu == 18 and profile.p2p_require_nvlink is True
     assert profile.mig_expected is False
+    assert profile.uvm_required is True and profile.gpudirect_rdma is True
 
 
 def test_an_empty_profile_expects_nothing(tmp_path):
@@ -98,6 +104,8 @@ def test_an_empty_profile_expects_nothing(tmp_path):
     assert profile.docker_required is False and profile.rule_overrides is None
     assert profile.nvlink_links_per_gpu is None and profile.p2p_require_nvlink is False
     assert profile.mig_expected is None
+    assert profile.uvm_required is False and profile.gpudirect_rdma is False
+    assert load_profile(profile_at(tmp_path, "uvm: auto\n")).uvm_required is False
 
 
 def test_the_choices_are_the_ones_the_code_knows():

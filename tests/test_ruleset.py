@@ -156,7 +156,8 @@ def test_profile_overrides_apply_last(tmp_path, h200):
         ("rules:\n  - id: site.x\n    scope: gpu\n    scope: host\n", 4, "duplicate key 'scope'"),
         ("rules:\n  - id: site.x\n   scope: [\n", 3, "invalid YAML"),
         ("ruels: []\n", 1,
-         "ruels: unknown key (allowed: overrides, rules, sxid_catalog, xid_catalog)"),
+         "ruels: unknown key (allowed: overrides, rules, sxid_catalog, sxid_catalog_source, "
+         "xid_catalog, xid_catalog_source)"),
         ("rules:\n  - id: site.x\n    scope: gpu\n    severity: warning\n    summary: s\n"
          "    when: '__import__(\"os\").system(\"true\")'\n    message: m\n", 6,
          "unknown field(s) __import__"),
@@ -191,7 +192,7 @@ def test_missing_rules_dir(tmp_path):
     [
         ("gpu_count: eight\n", 1, "gpu_count must be a whole number"),
         ("gpus: 8\n", 1, "gpus: unknown key (allowed: active_probe, disk_paths, docker, "
-         "driver, ecc, gpu_count, mig, nvlink_links_per_gpu, p2p, rules,"),
+         "driver, ecc, gpu_count, gpudirect_rdma, mig, nvlink_links_per_gpu, p2p, rules, uvm,"),
         ("disk_paths: [models]\n", 1, "disk_paths: 'models' is not an absolute path"),
         ("disk_paths: /models\n", 1, "disk_paths must be a list of absolute paths"),
         ("driver:\n  min_version: 570.86\n", 2, "must be a quoted version"),
@@ -340,7 +341,8 @@ SITE_RULE = ("rules:\n  - id: site.x\n    scope: gpu\n    severity: warning\n   
     ("overrides:\n  pcie.replays:\n    treshold: {max_replays: 5}\n", 3,
      "overrides['pcie.replays'].treshold: unknown key (allowed: action, enabled, remediation,"),
     ("xid_catalog:\n  48:\n    severity: warning\n    sevrity: critical\n", 4,
-     "xid_catalog[48].sevrity: unknown key (allowed: action, meaning, severity)"),
+     "xid_catalog[48].sevrity: unknown key (allowed: action, meaning, mnemonic, "
+     "nvidia, reason, severity)"),
     # thresholds hold numbers, text, booleans or flat lists of them, at any depth
     (SITE_RULE + "    thresholds:\n      limits: [1, {y: 2}]\n", 9,
      "rules[0].thresholds['limits'][1]: expected `bool | int | float | str`, got `object`"),
@@ -356,7 +358,7 @@ SITE_RULE = ("rules:\n  - id: site.x\n    scope: gpu\n    severity: warning\n   
      "xid_catalog[48].action[1] must be one of `contact_vendor`,"),
     ("xid_catalog:\n  48: {action: []}\n", 2,
      "xid_catalog[48]: action must be one of `contact_vendor`, `follow_text`, `ignore`, "
-     "`reboot`, `reset_gpu`, `restart_app`, not []"),
+     "`inspect_hardware`, `reboot`, `reset_gpu`, `restart_app`, `update_software`, not []"),
     ("xid_catalog:\n  forty-eight: {severity: warning}\n", 2,
      "xid_catalog: key 'forty-eight': expected `int`, got `str`"),
     # null is not "left out": a key written without a value is a mistake

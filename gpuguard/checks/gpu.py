@@ -121,3 +121,25 @@ def compute(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
                         mismatches=wrong, words=words, **observed)
     return ok(f"a kernel wrote {words} words and every one read back right",
               mismatches=0, words=words, **observed)
+
+
+@gpu_check("gpu.inforom")
+def inforom(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
+    """The InfoROM holds the board's ECC, retirement and power records: NVML's validation
+    (its checksum) says whether it is corrupted, and an object whose version read says so
+    counts the same. A corrupted InfoROM is an RMA: no reset or reboot rewrites it."""
+    state = gpu.inforom.get()
+    image = gpu.inforom_image_version.get_or(None)
+    observed = {"valid": state["valid"], "image": image, "objects": state["objects"],
+                "corrupted": state["corrupted"]}
+    if state["valid"] is False:
+        return ctx.fail("the InfoROM is corrupted (nvmlDeviceValidateInforom)", **observed)
+    if state["corrupted"]:
+        return ctx.fail(f"the InfoROM is corrupted: reading its {', '.join(state['corrupted'])} "
+                        "object version says so", **observed)
+    versions = ", ".join(f"{k} {v}" for k, v in sorted(state["objects"].items()))
+    read = f"image {image or '?'}" + (f"; {versions}" if versions else "")
+    if state["valid"] is None:
+        return ok(f"InfoROM versions read ({read}); NVML does not validate it here",
+                  **observed)
+    return ok(f"InfoROM valid ({read})", **observed)

@@ -49,13 +49,16 @@ def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Pat
     for where in rule.overrides:
         click.echo(f"  changed at:  {where}")
     click.echo(f"  remediation: {rule.remediation or '-'}")
-    from gpuguard.judge.actions import WRONG_DATA, suggest
+    from gpuguard.judge.actions import NO_RESET_HELPS, WRONG_DATA, suggest
     from gpuguard.model.results import Status
 
     prefix = "inspect_hardware when the GPU read back wrong data, else " \
         if rule.id in WRONG_DATA else ""
-    source = {"xid.recent": "the Xid catalog per event, else ",
-              "sxid.recent": "the SXid catalog per event, else ",
+    if rule.id in NO_RESET_HELPS:
+        prefix = f"inspect_hardware when {NO_RESET_HELPS[rule.id][1].split(':')[0]}, else "
+    source = {"xid.recent": "the Xid catalog (or the line) per event, else ",
+              "sxid.recent": "the SXid catalog (or the line) per event, else ",
+              "gsp.firmware": "what each GSP line means, else ",
               "recovery.action": "the driver's recovery action field, else "}
     whats = [f"{status.value} {action.value} ({why})" for status in
              (Status.CRITICAL, Status.WARNING)

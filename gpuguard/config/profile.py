@@ -13,6 +13,8 @@
     nvlink_links_per_gpu: 18   # nvlink.state: links up on every GPU (default: its peers')
     p2p: {require_nvlink: true}  # p2p.status: every GPU pair peers over NVLink
     mig: disabled          # mig.mode: the MIG mode every GPU must be in
+    uvm: required          # devices.uvm: nvidia-uvm loaded even before CUDA's first use
+    gpudirect_rdma: true   # devices.peermem: nvidia-peermem and an RDMA device node
     disk_paths: [/var/lib/models]  # host.disk: free space here (and Docker's data root)
     active_probe:          # gpuguard check --active (docs/active-probe.md)
       buffer_mib: 256      # bandwidth copies; pattern_mib: 64 for memory.pattern
@@ -51,8 +53,8 @@ def load_profile(path: Path) -> Profile:
         return profile
     if not isinstance(doc, Mapping):
         raise ConfigError(path, 1, "a profile is a mapping (gpu_count, driver, vbios, ecc, "
-                          "xid_window, docker, nvlink_links_per_gpu, p2p, mig, disk_paths, "
-                          "active_probe, rules)")
+                          "xid_window, docker, nvlink_links_per_gpu, p2p, mig, uvm, "
+                          "gpudirect_rdma, disk_paths, active_probe, rules)")
     spec = schema.convert(doc, ProfileFile, path)
     _read_gpu_expectations(profile, spec)
     # of two values wrong in a way the shapes cannot tell, the one written first in the
@@ -82,6 +84,8 @@ def _read_gpu_expectations(profile: Profile, spec: ProfileFile) -> None:
         profile.p2p_require_nvlink = given(p2p.require_nvlink) is True
     if (mig := given(spec.mig)) is not None:
         profile.mig_expected = mig in ("enabled", True)
+    profile.uvm_required = given(spec.uvm) == "required"
+    profile.gpudirect_rdma = given(spec.gpudirect_rdma) is True
 
 
 def _read_driver(profile: Profile, path: Path, doc: Mapping, spec: ProfileFile) -> None:

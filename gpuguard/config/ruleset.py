@@ -128,6 +128,8 @@ def _load_file(ruleset: RuleSet, path: Path, default_pack: bool) -> None:
     if spec.sxid_catalog:
         _load_xid_catalog(ruleset.sxid_catalog, path, spec.sxid_catalog, doc["sxid_catalog"],
                           "sxid_catalog")
+    ruleset.xid_catalog_source = given(spec.xid_catalog_source) or ruleset.xid_catalog_source
+    ruleset.sxid_catalog_source = given(spec.sxid_catalog_source) or ruleset.sxid_catalog_source
     ruleset.files.append(path)
 
 
@@ -149,9 +151,15 @@ def _load_xid_catalog(target: dict[int, XidEntry], path: Path, catalog: dict[int
             actions = tuple(action)
         elif isinstance(action, str):
             actions = (action,)
+        nvidia = given(entry.nvidia)
         target[xid] = XidEntry(severity or old.severity, actions,
-                                            old.meaning if meaning is None else meaning,
-                                            f"{path}:{key_line}")
+                               old.meaning if meaning is None else meaning,
+                               f"{path}:{key_line}",
+                               given(entry.mnemonic) or old.mnemonic,
+                               old.nvidia if nvidia is None else tuple(nvidia),
+                               # a re-grade without a reason keeps none: the pack's was
+                               # about the pack's grade
+                               given(entry.reason) or "")
 
 
 def _rule(path: Path, spec: RuleSpec, entry: Mapping, default_pack: bool) -> Rule:

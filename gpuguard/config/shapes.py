@@ -21,11 +21,12 @@ RULE_ID_PATTERN = r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+)+$"
 # gpuguard.model.results.SEVERITIES as values (a test holds the two together)
 Severity = Literal["warning", "critical"]
 XidSeverity = Literal["critical", "warning", "ignore"]
-XidAction = Literal["restart_app", "reset_gpu", "reboot", "contact_vendor", "ignore",
-                    "follow_text"]
+XidAction = Literal["restart_app", "update_software", "reset_gpu", "reboot", "inspect_hardware",
+                    "contact_vendor", "ignore", "follow_text"]
 
 # gpuguard.judge.actions.Action, by severity (a test holds the two together)
-RuleAction = Literal["none", "restart_app", "reset_gpu", "reboot", "inspect_hardware"]
+RuleAction = Literal["none", "restart_app", "update_software", "reset_gpu", "reboot",
+                     "inspect_hardware"]
 # gpuguard.model.rule.KINDS (a test holds the two together): only a hardware finding
 # escalates after a reboot
 FindingKind = Literal["hardware", "setting", "software", "resource"]
@@ -102,11 +103,16 @@ class RuleSpec(_Strict):
 
 
 class XidSpec(_Strict):
-    """One Xid's grading; an Xid the catalog does not know yet needs all three."""
+    """One Xid's grading; an Xid the catalog does not know yet needs all three. The pack
+    also names NVIDIA's mnemonic and buckets, and why it grades a code otherwise."""
 
     severity: XidSeverity | Unset = UNSET
     action: XidAction | Annotated[list[XidAction], msgspec.Meta(min_length=1)] | Unset = UNSET
     meaning: Text | Unset = UNSET
+    mnemonic: Text | Unset = UNSET
+    nvidia: Annotated[list[str], msgspec.Meta(max_length=2, description=(
+        "NVIDIA's buckets: [immediate, investigatory]"))] | Unset = UNSET
+    reason: Text | Unset = UNSET
 
 
 class RulesFile(_Strict):
@@ -115,6 +121,9 @@ class RulesFile(_Strict):
     xid_catalog: dict[int, XidSpec] = msgspec.field(default_factory=dict)
     # NVSwitch SXids: the same shape and actions as the Xid catalog (rules/sxid.yaml)
     sxid_catalog: dict[int, XidSpec] = msgspec.field(default_factory=dict)
+    # Which catalog and of when: "NVIDIA's Xid catalog of 2025-10-29"
+    xid_catalog_source: Text | Unset = UNSET
+    sxid_catalog_source: Text | Unset = UNSET
 
 
 class DriverSpec(_Strict):
@@ -176,6 +185,10 @@ class ProfileFile(_Strict):
         ge=0, description="a whole number >= 0")] | Unset = UNSET
     p2p: P2pSpec | Unset = UNSET
     mig: Literal["enabled", "disabled"] | bool | Unset = UNSET
+    # devices.uvm: `required` (always) or `auto` (only while a CUDA process runs)
+    uvm: Literal["required", "auto"] | Unset = UNSET
+    # devices.peermem: GPUDirect RDMA through nvidia-peermem
+    gpudirect_rdma: Flag | Unset = UNSET
     disk_paths: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(
         max_length=64, description="a list of absolute paths")] | Unset = UNSET
     active_probe: ActiveProbeSpec | Unset = UNSET

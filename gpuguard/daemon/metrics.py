@@ -49,9 +49,9 @@ class DaemonStats:
     reloads_total: int = 0
     reload_success: int = 1
     last_reload_time: float = 0.0
-    # (xid, severity, gpu, pci_bus_id) -> events seen, and when the last one happened
-    xids: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
-    xid_last: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
+    # (xid, severity, gpu, uuid, pci_bus_id) -> events seen, and when the last one happened
+    xids: dict[tuple[str, ...], int] = field(default_factory=dict)
+    xid_last: dict[tuple[str, ...], float] = field(default_factory=dict)
 
 
 class DaemonCollector(Collector):
@@ -194,16 +194,16 @@ class DaemonCollector(Collector):
         yield failed
         xid = CounterMetricFamily(
             "gpuguard_xid_events", "Xid events seen in the kernel log (since boot) and from "
-            "NVML events, by Xid and GPU.", labels=["xid", "severity", "gpu", "pci_bus_id"])
+            "NVML events, by Xid and GPU (an Xid at an address NVML does not list: gpu and "
+            "uuid empty, the line's address).", labels=["xid", "severity", *families.GPU_LABELS])
         last_seen = GaugeMetricFamily(
             "gpuguard_xid_last_seen_timestamp_seconds", "When the last Xid of this kind "
             "happened on this GPU (Unix time; from the kernel log's own clock). Alert on "
             "`time() - this < window`: an old Xid never fires, a restart changes nothing.",
-            labels=["xid", "severity", "gpu", "pci_bus_id"])
-        for (number, severity, gpu, pci), count in sorted(xids.items()):
-            xid.add_metric([number, severity, gpu, pci], count)
-            last_seen.add_metric([number, severity, gpu, pci],
-                                 xid_last.get((number, severity, gpu, pci), 0.0))
+            labels=["xid", "severity", *families.GPU_LABELS])
+        for label, count in sorted(xids.items()):
+            xid.add_metric(list(label), count)
+            last_seen.add_metric(list(label), xid_last.get(label, 0.0))
         yield xid
         yield last_seen
         yield CounterMetricFamily("gpuguard_check_deadline_exceeded",

@@ -45,8 +45,10 @@ class XidCounter:
                                            of_xid(xid, text, ruleset.xid_catalog).value,
                                            None if gpu is None else gpu.identity(), source,
                                            when, seq, text, pci))
-        label = (str(xid), severity, "" if gpu is None else str(gpu.index),
-                 "" if gpu is None else gpu.pci_bus_id.get())
+        # the GPU's own labels (gpu, uuid, pci_bus_id); an Xid at an address NVML does not
+        # list (a GPU that fell off the bus) keeps the line's address, so it alerts apart
+        labels = gpu.identity().labels() if gpu is not None else ["", "", pci or ""]
+        label = (str(xid), severity, *labels)
         with self.stats.lock:
             self.stats.xids[label] = self.stats.xids.get(label, 0) + 1
             self.stats.xid_last[label] = max(self.stats.xid_last.get(label, 0.0), when)

@@ -8,7 +8,8 @@ from typing import Any
 
 from gpuguard.judge import registry
 from gpuguard.judge.actions import suggest
-from gpuguard.judge.registry import CheckContext, Finding
+from gpuguard.judge.registry import CheckContext, Finding, PerGpu
+from gpuguard.model.identity import GpuId
 from gpuguard.model.profile import Profile
 from gpuguard.model.results import Result, Status
 from gpuguard.model.rule import Rule, RuleSet
@@ -42,25 +43,38 @@ def evaluate(
         ctx = CheckContext(rule=rule, snapshot=snapshot, profile=profile, ruleset=ruleset,
                            samples=samples)
         if rule.scope == "host":
-            results.append(_run(rule, ctx, None))
+            results.extend(_run(rule, ctx, None))
         else:
-            results.extend(_run(rule, ctx, gpu) for gpu in snapshot.gpus)
+            for gpu in snapshot.gpus:
+                results.extend(_run(rule, ctx, gpu))
     return results
 
 
-def _run(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Result:
+def _run(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> list[Result]:
     ref = gpu.identity() if gpu is not None else None
     if not rule.enabled:
         # off in its own file (an opt-in rule of the pack): the file's name, not its
         # path, which differs per install and would make the message unstable
         where = rule.overrides[-1] if rule.overrides else rule.origin.rsplit("/", 1)[-1]
-        return Result(rule.id, Status.SKIPPED, rule.severity, f"disabled ({where})", ref)
+        return [Result(rule.id, Status.SKIPPED, rule.severity, f"disabled ({where})", ref)]
     try:
         finding = _finding(rule, ctx, gpu)
     except Unavailable as exc:
         finding = _unavailable(exc, ctx.snapshot)
     except Exception as exc:  # a broken check is a result, never a crash of the run
         finding = Finding(Status.UNKNOWN, f"check failed: {type(exc).__name__}: {exc}")
+    if not isinstance(finding, PerGpu):
+        return [_result(rule, ctx, ref, finding)]
+    ids = {g.index: g.identity() for g in ctx.snapshot.gpus}
+    out = [_result(rule, ctx, ids[index], found)
+           for index, found in sorted(finding.gpus.items()) if index in ids]
+    if finding.host is not None or not out:  # a rule never vanishes from the results
+        out.append(_result(rule, ctx, None, finding.host or Finding(
+            Status.UNKNOWN, "check failed: it named neither a GPU nor the host")))
+    return out
+
+
+def _result(rule: Rule, ctx: CheckContext, ref: GpuId | None, finding: Finding) -> Result:
     status = finding.status
     # A lowered severity caps every level a check can give (see docs/rules.md).
     if status in (Status.WARNING, Status.CRITICAL) and status.rank > rule.severity.rank:
@@ -72,7 +86,7 @@ def _run(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Result:
                   finding.observed, action.value, why)
 
 
-def _finding(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Finding:
+def _finding(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> Finding | PerGpu:
     if rule.when is not None:
         return _condition(rule, ctx, gpu)
     if gpu is None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpuguard.judge.actions import Action, of_xid
+from gpuguard.judge.actions import CATALOG_WORDS, Action
+from gpuguard.judge.xids import by_gpu, grade, select
 from gpuguard.model.derived import held_by
 from gpuguard.model.results import NAMES
 
@@ -65,27 +66,26 @@ def judge(name: str, entry: dict[str, Any], snapshot: Snapshot,
 
 def xids_of(snapshot: Snapshot, gpus: set[int] | None, catalog: dict[int, XidEntry]
             ) -> list[dict[str, Any]] | None:
-    """The kernel log's Xids on `gpus` (None: every GPU), each with its age in seconds at
-    the log's read and the catalog's action (an informational one, Xid 45 or 63, is not
-    what broke the engine: left out), acknowledged ones left out; None when the kernel log
-    was not read."""
+    """The kernel log's Xids on `gpus` (None: every GPU, and the lines that name no GPU
+    NVML lists, a GPU that fell off the bus), each with its age in seconds at the log's
+    read and the catalog's action, through xid.recent's own per-GPU selection
+    (judge/xids.py: acknowledged ones and those graded `ignore`, Xid 45 or 63, left out:
+    they are not what broke the engine); None when the kernel log was not read."""
     if not snapshot.host.kernel_log.is_ok:
         return None
-    kmsg = snapshot.host.kernel_log.get()
-    now_usec, acked = kmsg.get("now_usec"), kmsg.get("acked_seq")
+    log = snapshot.host.kernel_log.get()
     found = []
-    for event in kmsg.get("xids") or []:
-        usec, seq = event.get("usec"), event.get("seq")
-        if usec is None or now_usec is None or (acked is not None and seq is not None
-                                                and seq <= acked):
+    for gpu, events in by_gpu(log.get("xids") or [], snapshot).items():
+        if gpus is not None and gpu not in gpus:
             continue
-        gpu = snapshot.gpu_at(event.get("pci"))
-        if gpu is None or (gpus is not None and gpu.index not in gpus):
-            continue
-        action = of_xid(event["xid"], event.get("text"), catalog)
-        if action is not Action.NONE:
-            found.append({"xid": event["xid"], "gpu": gpu.index, "pci": event.get("pci"),
-                          "age_s": (now_usec - usec) / 1e6, "action": action.value})
+        chosen = select(events, log, None,
+                        lambda event: grade(event["xid"], event.get("text"), catalog))
+        for event in chosen.counted:
+            action = CATALOG_WORDS[event["first"]]
+            if event["age_s"] is None or action is Action.NONE:
+                continue
+            found.append({"xid": event["xid"], "gpu": gpu, "pci": event.get("pci"),
+                          "age_s": float(event["age_s"]), "action": action.value})
     return found
 
 

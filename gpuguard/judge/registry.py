@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 FAMILIES = (
     "driver", "gpu", "vbios", "ecc", "memory", "pcie", "clocks", "power", "thermal",
     "persistence", "recovery", "xid", "toolkit", "nvlink", "fabric", "p2p", "mig", "sxid",
-    "host", "service", "image",
+    "host", "service", "image", "gsp", "devices",
 )
 
 
@@ -36,6 +36,17 @@ class Finding:
     status: Status
     message: str
     observed: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PerGpu:
+    """A host check's findings told apart by GPU (xid.recent, sxid.recent, gsp.firmware: a
+    kernel log names the GPU of each line): one per GPU index, and one for the host where
+    something names no GPU the snapshot lists (None: no host result). The engine makes a
+    result of each, so each GPU's finding has its own status, action, alert and history."""
+
+    gpus: dict[int, Finding]
+    host: Finding | None = None
 
 
 @dataclass
@@ -78,7 +89,7 @@ def unknown(reason: str, **observed: Any) -> Finding:
     return Finding(Status.UNKNOWN, reason, observed)
 
 
-HostCheck = Callable[[CheckContext], Finding]
+HostCheck = Callable[[CheckContext], "Finding | PerGpu"]
 GpuCheck = Callable[["GpuSnapshot", CheckContext], Finding]
 
 HOST_CHECKS: dict[str, HostCheck] = {}

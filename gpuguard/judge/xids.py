@@ -1,6 +1,8 @@
-"""How an Xid is graded: the one place that turns an Xid (and, for Xid 154, the recovery
-action in its text) into a severity, a meaning and an action. xid.recent, the daemon's
-`gpuguard_xid_*` metrics and so the fatal-Xid alert all call grade()."""
+"""How an Xid is graded: the one place that turns an Xid (and, where its catalog entry
+says `follow_text`, the grade its own line names: Xid 154's recovery action, the NVLink5
+Xids' Fatal / Nonfatal) into a severity, a meaning and an action. xid.recent, the
+daemon's `gpuguard_xid_*` metrics, the event store and so the fatal-Xid alert all call
+grade()."""
 
 from __future__ import annotations
 
@@ -11,43 +13,85 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpuguard.model.rule import XidEntry
+    from gpuguard.model.snapshot import Snapshot
 
 ACTION_WORDS = {
     "restart_app": "restart the application",
+    "update_software": "update the driver or firmware (the board is not at fault)",
     "reset_gpu": "drain and reset the GPU (nvidia-smi -r -i <index>)",
     "reboot": "drain and reboot the node",
+    "inspect_hardware": "take the GPU out of service and have the hardware inspected "
+                        "(a vendor case)",
     "contact_vendor": "open a case with the vendor if it comes back",
     "ignore": "no action needed",
     "follow_text": "follow the action in the message",
 }
-# Xid 154 carries the recovery action in its text.
+# Xid 154 carries the recovery action in its text: "GPU recovery action changed from 0x0
+# (None) to 0x1 (GPU Reset Required)"; the action it changed *to* is what the GPU needs now.
 _CHANGED_TO = re.compile(r"\bto 0x[0-9a-f]+ \(([^)]*)\)")
-_RECOVERY_154 = (("node reboot required", "critical"), ("gpu reset required", "critical"),
-                 ("drain and reset", "critical"), ("drain p2p", "warning"), ("none", "ignore"))
+_RECOVERY_154 = (("node reboot required", ("critical", "reboot")),
+                 ("gpu reset required", ("critical", "reset_gpu")),
+                 ("drain and reset", ("critical", "reset_gpu")),
+                 ("drain p2p", ("warning", "restart_app")), ("none", ("ignore", "ignore")))
+# The NVLink5 Xids (144-150) say Fatal or Nonfatal after the unit: "145, RLW_REMAP Fatal XC0
+# i0 Link 00 (...)". NVIDIA's NVLink5 workflow resolves every Fatal item with RESET_GPU; a
+# Nonfatal one needs nothing unless the driver names an action in an Xid 154 of its own.
+_FATAL_WORD = re.compile(r"\b(nonfatal|non-fatal|fatal)\b")
 
 
 @dataclass(frozen=True)
 class Grade:
     severity: str  # critical, warning or ignore
     meaning: str
-    action: str
+    action: str  # what to do, in words
+    first: str = "ignore"  # the catalog word that decides the suggested action
+    why: str = ""  # where the grade comes from, for action_reason
 
 
-def grade(xid: int, text: str | None, catalog: dict[int, XidEntry]) -> Grade:
+def grade(xid: int, text: str | None, catalog: dict[int, XidEntry],
+          source: str = "") -> Grade:
+    """An Xid's grade: its catalog entry, or the grade its own line names where the entry
+    says `follow_text`; an Xid the catalog does not hold is a warning for a person, never
+    said to be in the catalog. `source` names the catalog ("NVIDIA's Xid catalog of ...")."""
     entry = catalog.get(xid)
     if entry is None:
-        return Grade("warning", "not in gpuguard's catalog",
-                     "look it up in NVIDIA's Xid catalog; re-grade it in rules.d")
-    severity = entry.severity
-    if severity != "ignore" and "follow_text" in entry.actions:
-        # "GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset Required)": the
-        # action it changed *to* is what the GPU needs now. No text (an NVML event): the
-        # catalog's own severity stands.
-        lowered = (text or "").lower()
-        target = _CHANGED_TO.search(lowered)
-        wanted = target.group(1) if target else lowered
-        severity = next((sev for words, sev in _RECOVERY_154 if words in wanted), severity)
-    return Grade(severity, entry.meaning, "; ".join(ACTION_WORDS[a] for a in entry.actions))
+        shipped = f" ({source})" if source else ""
+        return Grade("warning", f"not in the Xid catalog gpuguard ships{shipped}",
+                     "look it up in NVIDIA's Xid catalog and have the GPU inspected; "
+                     "re-grade it in rules.d", "inspect_hardware",
+                     f"Xid {xid} is not in the Xid catalog gpuguard ships{shipped}")
+    if entry.severity != "ignore" and entry.actions[:1] == ("follow_text",):
+        return by_line(f"Xid {xid}", entry, text)
+    first = entry.actions[0] if entry.actions else "ignore"
+    return Grade(entry.severity, entry.meaning, words(entry.actions), first,
+                 f"Xid {xid} in the catalog")
+
+
+def by_line(name: str, entry: XidEntry, text: str | None) -> Grade:
+    """The grade an Xid's (or SXid's) own line names: a recovery action (Xid 154), or
+    Fatal / Nonfatal; a line that says neither (an NVML event has no text) keeps the
+    entry's severity with a reset."""
+    lowered = (text or "").lower()
+    target = _CHANGED_TO.search(lowered) if "recovery action" in lowered else None
+    if target is not None:
+        found = next((g for words_, g in _RECOVERY_154 if words_ in target.group(1)), None)
+        if found is not None:
+            return Grade(found[0], entry.meaning, words((found[1],)), found[1],
+                         f"{name}'s line names the recovery action")
+    word = _FATAL_WORD.search(lowered)
+    if word is not None and word.group(1) == "fatal":
+        return Grade("critical", f"{entry.meaning}, fatal by its line",
+                     words(("reset_gpu",)), "reset_gpu", f"{name}'s line says Fatal")
+    if word is not None:
+        return Grade("warning", f"{entry.meaning}, non-fatal by its line",
+                     "none unless an Xid 154 names one", "ignore",
+                     f"{name}'s line says Nonfatal")
+    return Grade(entry.severity, entry.meaning, words(("reset_gpu",)), "reset_gpu",
+                 f"{name} in the catalog (its line names no grade)")
+
+
+def words(actions: tuple[str, ...]) -> str:
+    return "; ".join(ACTION_WORDS[a] for a in actions)
 
 
 def span(seconds: float) -> str:
@@ -90,7 +134,35 @@ def select(events: list[dict[str, Any]], log: dict[str, Any], window_s: float | 
             chosen.ignored += 1
             continue
         chosen.counted.append({**event, "severity": graded.severity, "meaning": graded.meaning,
-                               "action": graded.action,
+                               "action": graded.action, "first": graded.first,
+                               "why": graded.why,
                                "age_s": None if now is None or usec is None
                                else (now - usec) // 10**6})
     return chosen
+
+
+def by_gpu(events: list[dict[str, Any]], snapshot: Snapshot, key: str = "pci"
+           ) -> dict[int | None, list[dict[str, Any]]]:
+    """Kernel-log events by the GPU the address in `key` names (its index), None for those
+    that name no GPU the snapshot lists (a GPU that fell off the bus, an NVSwitch, a line
+    without an address); in the log's order."""
+    groups: dict[int | None, list[dict[str, Any]]] = {}
+    for event in events:
+        gpu = snapshot.gpu_at(event.get(key))
+        groups.setdefault(None if gpu is None else gpu.index, []).append(event)
+    return groups
+
+
+def severest_first(codes: dict[int, list[dict[str, Any]]], rank: Callable[[str], int]
+                   ) -> list[tuple[int, list[dict[str, Any]]]]:
+    """Codes (each with its counted events) most severe first: critical before warning,
+    then the weightier action (`rank` of the catalog word), then the more frequent, then
+    the latest."""
+    def key(item: tuple[int, list[dict[str, Any]]]) -> tuple[int, int, int, int]:
+        _, events = item
+        last = max(events, key=lambda e: (e.get("seq") or -1, e.get("usec") or -1))
+        return (max(2 if e["severity"] == "critical" else 1 for e in events),
+                max(rank(e["first"]) for e in events), len(events),
+                last.get("seq") or last.get("usec") or -1)
+
+    return sorted(codes.items(), key=key, reverse=True)

@@ -24,6 +24,10 @@ class Profile:
     p2p_require_nvlink: bool = False
     # The MIG mode every GPU must be in; None: any, as long as none is pending.
     mig_expected: bool | None = None
+    # devices.uvm: nvidia-uvm loaded with its node even while no CUDA process runs (containers
+    # cannot load it themselves); devices.peermem: GPUDirect RDMA through nvidia-peermem.
+    uvm_required: bool = False
+    gpudirect_rdma: bool = False
     # host.disk: paths whose filesystems must keep free space (beside Docker's data root).
     disk_paths: list[Path] = field(default_factory=list)
     # active_probe: settings given (deadline_s, buffer_mib, pattern_mib, max_memory_percent,

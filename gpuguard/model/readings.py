@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 MAX_TEXT = 4096
 # Larger than any counter NVML keeps (64-bit) means the input is not a real reading.
 MAX_COUNTER = 2**64
+# What a GSP line without an Xid reports (sources/kmsg_gpu.py, checks/gsp.py).
+GSP_KINDS = ("rpc_timeout", "crash", "boot_failed")
 
 
 def whole(lo: float, hi: float) -> Validator:
@@ -116,17 +118,62 @@ def kernel_log(value: Any) -> str | None:
         return "kernel log summary has no list of xids"
     # xids is a list by now; sxids and ooms came later and may be left out
     for key, event_problem in (("xids", _xid_event), ("sxids", _sxid_event),
-                               ("ooms", _oom_kill)):
+                               ("ooms", _oom_kill), ("gsp", _gsp_line),
+                               ("driver_loads", _driver_load)):
         events = value.get(key, [])
         if not isinstance(events, list):
             return f"kernel log summary's {key} is not a list"
         for event in events:
             if (problem := event_problem(event)) is not None:
                 return problem
-    for key in ("now_usec", "acked_seq", "xids_dropped", "sxids_dropped", "ooms_dropped"):
+    for key in ("now_usec", "acked_seq", "xids_dropped", "sxids_dropped", "ooms_dropped",
+                "gsp_dropped"):
         if not _optional_int(value.get(key)):
             return f"kernel log {key} is not a count: {_show(value.get(key))}"
     return None
+
+
+def inforom(value: Any) -> str | None:
+    """{"valid": true | false | null (validation not offered), "objects": {"oem" | "ecc" |
+    "power": version}, "corrupted": [objects whose read said the InfoROM is corrupted]}."""
+    if not isinstance(value, dict) or value.get("valid") not in (True, False, None):
+        return f"must be an InfoROM state {{valid, objects, corrupted}}, not {_show(value)}"
+    objects = value.get("objects")
+    if not isinstance(objects, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in objects.items()):
+        return f"InfoROM objects must map a name to a version, not {_show(objects)}"
+    return text_list(value.get("corrupted"))
+
+
+def gpu_devices(value: Any) -> str | None:
+    """{"stuck": {"processes": [{"pid", "comm", "devices", "off_cpu_s"}], "more",
+    "unreadable": [...], "scanned"} or {"error"}, "modules": {name: state | null}, "rdma":
+    [node]}: each part only where its root was read."""
+    if not isinstance(value, dict):
+        return f"must be a mapping of device facts, not {_show(value)}"
+    stuck = value.get("stuck", {"processes": [], "unreadable": [], "more": 0})
+    if not isinstance(stuck, dict):
+        return f"stuck processes must be a mapping, not {_show(stuck)}"
+    if "error" not in stuck:
+        for key in ("processes", "unreadable"):
+            listed = stuck.get(key)
+            if not isinstance(listed, list) or not all(_stuck(p) for p in listed):
+                return f"stuck {key} must be [{{pid, comm, off_cpu_s}}], not {_show(listed)}"
+        if not _count(stuck.get("more")):
+            return f"stuck processes' `more` is not a count: {_show(stuck.get('more'))}"
+    modules = value.get("modules", {})
+    if not isinstance(modules, dict) or not all(v is None or isinstance(v, str)
+                                                for v in modules.values()):
+        return f"modules must map a module to its state, not {_show(modules)}"
+    return text_list(value.get("rdma", []))
+
+
+def _stuck(p: Any) -> bool:
+    off = p.get("off_cpu_s") if isinstance(p, dict) else "x"
+    return (isinstance(p, dict) and _count(p.get("pid")) and _optional_texts(p, "comm")
+            and (off is None or (isinstance(off, int | float) and not isinstance(off, bool)
+                                 and math.isfinite(off)))
+            and (p.get("devices") is None or text_list(p["devices"]) is None))
 
 
 def _xid_event(event: Any) -> str | None:
@@ -146,6 +193,23 @@ def _sxid_event(event: Any) -> str | None:
         return f"an SXid event's seq/usec/link is not a count: {_show(event)}"
     if not _optional_texts(event, "switch"):
         return f"an SXid event's switch is not text: {_show(event)}"
+    return None
+
+
+def _gsp_line(event: Any) -> str | None:
+    if not isinstance(event, dict) or event.get("kind") not in GSP_KINDS:
+        return f"a GSP line is not {{kind: {'|'.join(GSP_KINDS)}, ...}}: {_show(event)}"
+    if not _optional_counts(event, "seq", "usec", "rm_gpu"):
+        return f"a GSP line's seq/usec/rm_gpu is not a count: {_show(event)}"
+    if not _optional_texts(event, "pci", "text"):
+        return f"a GSP line's pci/text is not text: {_show(event)}"
+    return None
+
+
+def _driver_load(event: Any) -> str | None:
+    if not isinstance(event, dict) or not _optional_counts(event, "seq", "usec") \
+            or not _optional_texts(event, "version"):
+        return f"a driver load is not {{version, seq, usec}}: {_show(event)}"
     return None
 
 

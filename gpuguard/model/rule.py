@@ -59,6 +59,12 @@ class XidEntry:
     actions: tuple[str, ...]
     meaning: str
     origin: str
+    # NVIDIA's name for the code, its resolution buckets as published (immediate,
+    # investigatory: the Xid catalog; the SXid list's class), and why gpuguard grades it
+    # other than its bucket mapping says (judge/xid_buckets.py), where it does.
+    mnemonic: str = ""
+    nvidia: tuple[str, ...] = ()
+    reason: str = ""
 
 
 @dataclass
@@ -68,6 +74,10 @@ class RuleSet:
     xid_catalog: dict[int, XidEntry] = field(default_factory=dict)
     # NVSwitch SXids (rules/sxid.yaml), loaded as the Xid catalog is
     sxid_catalog: dict[int, XidEntry] = field(default_factory=dict)
+    # Where each catalog comes from and how old it is ("NVIDIA's Xid catalog of 2025-10-29"):
+    # an Xid it does not hold is named as not in *this* catalog.
+    xid_catalog_source: str = ""
+    sxid_catalog_source: str = ""
 
     def ordered(self) -> list[Rule]:
         return [self.rules[k] for k in sorted(self.rules)]

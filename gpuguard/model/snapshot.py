@@ -37,6 +37,8 @@ class GpuSnapshot(Validated):
     pci_bus_id: Reading[str] = reading_field(readings.text)
     vbios_version: Reading[str] = reading_field(readings.text)
     inforom_image_version: Reading[str] = reading_field(readings.text)
+    # nvmlDeviceValidateInforom and the InfoROM object versions (shape: readings.inforom)
+    inforom: Reading[dict[str, Any]] = reading_field(readings.inforom)
     persistence_mode: Reading[bool] = reading_field(readings.flag)
     mig_mode_current: Reading[bool] = reading_field(readings.flag)
     mig_mode_pending: Reading[bool] = reading_field(readings.flag)
@@ -171,11 +173,11 @@ class HostInfo(Validated):
     nvml_version: Reading[str] = reading_field(readings.text)
     gpu_count: Reading[int] = reading_field(readings.whole(0, 1024))
 
-    # Kernel log summary (sources/kmsg.py): {"source", "records", "now_usec", "xids": [...],
-    # "unsigned_module_rejected", "acked_seq"}.
+    # Kernel log summary (sources/kmsg.py: Xids, SXids, OOM kills, GSP lines, driver loads).
     kernel_log: Reading[dict[str, Any]] = reading_field(readings.kernel_log)
-    # procfs: the "NVRM version" of the loaded kernel module, and which of nvidia,
-    # nvidia_uvm, nvidia_drm, nvidia_modeset, nouveau are loaded.
+    # sources/gpu_devices.py: stuck processes, nvidia-uvm/peermem, RDMA (readings.gpu_devices)
+    gpu_devices: Reading[dict[str, Any]] = reading_field(readings.gpu_devices)
+    # procfs: the "NVRM version" of the loaded kernel module and which nvidia modules are loaded.
     kernel_module_version: Reading[str] = reading_field(readings.text)
     kernel_modules: Reading[list[str]] = reading_field(readings.text_list)
     # rootfs: /dev/nvidia* nodes present; sysfs: UEFI Secure Boot on.

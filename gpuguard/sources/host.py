@@ -116,6 +116,16 @@ def _rootfs(opts: HostOptions) -> dict[str, Reading[Any]]:
             "ctk_version": toolkit.ctk_version()}
 
 
+def _gpu_devices(opts: HostOptions) -> dict[str, Reading[Any]]:
+    from gpuguard.sources import gpu_devices
+
+    paths = opts.paths
+    return {"gpu_devices": gpu_devices.read(paths.procfs if opts.procfs else None,
+                                            paths.sysfs if opts.sysfs else None,
+                                            paths.rootfs if opts.rootfs else None,
+                                            opts.read_timeout)}
+
+
 def _docker(opts: HostOptions) -> dict[str, Reading[Any]]:
     from gpuguard.sources import toolkit
 
@@ -168,6 +178,8 @@ HOST_SOURCES: tuple[HostSource, ...] = (
     HostSource("host_memory", ("host_memory",), lambda o: o.procfs, _host_memory),
     HostSource("rootfs", ("device_nodes", "cdi_specs", "container_cli", "ctk_version"),
                lambda o: o.rootfs, _rootfs),
+    HostSource("gpu_devices", ("gpu_devices",), lambda o: o.procfs or o.sysfs or o.rootfs,
+               _gpu_devices),
     HostSource("kernel_log", ("kernel_log",), lambda o: o.kernel_log,
                lambda o: {"kernel_log": read_kernel_log(o)}),
     HostSource("docker", ("docker",), lambda o: o.rootfs, _docker,

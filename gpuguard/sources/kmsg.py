@@ -30,6 +30,7 @@ from typing import Any
 from gpuguard.io.bounded import MIB, BoundedReadError, read_bytes
 from gpuguard.model.pci import normalise_pci
 from gpuguard.model.snapshot import Reading
+from gpuguard.sources.kmsg_gpu import DriverLoads, GspLines
 
 # The kernel's ring buffer is at most 32 MiB (log_buf_len); twice that is not a kernel log.
 MAX_LOG_BYTES = 64 * MIB
@@ -229,19 +230,25 @@ MAX_XIDS = 2000
 
 
 class NvrmLines:
-    """The NVIDIA driver's own lines: Xid events, the newest MAX_XIDS kept, and the
-    versions the last "API mismatch" named: library (client) and kernel module."""
+    """The NVIDIA driver's own lines: Xid events, the newest MAX_XIDS kept, the versions the
+    last "API mismatch" named (library (client) and kernel module), GSP errors without an
+    Xid and the driver's loads (sources/kmsg_gpu.py)."""
 
     def __init__(self) -> None:
         self.xids: deque[dict[str, Any]] = deque(maxlen=MAX_XIDS)
         self.seen = 0
         self.mismatch: dict[str, str] = {}
+        self.gsp = GspLines()
+        self.loads = DriverLoads()
 
     def add(self, record: Record) -> None:
         event = xid_event(record)
         if event is not None:
             self.xids.append(event)
             self.seen += 1
+        elif self.gsp.add(record.text, record.seq, record.usec) or \
+                self.loads.add(record.text, record.seq, record.usec):
+            return
         elif m := _CLIENT_VERSION.search(record.text):
             self.mismatch["client"] = m.group(1)
         if m := _MODULE_VERSION.search(record.text):
@@ -304,6 +311,11 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
         "unsigned_module_rejected": unsigned_rejected,
         # The last "API mismatch" the driver logged: library (client) and kernel module versions.
         "api_mismatch": nvrm.mismatch or None,
+        # GSP errors without an Xid (gsp.firmware): {"kind", "pci", "rm_gpu", "text", "seq",
+        # "usec"}; the driver's loads: {"version", "seq", "usec"} (sources/kmsg_gpu.py).
+        "gsp": list(nvrm.gsp.events),
+        "gsp_dropped": nvrm.gsp.dropped(),
+        "driver_loads": list(nvrm.loads.events),
         "acked_seq": None,
     }
 

@@ -111,6 +111,24 @@ def _action(raw: str) -> str:
     return raw.strip().lower().replace(" ", "_")
 
 
+def _inforom(g: ET.Element) -> Reading[dict[str, Any]]:
+    """The InfoROM object versions nvidia-smi printed (its XML has no validation: `valid`
+    stays None); an object it calls corrupted is named so."""
+    if g.find("inforom_version") is None:
+        return Reading()
+    objects: dict[str, str] = {}
+    corrupted: list[str] = []
+    for name, tag in (("oem", "oem_object"), ("ecc", "ecc_object"), ("power", "pwr_object")):
+        raw = _text(g, [f"inforom_version/{tag}"])
+        if raw is None or raw.lower() in _NOT_SUPPORTED:
+            continue
+        if "corrupt" in raw.lower():
+            corrupted.append(name)
+        else:
+            objects[name] = raw
+    return Reading.ok({"valid": None, "objects": objects, "corrupted": corrupted})
+
+
 def _gpu(index: int, g: ET.Element) -> GpuSnapshot:
     gpu = GpuSnapshot(index=index)
     gpu.uuid = _reading(g, ["uuid"], str)
@@ -122,6 +140,7 @@ def _gpu(index: int, g: ET.Element) -> GpuSnapshot:
         gpu.pci_bus_id = Reading.ok(g.get("id", ""))
     gpu.vbios_version = _reading(g, ["vbios_version"], str)
     gpu.inforom_image_version = _reading(g, ["inforom_version/img_version"], str)
+    gpu.inforom = _inforom(g)
     gpu.persistence_mode = _reading(g, ["persistence_mode"], _enabled)
     gpu.mig_mode_current = _reading(g, ["mig_mode/current_mig"], _enabled)
     gpu.mig_mode_pending = _reading(g, ["mig_mode/pending_mig"], _enabled)

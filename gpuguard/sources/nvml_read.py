@@ -125,6 +125,47 @@ def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progre
     progress.set(slot, "")
 
 
+def _inforom_valid(nv: Any, h: Any) -> bool:
+    """nvmlDeviceValidateInforom: the InfoROM's checksum holds (False: NVML says it is
+    corrupted, a fact rather than a failed read)."""
+    try:
+        nv.nvmlDeviceValidateInforom(h)
+    except nv.NVMLError as exc:
+        if getattr(exc, "value", None) == nv.NVML_ERROR_CORRUPTED_INFOROM:
+            return False
+        raise
+    return True
+
+
+def _inforom_objects(nv: Any, h: Any) -> dict[str, Any]:
+    """Each InfoROM object's version (OEM, ECC, power; one the board lacks is left out),
+    and the objects whose read says the InfoROM is corrupted."""
+    objects: dict[str, str] = {}
+    corrupted: list[str] = []
+    for name in ("oem", "ecc", "power"):
+        try:
+            objects[name] = text(nv.nvmlDeviceGetInforomVersion(
+                h, getattr(nv, f"NVML_INFOROM_{name.upper()}")))
+        except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):
+            continue
+        except nv.NVMLError as exc:
+            if getattr(exc, "value", None) != nv.NVML_ERROR_CORRUPTED_INFOROM:
+                raise
+            corrupted.append(name)
+    return {"objects": objects, "corrupted": corrupted}
+
+
+def inforom(valid: Any, objects: Any) -> Any:
+    """The `inforom` reading from its two calls: an error of either is the reading's; the
+    validation not supported here is valid None."""
+    for part in (valid, objects):
+        if isinstance(part, dict) and part.get("state") == "error":
+            return part
+    if not isinstance(objects, dict) or "objects" not in objects:
+        objects = {"objects": {}, "corrupted": []}
+    return {"valid": valid if isinstance(valid, bool) else None, **objects}
+
+
 def cuda_version(raw: int) -> str:
     return f"{raw // 1000}.{(raw % 1000) // 10}"
 
@@ -159,6 +200,9 @@ def _read_gpu(
     dev("pci_bus_id", "nvmlDeviceGetPciInfo", convert=lambda info: text(info.busId))
     dev("vbios_version", "nvmlDeviceGetVbiosVersion", convert=text)
     dev("inforom_image_version", "nvmlDeviceGetInforomImageVersion", convert=text)
+    g["inforom"] = inforom(
+        read("nvmlDeviceValidateInforom", lambda: _inforom_valid(nv, h), where),
+        read("nvmlDeviceGetInforomVersion", lambda: _inforom_objects(nv, h), where))
     dev("persistence_mode", "nvmlDeviceGetPersistenceMode", convert=bool)
     split(read("nvmlDeviceGetMigMode", lambda: list(nv.nvmlDeviceGetMigMode(h)), where),
           ("mig_mode_current", "mig_mode_pending"), (bool, bool))

@@ -166,3 +166,47 @@ def test_gpus_seen_since_boot_that_are_gone_are_critical_by_name(h200, run_rule)
     assert result.status is Status.CRITICAL
     assert result.observed["names"] == ["GPU 1 (GPU-1, 00000000:28:00.0)"]
     assert result.observed["gpus"] == [1] and "seen since boot are gone" in result.message
+
+
+# -- gpu.inforom (issue 21): a corrupted InfoROM is an RMA ------------------------------
+
+VALID = {"valid": True, "objects": {"oem": "2.1", "ecc": "7.16"}, "corrupted": []}
+
+
+def test_the_real_h200s_inforom_is_ok(h200, run_rule):
+    """Both recordings carry the versions (nvidia-smi's XML has no validation)."""
+    from tests.checks import h200x2
+
+    for snap in (h200, h200x2.snapshot()):
+        for result in run_rule("gpu.inforom", snap):
+            assert result.status is Status.OK, result.message
+            assert result.message == ("InfoROM versions read (image G520.0282.02.02; ecc 7.16, "
+                                      "oem 2.1); NVML does not validate it here")
+
+
+def test_a_corrupted_inforom_is_critical_and_goes_to_a_person(h200, run_rule):
+    [result] = run_rule("gpu.inforom", set_gpu(h200, inforom=VALID))
+    assert (result.status, result.message) == (
+        Status.OK, "InfoROM valid (image G520.0282.02.02; ecc 7.16, oem 2.1)")
+    [result] = run_rule("gpu.inforom", set_gpu(h200, inforom={**VALID, "valid": False}))
+    assert result.status is Status.CRITICAL and result.action == "inspect_hardware"
+    assert result.message == "the InfoROM is corrupted (nvmlDeviceValidateInforom)"
+    # the validation passes but reading an object's version says it is corrupted
+    [result] = run_rule("gpu.inforom", set_gpu(h200, inforom={**VALID, "corrupted": ["ecc"]}))
+    assert result.status is Status.CRITICAL
+    assert result.message == ("the InfoROM is corrupted: reading its ecc object version says "
+                              "so")
+    [result] = run_rule("gpu.inforom", set_gpu(h200, inforom={
+        "valid": None, "objects": {}, "corrupted": []}, inforom_image_version=Reading.failed("x")))
+    assert result.message == "InfoROM versions read (image ?); NVML does not validate it here"
+
+
+def test_an_unread_inforom_is_unknown_and_a_missing_one_skipped(h200, run_rule):
+    [result] = run_rule("gpu.inforom", set_gpu(h200, inforom=Reading.failed(
+        "nvmlDeviceValidateInforom: Unknown Error")))
+    assert result.status is Status.UNKNOWN
+    [result] = run_rule("gpu.inforom", set_gpu(h200, inforom=Reading()))
+    assert result.status is Status.SKIPPED
+    # a value of the wrong shape is an error reading, never judged
+    [result] = run_rule("gpu.inforom", set_gpu(h200, inforom={"valid": "no"}))
+    assert result.status is Status.UNKNOWN

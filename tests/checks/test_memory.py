@@ -36,6 +36,21 @@ def test_row_remap(h200, run_rule):
     assert "spare rows" in result.message
 
 
+def test_a_remapping_failure_goes_to_a_person_not_to_a_reset(h200, run_rule):
+    """Issue 21: the bank has no spare row left; a reset activates pending remaps but adds
+    no rows, so the action is inspect_hardware (it was the memory family's reset_gpu)."""
+    [healthy] = run_rule("memory.row_remap", h200)
+    assert (healthy.status, healthy.action) == (Status.OK, "none")
+    set_gpu(h200, remapped_rows_failure=True)
+    [result] = run_rule("memory.row_remap", h200)
+    assert (result.status, result.action) == (Status.CRITICAL, "inspect_hardware")
+    assert result.action_reason == ("row remapping failed: no spare row is left, and a "
+                                    "reset does not add any")
+    set_gpu(h200, remapped_rows_failure=False, remapped_rows_pending=True)
+    [pending] = run_rule("memory.row_remap", h200)
+    assert pending.action != "inspect_hardware"
+
+
 def test_row_remap_many_uncorrectable_rows_warn(h200, run_rule):
     set_gpu(h200, remapped_rows_uncorrectable=512)
     assert run_rule("memory.row_remap", h200)[0].status is Status.WARNING

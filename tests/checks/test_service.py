@@ -407,3 +407,86 @@ def test_engine_at_capacity_is_ok_and_the_opt_in_rule_warns(h200, run_rule, tmp_
     with_services(h200, a=entry([1], engine=engine(full[:-1])))
     [result] = run_rule("service.engine_full", h200, rules=load_ruleset([on]))
     assert result.status is Status.OK
+
+
+# --- CUDA errors in the service's log, tied to its GPUs' Xids (issue 23) ----------------
+
+KNOW = 7200 * 10**6  # the kernel log's clock at its read (usec)
+BUSES = ["00000000:00:06.0", "00000000:3B:00.0"]
+
+
+def with_xids(snap: Snapshot, *xids: tuple[int, str, float]) -> Snapshot:
+    """Xids (code, bus id, seconds before the kernel log's read) on a 2-GPU host."""
+    from tests.conftest import with_gpus
+
+    snap = with_gpus(snap, BUSES)
+    snap.host.kernel_log = Reading.ok({
+        "xids": [{"xid": x, "pci": pci, "pid": None, "process": None, "text": "",
+                  "seq": 1000 + i, "usec": KNOW - int(ago * 10**6)}
+                 for i, (x, pci, ago) in enumerate(xids)],
+        "now_usec": KNOW, "acked_seq": None})
+    snap.host.__post_init__()
+    return snap
+
+
+def logged(seen_ago: float, kind: str = "illegal_memory_access", run: str = "pid 1",
+           now: float = 1000.0) -> dict[str, Any]:
+    """The `log` of a service entry (gpuguard/daemon/service_logs.py): one error read
+    `seen_ago` seconds before this cycle."""
+    return {"source": "file /var/log/llm.log", "now": now, "lines_read": 10,
+            "errors": [{"kind": kind, "seen": now - seen_ago, "run": run,
+                        "line": "RuntimeError: CUDA error: an illegal memory access was "
+                                "encountered"}]}
+
+
+def test_gpu_error_with_an_xid_on_its_gpu_takes_the_xids_action(h200, run_rule,
+                                                                default_rules):
+    from gpuguard.judge import actions
+
+    # Xid 48 (double-bit ECC: reset the GPU) on GPU 1, 30 s before the engine's error
+    snap = with_xids(h200, (48, "0000:3B:00.0", 40.0))
+    with_services(snap, llm=entry([1], gpus=[1], log=logged(10.0)))
+    [result] = run_rule("service.gpu_errors", snap)
+    assert result.status is Status.CRITICAL
+    assert "Xid 48 on GPU 1 30 s before the engine's illegal_memory_access" in result.message
+    assert result.observed["suggested"] == "reset_gpu"
+    rule = default_rules.rules["service.gpu_errors"]
+    action, why = actions.suggest(rule, Status.CRITICAL, result.observed, default_rules)
+    assert action is actions.Action.RESET_GPU and "Xid 48" in why
+    # the pair is in what the event store keeps of the result
+    pair = result.observed["services"]["llm"]
+    assert pair["xid"]["xid"] == 48 and pair["errors"][0]["kind"] == "illegal_memory_access"
+    assert policy.outcome([result], None, {"service.gpu_errors"}, None, "llm")[0] == "failed"
+
+
+def test_gpu_error_without_a_near_xid_on_its_gpus_is_the_apps(h200, run_rule,
+                                                               default_rules):
+    from gpuguard.judge import actions
+
+    rule = default_rules.rules["service.gpu_errors"]
+    # an Xid on another GPU, and one on its GPU but 200 s apart: neither is its
+    for xids in ([(48, "0000:00:06.0", 15.0)], [(48, "0000:3B:00.0", 210.0)]):
+        snap = with_xids(h200, *xids)
+        with_services(snap, llm=entry([1], gpus=[1], log=logged(10.0)))
+        [result] = run_rule("service.gpu_errors", snap)
+        assert result.status is Status.CRITICAL
+        assert "no Xid on its GPUs within 60 s: the application's fault" in result.message
+        assert actions.suggest(rule, Status.CRITICAL, result.observed, default_rules)[0] \
+            is actions.Action.RESTART_APP
+    # an error of a run that has restarted since, not tied to the GPU: mended
+    snap = with_xids(h200)
+    with_services(snap, llm=entry([1], gpus=[1], log=logged(10.0, run="pid 0")))
+    assert run_rule("service.gpu_errors", snap)[0].status is Status.OK
+
+
+def test_gpu_errors_ages_out_and_an_unread_log_is_unknown(h200, run_rule):
+    snap = with_xids(h200)
+    with_services(snap, llm=entry([1], log=logged(400.0)))  # window_s 300
+    assert run_rule("service.gpu_errors", snap)[0].status is Status.OK
+    with_services(snap, llm=entry([1], log={"source": "file x", "now": 5.0, "errors": [],
+                                            "error": "cannot open x: EACCES"}))
+    [result] = run_rule("service.gpu_errors", snap)
+    assert result.status is Status.UNKNOWN and "could not be read" in result.message
+    with_services(snap, llm=entry([1]))
+    [result] = run_rule("service.gpu_errors", snap)
+    assert result.status is Status.SKIPPED and "names no log" in result.message

@@ -47,23 +47,73 @@ def test_a_fatal_sxid_is_critical_and_a_non_fatal_a_warning(run_rule):
     [result] = run_rule("sxid.recent", with_sxids([sxid(20034, FATAL, "0000:07:00.0", 14)]))
     assert result.status is Status.CRITICAL
     assert result.message == ("NVSwitch 0000:07:00.0 link 14: SXid 20034 (NVSwitch link LTSSM "
-                              "fault (the link went down)), last 1m ago: drain and reboot the "
-                              "node; open a case with the vendor if it comes back")
-    [result] = run_rule("sxid.recent", with_sxids([sxid(12028, NONFATAL, seq=1),
-                                                   sxid(12028, NONFATAL, seq=2, age_s=30)]))
-    assert result.status is Status.WARNING
-    assert "SXid 12028 x2" in result.message and "last 30s ago" in result.message
+                              "fault (the link went down), fatal by its line), last 1m ago: "
+                              "drain the node; reset the NVSwitches and GPUs (reboot)")
+    assert result.action == "reboot" and result.action_reason == "SXid 20034's line says Fatal"
+    replay = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 20001, Non-fatal, Link 32 TX replay"
+    [result] = run_rule("sxid.recent", with_sxids([sxid(20001, replay, seq=1),
+                                                   sxid(20001, replay, seq=2, age_s=30)]))
+    assert result.status is Status.WARNING and result.action == "inspect_hardware"
+    assert "SXid 20001 x2" in result.message and "last 30s ago" in result.message
+    # 12028 is filed non-fatal, but the guide says the GPU's traffic stalls and its access
+    # hangs, recovered by a reset of GPUs and switches: graded critical, with that reason
+    [result] = run_rule("sxid.recent", with_sxids([sxid(12028, NONFATAL)]))
+    assert result.status is Status.CRITICAL and result.action == "reboot"
 
 
 def test_an_sxid_the_catalog_lacks_is_graded_by_its_own_line(run_rule):
-    fatal = "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 24007, Fatal, Link 3 sourcetrack timeout"
-    [result] = run_rule("sxid.recent", with_sxids([sxid(24007, fatal)]))
-    assert result.status is Status.CRITICAL and "not in gpuguard's catalog" in result.message
-    other = "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 22013, Non-fatal, Minion Link 4 DLREQ"
-    assert run_rule("sxid.recent", with_sxids([sxid(22013, other)]))[0].status \
-        is Status.WARNING
+    fatal = "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 29001, Fatal, Link 3 something new"
+    [result] = run_rule("sxid.recent", with_sxids([sxid(29001, fatal)]))
+    assert result.status is Status.CRITICAL and result.action == "reboot"
+    assert ("not in the SXid list gpuguard ships (the NVSwitch SXid list of NVIDIA's Fabric "
+            "Manager User Guide (October 2023)), fatal by its line") in result.message
+    other = "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 29002, Non-fatal, Link 4 new too"
+    [result] = run_rule("sxid.recent", with_sxids([sxid(29002, other)]))
+    assert result.status is Status.WARNING and result.action == "inspect_hardware"
+    silent = "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 29003, Link 4 no word"
+    [result] = run_rule("sxid.recent", with_sxids([sxid(29003, silent)]))
+    assert result.status is Status.WARNING and result.action_reason == (
+        "SXid 29003 is not in the SXid list gpuguard ships (the NVSwitch SXid list of "
+        "NVIDIA's Fabric Manager User Guide (October 2023))")
     assert line_says(other) == "non-fatal" and line_says(fatal) == "fatal"
     assert line_says(None) is None
+
+
+def test_a_fatal_class_sxid_is_graded_by_its_line_on_both_forms(run_rule):
+    """The guide's "fatal" class (D.5) is fatal or not as the line says."""
+    nonfatal = "nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Non-fatal, Link 14 LTSSM"
+    [result] = run_rule("sxid.recent", with_sxids([sxid(20034, nonfatal)]))
+    assert result.status is Status.WARNING and result.action == "inspect_hardware"
+    neither = "nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Link 14 LTSSM Fault Up"
+    [result] = run_rule("sxid.recent", with_sxids([sxid(20034, neither)]))
+    assert result.status is Status.CRITICAL and result.action == "reboot"
+    # always fatal whatever the line says; the switch's own ECC corrections never count
+    [result] = run_rule("sxid.recent", with_sxids([sxid(22003, "22003, Non-fatal, Minion")]))
+    assert result.status is Status.CRITICAL
+    [result] = run_rule("sxid.recent", with_sxids([sxid(11012, "11012, Non-fatal, SBE")]))
+    assert result.status is Status.OK and result.observed["not_counted"] == 1
+
+
+def test_sxids_name_a_switch_so_they_are_the_hosts_unless_a_gpu_is_named(run_rule):
+    snap = with_sxids([sxid(20034, FATAL, "0000:07:00.0", 14)])
+    [result] = run_rule("sxid.recent", snap)
+    assert result.gpu is None
+    gpu_bus = snap.gpus[1].pci_bus_id.get()
+    snap.host.kernel_log.value["sxids"].append(sxid(20034, FATAL, gpu_bus, 2, seq=2))
+    results = {r.gpu.index if r.gpu else "host": r for r in run_rule("sxid.recent", snap)}
+    assert set(results) == {1, "host"}
+    assert results[1].status is Status.CRITICAL and results["host"].status is Status.CRITICAL
+    assert results[1].observed["counted"] == 1 and results["host"].observed["counted"] == 1
+
+
+def test_the_message_names_three_pairs_most_severe_first(run_rule):
+    events = [sxid(20001, "20001, Non-fatal, Link 1 TX replay", seq=1),
+              sxid(12028, NONFATAL, seq=2), sxid(20012, "20012, Non-fatal, Link 2", seq=3),
+              sxid(20034, FATAL, "0000:07:00.0", 14, seq=4)]
+    [result] = run_rule("sxid.recent", with_sxids(events))
+    parts = result.message.split(" | ")
+    assert [p.split("SXid ")[1].split(" ")[0] for p in parts[:3]] == ["20034", "12028", "20012"]
+    assert parts[3] == "and 1 more (switch, SXid) pair(s) (observed.events)"
 
 
 def test_the_window_and_the_ack_leave_old_lines_out(run_rule):
@@ -123,7 +173,8 @@ def test_a_line_without_a_time_counts_and_shows_no_age(run_rule):
         assert result.status is Status.CRITICAL
         assert result.observed["events"][0]["age_s"] is None
         assert result.message.startswith("NVSwitch 0000:07:00.0 link 14: SXid 20034 (NVSwitch "
-                                         "link LTSSM fault (the link went down)): drain")
+                                         "link LTSSM fault (the link went down), fatal by its "
+                                         "line): drain")
 
 
 @pytest.mark.parametrize(("age_s", "shown"), [
@@ -133,3 +184,14 @@ def test_ages_are_written_in_the_largest_whole_unit(run_rule, age_s, shown):
     event = {**sxid(12028, NONFATAL), "usec": later - age_s * 10**6}
     [result] = run_rule("sxid.recent", with_sxids([event], now_usec=later))
     assert f", last {shown} ago: " in result.message
+
+
+def test_one_sxid_on_two_switches_is_two_pairs_and_three_pairs_need_no_more(run_rule):
+    two = [sxid(20034, FATAL, "0000:07:00.0", 14, seq=1),
+           sxid(20034, FATAL, "0000:08:00.0", 3, seq=2)]
+    [result] = run_rule("sxid.recent", with_sxids(two))
+    assert len(result.message.split(" | ")) == 2
+    assert "NVSwitch 0000:08:00.0 link 3" in result.message
+    three = [*two, sxid(20001, "20001, Non-fatal, Link 1", seq=3)]
+    [result] = run_rule("sxid.recent", with_sxids(three))
+    assert len(result.message.split(" | ")) == 3 and "more" not in result.message

@@ -46,11 +46,11 @@ def test_a_burst_of_fatal_xids_escalates_with_the_rule_file_threshold(tmp_path, 
     state = tmp_path / "state"
     proc = procfs(tmp_path, BOOT_A)
     few = result(run(state, proc, "--kmsg-file", str(kmsg_with(tmp_path, 79, 4)),
-                     recovery=NONE), "xid.recent", None)
+                     recovery=NONE), "xid.recent", 0)  # GPU 0's own result (issue 21)
     assert (few["status"], few["action"]) == ("critical", "reboot")  # Xid 79: reboot
     state2 = tmp_path / "state2"
     five = result(run(state2, proc, "--kmsg-file", str(kmsg_with(tmp_path, 79, 5)),
-                      recovery=NONE), "xid.recent", None)
+                      recovery=NONE), "xid.recent", 0)
     assert five["action"] == "inspect_hardware"
     assert "Xid 79 on GPU 0 5 times within 1d (escalate.count 5)" in five["action_reason"]
     xids = events(state2, "--kind", "xid")

@@ -37,6 +37,10 @@
  *                              2 node_reboot, ...; default 0)
  *   FAKE_NVML_RECOVERY_GPU=i   ... only for GPU i (default: every GPU)
  *   Serial numbers are 1654000000000 + the GPU's index (a board's lasting identity).
+ *   FAKE_NVML_INFOROM=corrupted  nvmlDeviceValidateInforom and the InfoROM's ECC object
+ *                              version answer NVML_ERROR_CORRUPTED_INFOROM (14), as a board
+ *                              whose InfoROM is damaged; otherwise the real H200's versions
+ *   FAKE_NVML_INFOROM_GPU=i    ... only for GPU i (default: every GPU)
  *   FAKE_NVML_APP_CLOCK_SM=MHz application SM clock (default: the default, 1980)
  *   FAKE_NVML_MEM_TOTAL_MIB=n  memory total (v1 memory info; default: not supported unless
  *                              FAKE_NVML_PROCS_FILE is set)
@@ -114,6 +118,7 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     case 3: return "Not Supported";
     case 9: return "Driver Not Loaded";
     case 15: return "GPU is lost";
+    case 14: return "Corrupted infoROM";
     case 18: return "RM has detected an NVML/RM version mismatch.";
     default: return "Unknown Error";
     }
@@ -450,6 +455,31 @@ nvmlReturn_t nvmlDeviceGetApplicationsClock(nvmlDevice_t d, int type, unsigned i
 nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t d, int type, unsigned int *mhz) {
     maybe_hang("nvmlDeviceGetDefaultApplicationsClock", d->index);
     return app_clock(type, 1980, mhz);
+}
+
+static int inforom_corrupted(int gpu) {
+    const char *mode = getenv("FAKE_NVML_INFOROM");
+    if (!mode || strcmp(mode, "corrupted") != 0) return 0;
+    int only = env_int("FAKE_NVML_INFOROM_GPU", -1);
+    return only < 0 || only == gpu;
+}
+
+nvmlReturn_t nvmlDeviceValidateInforom(nvmlDevice_t d) {
+    maybe_hang("nvmlDeviceValidateInforom", d->index);
+    return inforom_corrupted(d->index) ? 14 : NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t d, char *v, unsigned int len) {
+    maybe_hang("nvmlDeviceGetInforomImageVersion", d->index);
+    return copy(v, len, "G520.0282.02.02");  /* the real H200's */
+}
+
+/* objects: 0 OEM, 1 ECC, 2 power (the real H200: 2.1, 7.16, N/A) */
+nvmlReturn_t nvmlDeviceGetInforomVersion(nvmlDevice_t d, int object, char *v, unsigned int len) {
+    if (object == 1 && inforom_corrupted(d->index)) return 14;
+    if (object == 0) return copy(v, len, "2.1");
+    if (object == 1) return copy(v, len, "7.16");
+    return NVML_ERROR_NOT_SUPPORTED;
 }
 
 nvmlReturn_t nvmlDeviceGetGspFirmwareVersion(nvmlDevice_t d, char *version) {

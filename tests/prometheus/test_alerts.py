@@ -148,14 +148,8 @@ def test_daemon_and_supervisor_alerts_fire(tmp_path):
             {"series": f'gpuguard_results_stale{{{H}}}', "values": "0 1 1"},
         ],
         "alert_rule_test": [
-            {"eval_time": "1m", "alertname": "GPUGuardFatalXid", "exp_alerts": [{
-                "exp_labels": {"severity": "critical", "instance": "h1:9412",
-                               "job": "gpuguard", "xid": "79", "gpu": "3", "uuid": "U3",
-                               "pci_bus_id": "0000:3b:00.0"},
-                "exp_annotations": {
-                    "summary": "Fatal Xid 79 on h1:9412 GPU 3 (0000:3b:00.0)",
-                    "runbook": next(r["annotations"]["runbook"] for r in _daemon_rules()
-                                    if r["alert"] == "GPUGuardFatalXid")}}]},
+            {"eval_time": "1m", "alertname": "GPUGuardFatalXid",
+             "exp_alerts": [fatal_xid_alert("GPU 3 (0000:3b:00.0)", "15s", G3_LABELS)]},
             {"eval_time": "30s", "alertname": "GPUGuardFailoverActive",
              "exp_alerts": [_simple("GPUGuardFailoverActive", "warning",
                                     {"service": "llm"})]},
@@ -176,6 +170,46 @@ def test_daemon_and_supervisor_alerts_fire(tmp_path):
         "alert_rule_test": [{"eval_time": "6m", "alertname": "GPUGuardAbsent",
                              "exp_alerts": [_simple("GPUGuardAbsent", "critical", {},
                                                     instance=None)]}]}])
+
+
+G3_LABELS = {"gpu": "3", "uuid": "U3", "pci_bus_id": "0000:3b:00.0"}
+
+
+def fatal_xid_alert(where, age, gpu_labels):
+    runbook = next(r["annotations"]["runbook"] for r in _daemon_rules()
+                   if r["alert"] == "GPUGuardFatalXid")
+    return {"exp_labels": {"severity": "critical", "instance": "h1:9412", "job": "gpuguard",
+                           **gpu_labels},
+            "exp_annotations": {
+                "summary": f"Fatal Xid on h1:9412 {where}",
+                "description": f"The latest fatal Xid on it was {age} ago; xid.recent of this "
+                               "GPU names the codes, most severe first, and what to do.",
+                "runbook": runbook}}
+
+
+def test_one_fatal_xid_alert_per_gpu_whatever_codes_it_logged(tmp_path):
+    """Issue 21: Xids 79 and 48 on GPU 3 are one alert, Xid 119 on GPU 5 another, and an
+    Xid at an address NVML does not list a third; a warning Xid alerts nowhere."""
+    g5 = 'gpu="5",uuid="U5",pci_bus_id="0000:86:00.0"'
+    gone = 'gpu="",uuid="",pci_bus_id="0000:5e:00.0"'
+    last = "gpuguard_xid_last_seen_timestamp_seconds"
+    run_promtool(tmp_path, [{
+        "interval": "15s",
+        "input_series": [
+            {"series": f'{last}{{{H},xid="79",severity="critical",{G3}}}', "values": "0x8"},
+            {"series": f'{last}{{{H},xid="48",severity="critical",{G3}}}', "values": "15x8"},
+            {"series": f'{last}{{{H},xid="119",severity="critical",{g5}}}', "values": "30x8"},
+            {"series": f'{last}{{{H},xid="79",severity="critical",{gone}}}', "values": "0x8"},
+            {"series": f'{last}{{{H},xid="13",severity="warning",{g5}}}', "values": "0x8"},
+        ],
+        "alert_rule_test": [{"eval_time": "1m", "alertname": "GPUGuardFatalXid", "exp_alerts": [
+            fatal_xid_alert("GPU 3 (0000:3b:00.0)", "45s", G3_LABELS),
+            fatal_xid_alert("GPU 5 (0000:86:00.0)", "30s",
+                            {"gpu": "5", "uuid": "U5", "pci_bus_id": "0000:86:00.0"}),
+            # (Prometheus drops an empty label)
+            fatal_xid_alert("0000:5e:00.0 (an address NVML does not list)", "1m 0s",
+                            {"pci_bus_id": "0000:5e:00.0"}),
+        ]}]}])
 
 
 def _daemon_rules():

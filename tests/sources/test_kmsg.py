@@ -125,3 +125,49 @@ def test_a_saved_log_is_timed_by_its_highest_stamp_so_no_age_is_negative(tmp_pat
                    "fallen off the bus.\n[    5.000000] an earlier boot's line\n")
     summary = kmsg.read_file(log).get()
     assert summary["now_usec"] == 100_000_000
+
+
+# -- GSP lines without an Xid and the driver's loads (issue 21; sources/kmsg_gpu.py) ------
+
+def test_each_gsp_pattern_is_read_with_its_gpu():
+    """One fixture line per pattern (tests/fixtures/kmsg/gsp.kmsg; the sources are named in
+    sources/kmsg_gpu.py): the rate-limit line names its GPU by PCI address, the crash report
+    and the boot failure by the driver's own number; a boot failure's lines are one event;
+    the lines about an Xid 119 (its RPC buffer) are not GSP errors of their own."""
+    log = kmsg.read_file(FIXTURES / "kmsg" / "gsp.kmsg").get()
+    assert [(e["kind"], e["pci"], e["rm_gpu"], e["seq"]) for e in log["gsp"]] == [
+        ("rpc_timeout", "0000:9b:00.0", None, 202), ("rpc_timeout", "0000:3b:00.0", None, 250),
+        ("crash", None, 0, 300), ("boot_failed", None, 7, 400)]
+    assert log["gsp_dropped"] == 0
+    assert [x["xid"] for x in log["xids"]] == [119]
+    # each load of the driver, open or proprietary module (a hook for a reload clearing
+    # findings)
+    assert log["driver_loads"] == [{"version": "580.159.04", "seq": 100, "usec": 1_000_000},
+                                   {"version": "570.195.03", "seq": 500,
+                                    "usec": 7_200_000_000}]
+
+
+def test_the_real_h200s_log_holds_a_driver_load_and_no_gsp_error():
+    log = kmsg.read_file(FIXTURES / "kmsg" / "h200-healthy.kmsg").get()
+    assert log["gsp"] == [] and log["xids"] == []
+    assert [d["version"] for d in log["driver_loads"]] == ["580.159.04"]
+
+
+def test_gsp_lines_are_bounded_and_the_rest_counted(tmp_path):
+    from gpuguard.sources.kmsg_gpu import MAX_GSP
+
+    path = tmp_path / "storm.log"
+    path.write_text("".join(
+        f"[ {n}.000000] NVRM: Rate limiting GSP RPC error prints for GPU at PCI:0000:3b:00 "
+        "(printing 1 of every 30).  The GPU likely needs to be reset.\n"
+        for n in range(1, MAX_GSP + 51)))
+    log = kmsg.read_file(path).get()
+    assert len(log["gsp"]) == MAX_GSP and log["gsp_dropped"] == 50
+    assert log["gsp"][-1]["usec"] == (MAX_GSP + 50) * 10**6  # the newest are kept
+
+
+def test_a_second_boot_failure_line_within_a_second_is_the_same_event(tmp_path):
+    path = tmp_path / "boot.log"
+    line = "NVRM: GPU7 RmInitAdapter: Cannot initialize GSP firmware RM\n"
+    path.write_text(f"[ 10.000000] {line}[ 10.900000] {line}[ 12.000000] {line}")
+    assert [e["usec"] for e in kmsg.read_file(path).get()["gsp"]] == [10_000_000, 12_000_000]

@@ -1,0 +1,96 @@
+"""Kernel-log lines of the NVIDIA driver besides Xids (sources/kmsg.py hands them here):
+GSP errors that carry no Xid (gsp.firmware), and each time the driver loaded (a hook for
+findings cleared by a driver reload). Each pattern names its source; each has a fixture
+line in tests/fixtures/kmsg/gsp.kmsg."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from typing import Any
+
+from gpuguard.model.pci import normalise_pci
+from gpuguard.model.readings import GSP_KINDS
+
+_PCI = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+# GSP (the GPU System Processor, where the resource manager runs on Hopper and newer):
+GSP_PATTERNS = (
+    # NVIDIA/open-gpu-kernel-modules, kernel_gsp.c, _kgspRpcIncrementTimeoutCountAndRateLimitPrints;
+    # logged after the first Xid 119s (leptonai/gpud testdata/dmesg-with-xid-119.log):
+    # "NVRM: Rate limiting GSP RPC error prints for GPU at PCI:0000:9b:00 (printing 1 of
+    # every 30).  The GPU likely needs to be reset."
+    ("rpc_timeout",
+     re.compile(rf"Rate limiting GSP RPC error prints for GPU at PCI:(?P<pci>{_PCI})")),
+    # kernel_gsp_tu102.c, kgspHealthCheck_TU102 (GSP crashed; usually with Xid 120):
+    # "NVRM: GPU0 kgspHealthCheck_TU102: ********* GSP-CrashCat Report *********"
+    ("crash", re.compile(r"GSP-CrashCat Report")),
+    # kernel_gsp.c, _kgspBootGspRm, and RmInitAdapter (the GPU is left uninitialised; users'
+    # reports: a bus reset or cold reboot clears it):
+    # "NVRM: GPU7 _kgspBootGspRm: unexpected WPR2 already up, cannot proceed with booting GSP"
+    # "NVRM: GPU7 RmInitAdapter: Cannot initialize GSP firmware RM"
+    ("boot_failed", re.compile(r"cannot proceed with booting GSP|"
+                               r"Cannot initialize GSP firmware RM")),
+)
+assert tuple(kind for kind, _ in GSP_PATTERNS) == GSP_KINDS
+# The driver's own number of a GPU ("NVRM: GPU7 ..."), which is not NVML's index.
+_RM_GPU = re.compile(r"NVRM: GPU(?P<n>\d{1,4})\b")
+# "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..."
+# (the real H200's log, tests/fixtures/kmsg/h200-healthy.kmsg; the proprietary module says
+# "NVIDIA UNIX x86_64 Kernel Module")
+_LOADING = re.compile(
+    r"NVRM: loading NVIDIA UNIX .{0,80}?Kernel Module.{0,40}?\s(?P<version>\d+\.\d+(?:\.\d+)?)\s")
+
+MAX_GSP = 500  # the newest kept: a wedged GPU's GSP lines come by the hundred
+MAX_LOADS = 16
+
+
+class GspLines:
+    """GSP error lines without an Xid: {"kind", "pci", "rm_gpu", "text", "seq", "usec"};
+    the lines of one event (the boot failure is logged twice, a moment apart) are one."""
+
+    def __init__(self) -> None:
+        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_GSP)
+        self.seen = 0
+
+    def add(self, text: str, seq: int | None, usec: int | None) -> bool:
+        """Take the line if it is one; whether it was."""
+        if "GSP" not in text:
+            return False
+        kind, match = next(((k, m) for k, p in GSP_PATTERNS if (m := p.search(text))),
+                           (None, None))
+        if kind is None or match is None:
+            return False
+        pci = match.groupdict().get("pci")
+        rm = _RM_GPU.search(text)
+        event = {"kind": kind, "pci": normalise_pci(pci) if pci else None,
+                 "rm_gpu": int(rm["n"]) if rm else None, "text": text.strip()[:300],
+                 "seq": seq, "usec": usec}
+        last = self.events[-1] if self.events else None
+        if last is not None and all(last[k] == event[k] for k in ("kind", "pci", "rm_gpu")) \
+                and (usec is None or last["usec"] is None or usec - last["usec"] < 1_000_000):
+            return True
+        self.events.append(event)
+        self.seen += 1
+        return True
+
+    def dropped(self) -> int:
+        return self.seen - len(self.events)
+
+
+def driver_load(text: str, seq: int | None, usec: int | None) -> dict[str, Any] | None:
+    """The driver's "loading" line: when it (re)loaded, and which version."""
+    found = _LOADING.search(text + " ")
+    if found is None:
+        return None
+    return {"version": found["version"], "seq": seq, "usec": usec}
+
+
+class DriverLoads:
+    def __init__(self) -> None:
+        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_LOADS)
+
+    def add(self, text: str, seq: int | None, usec: int | None) -> bool:
+        if "loading NVIDIA" not in text or (event := driver_load(text, seq, usec)) is None:
+            return False
+        self.events.append(event)
+        return True
