@@ -46,6 +46,7 @@ def _variant(tmp: Path, name: str, port: int, fixture: str, engine: str,
 def _config(tmp: Path, gpu: dict[str, Any], cpu: dict[str, Any], engine: dict[str, Any],
             **extra: Any) -> Path:
     ports = {"gpu": gpu["port"], "cpu": cpu["port"]}
+    exec_extra = extra.pop("exec_extra", {})
     service = {
         "name": "llm", "backend": "exec", "failover_after": 3, "failback": "manual",
         "engine": engine, **extra,
@@ -56,7 +57,7 @@ def _config(tmp: Path, gpu: dict[str, Any], cpu: dict[str, Any], engine: dict[st
                  "running_gpu": gpu["running"], "pid_file_gpu": gpu["pid_file"],
                  "start_cpu": cpu["start"], "stop_cpu": cpu["stop"],
                  "running_cpu": cpu["running"], "pid_file_cpu": cpu["pid_file"],
-                 **extra.pop("exec_extra", {})}}
+                 **exec_extra}}
     path = tmp / "gpuguard.yaml"
     path.write_text(json.dumps({"services": [service]}))
     return path
@@ -206,3 +207,58 @@ def _transitions(tmp: Path) -> list[str]:
     with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as conn:
         return [row[0] for row in conn.execute(
             "SELECT status FROM events WHERE kind = 'supervisor'")]
+
+
+# an Xid 48 (double-bit ECC: reset the GPU) on GPU 1 (00000000:28:00.0 in host_snapshot),
+# the kernel log's newest line: it is 0 s old at every read of the file
+KMSG = ("6,100,1000000,-;NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04\n"
+        "4,200,9000000000,-;NVRM: Xid (PCI:0000:28:00): 48, pid=4121, name=vllm, An "
+        "uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at "
+        "partition 1, subpartition 0.\n")
+
+
+def test_a_cuda_error_in_its_log_with_an_xid_on_its_gpu_fails_over_with_the_xids_action(
+        tmp_path: Path, start_daemon: Any) -> None:
+    """Issue 23 item 3: the exec backend's log file read incrementally; an illegal memory
+    access written by the engine with an Xid 48 on the service's GPU: service.gpu_errors
+    critical, the failover's reason and the suggested action the Xid's (reset_gpu), and the
+    event store keeps the pair."""
+    log = tmp_path / "llm-gpu.log"
+    gpu = _variant(tmp_path, "gpu", free_port(), "vllm-0.11.prom", "vllm", log)
+    cpu = _variant(tmp_path, "cpu", free_port(), "vllm-0.11.prom", "vllm")
+    kmsg = tmp_path / "kmsg.txt"
+    kmsg.write_text(KMSG)
+    # only its own rule moves it here (xid.recent, tagged failover, would too)
+    config = _config(tmp_path, gpu, cpu, {"name": "vllm"}, gpus=[1],
+                     rules=["service.gpu_errors"], exec_extra={"log_file_gpu": str(log)})
+    daemon = _start(start_daemon, tmp_path, config, kmsg)
+    try:
+        daemon.wait_for(lambda: _per(daemon, "service.gpu_errors")[0] == "ok", 20,
+                        "the log to be read")
+        _set(gpu, mode="rising", log="RuntimeError: CUDA error: an illegal memory access "
+                                     "was encountered")
+        daemon.wait_for(lambda: _per(daemon, "service.gpu_errors")[0] == "critical", 15,
+                        "the error tied to the Xid")
+        result = daemon.result("service.gpu_errors")
+        assert "with Xid 48 on GPU 1" in result["message"], result
+        assert result["action"] == "reset_gpu", result
+        daemon.wait_for(lambda: "failover_started" in daemon.log.read_text(), 20,
+                        "the failover")
+        started = [json.loads(line) for line in daemon.log.read_text().splitlines()
+                   if "failover_started" in line]
+        assert "service.gpu_errors" in started[0]["reason"], started
+        assert "Xid 48" in started[0]["reason"], started
+
+        def recorded() -> list[tuple[str, str, str]]:
+            store = tmp_path / "state" / "events.db"
+            with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as c:
+                return list(c.execute("SELECT action, message, data FROM events WHERE rule "
+                                      "= 'service.gpu_errors' AND status = 'critical'"))
+        [(action, message, data)] = daemon.wait_for(recorded, 15, "the event store's row")
+        # the pair: the engine's error (its kind and line) and the Xid it is tied to
+        assert action == "reset_gpu" and "illegal_memory_access" in message \
+            and "Xid 48 on GPU 1" in message and "an illegal memory access was" in message
+        assert json.loads(data)["names"] == ["llm: illegal_memory_access with Xid 48"]
+    finally:
+        daemon.stop()
+        _kill([gpu, cpu])
