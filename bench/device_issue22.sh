@@ -20,8 +20,12 @@ for _ in $(seq 1 60); do [ -S "$S" ] && $G status --socket "$S" > /dev/null 2>&1
 $G status --socket "$S" > "$OUT/status.txt"; echo "status exit $?"
 $G status --socket "$S" --format json > "$OUT/status.json"
 $G check > "$OUT/check.txt"; echo "check exit $?"
-/tmp/gv/bin/python -X importtime -m gpuguard status --socket "$S" 2> "$OUT/importtime-status.txt" > /dev/null
-V=(--variant "status=$G status --socket $S"
+/tmp/gv/bin/python -X importtime -c 'from gpuguard.cli.entry import main; main()' status --socket "$S" 2> "$OUT/importtime-status.txt" > /dev/null
+/tmp/gv/bin/python -X importtime -c pass 2> "$OUT/importtime-bare.txt"
+# the interpreter's own start, bare and without site: what no import diet can remove
+V=(--variant "venv_python=/tmp/gv/bin/python -c pass"
+   --variant "venv_python_S=/tmp/gv/bin/python -S -c pass"
+   --variant "status=$G status --socket $S"
    --variant "status_json=$G status --socket $S --format json"
    --variant "check_json=$G check --format json")
 # prints medians, 90th percentiles and their ratios to nvidia-smi -q

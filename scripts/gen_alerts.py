@@ -64,10 +64,12 @@ DAEMON_ALERTS: list[dict[str, Any]] = [
     {"alert": "GPUGuardFatalXid",
      # One alert per GPU (its labels, whatever Xids it logged; an address NVML does not list
      # alerts apart) while its latest fatal Xid is under 10 minutes old by its own time: an
-     # old one never fires, and a counter born at 1 needs no increase() to be seen.
+     # old one never fires, and a counter born at 1 needs no increase() to be seen. The age
+     # is the daemon's (monotonic), never time() minus a host stamp: a host clock behind
+     # Prometheus's by more than the window would hide every fatal Xid.
      # `without (xid)` keeps every other label, a site's target labels included.
-     "expr": 'min without (xid) (time() - '
-             'gpuguard_xid_last_seen_timestamp_seconds{severity="critical"}) < 600',
+     "expr": 'min without (xid) '
+             '(gpuguard_xid_last_seen_age_seconds{severity="critical"}) < 600',
      "labels": {"severity": "critical"},
      "annotations": {"summary": "Fatal Xid on {{ $labels.instance }} " + XID_WHERE,
                      "description": "The latest fatal Xid on it was {{ $value | "

@@ -136,7 +136,7 @@ def test_live_kernel_log_and_ack(tmp_path):
 
 
 def test_corrupt_ack_file_hides_nothing(tmp_path):
-    from gpuguard.sources.host import read_xid_ack
+    from gpuguard.sources.boot_state import read_xid_ack
 
     (tmp_path / "xid-ack.json").write_text("{not json")
     assert read_xid_ack(tmp_path, FIXTURES / "procfs-match") is None

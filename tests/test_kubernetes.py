@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuguard.daemon.verdict_files import CONDITIONS, boottime
+from gpuguard.daemon.verdict_files import CONDITIONS, NOT_A_CONDITION, boottime
 from tests.conftest import REPO
 from tests.daemon.conftest import host_snapshot, start_daemon, write_snapshot
 
@@ -179,3 +179,15 @@ def test_npd_config_ships_the_plugin_and_a_rule_per_condition_file() -> None:
     gpuguard = next(d for d in manifests() if d["metadata"]["name"] == "gpuguard"
                     and d["kind"] == "DaemonSet")
     assert "--npd-dir" in gpuguard["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_every_rule_family_is_in_a_condition_or_left_out_saying_why() -> None:
+    """gsp.firmware and devices.* (issue 21) were in no condition: a GSP crash that
+    `gpuguard status` called critical left every node condition OK."""
+    from gpuguard.judge.registry import FAMILIES
+
+    placed = [f for families in CONDITIONS.values() for f in families]
+    assert len(placed) == len(set(placed)), "a family in two conditions"
+    assert set(FAMILIES) == set(placed) | set(NOT_A_CONDITION), \
+        set(FAMILIES) ^ (set(placed) | set(NOT_A_CONDITION))
+    assert not set(placed) & set(NOT_A_CONDITION)

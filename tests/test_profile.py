@@ -49,6 +49,8 @@ def profile_at(tmp_path: Path, text: str) -> Path:
      "rules['pcie.replays']: severity must be one of `critical`, `warning`, not 'fatal'"),
     # what spans more than a type stays in code, with its line
     ("xid_window: 2 hours\n", 1, "xid window must be `boot` or a span"),
+    ("xid_window: infh\n", 1, "xid window must be `boot` or a span"),  # float('inf')
+    ("xid_window: nanm\n", 1, "xid window must be `boot` or a span"),
     ("driver:\n  min_version: '570.x'\n", 2, "driver: min_version: '570.x' is not a dotted"),
     # issue 11's keys
     ("nvlink_links_per_gpu: -2\n", 1, "nvlink_links_per_gpu must be a whole number >= 0"),

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuguard.judge.actions import GSP_KINDS
 from gpuguard.judge.registry import CheckContext, Finding, PerGpu, host_check, ok, skipped
-from gpuguard.judge.xids import Grade, by_gpu, select, span
+from gpuguard.judge.xids import Grade, by_gpu, repair_words, repairs_for, select, span
 
 MEANING = {"rpc_timeout": "GSP RPC timeouts, rate-limited (the driver: the GPU likely needs "
                           "to be reset)",
@@ -36,9 +36,9 @@ def firmware(ctx: CheckContext) -> Finding | PerGpu:
         return skipped("this kernel log summary has no GSP list (an older input)")
     groups = by_gpu(events, ctx.snapshot)
     xids = by_gpu(log["xids"], ctx.snapshot)
-    gpus = {g.index: _judge(ctx, log, groups.get(g.index, []), xids.get(g.index, []))
+    gpus = {g.index: _judge(ctx, log, groups.get(g.index, []), xids.get(g.index, []), g.index)
             for g in ctx.snapshot.gpus}
-    host = _judge(ctx, log, groups.get(None, []), xids.get(None, [])) \
+    host = _judge(ctx, log, groups.get(None, []), xids.get(None, []), None) \
         if None in groups or not gpus else None
     return PerGpu(gpus, host)
 
@@ -50,21 +50,25 @@ def _grade(event: dict[str, Any]) -> Grade:
 
 
 def _judge(ctx: CheckContext, log: dict[str, Any], events: list[dict[str, Any]],
-           xids: list[dict[str, Any]]) -> Finding:
+           xids: list[dict[str, Any]], gpu: int | None) -> Finding:
     window_s = ctx.profile.xid_window_s
     window = "since boot" if window_s is None else f"in the last {span(window_s)}"
-    chosen = select(events, log, window_s, _grade)
+    # a GPU reset or a driver reload after a line clears it, where it asked for no more
+    repairs = repairs_for(log, ctx.snapshot, gpu)
+    chosen = select(events, log, window_s, _grade, repairs)
     counted = [{k: e.get(k) for k in ("kind", "pci", "rm_gpu", "seq", "age_s", "why")}
                | {"suggested": e["first"]} for e in chosen.counted]
     observed: dict[str, Any] = {"window": window, "counted": len(counted),
                                 "aged_out": chosen.aged, "acknowledged": chosen.acknowledged,
                                 "older_not_kept": log.get("gsp_dropped") or 0,
-                                "events": counted}
+                                "cleared": chosen.cleared, "events": counted}
     if not counted:
-        return ok(f"no GSP error line {window}", **observed)
+        cleared = f" ({chosen.cleared} cleared by {repair_words(chosen.repair)})" \
+            if chosen.repair is not None else ""
+        return ok(f"no GSP error line {window}{cleared}", **observed)
     with_xid = sorted({e["xid"] for e in select(
         [x for x in xids if x["xid"] in GSP_XIDS], log, window_s,
-        lambda e: Grade("critical", "", "", "reset_gpu")).counted})
+        lambda e: Grade("critical", "", "", "reset_gpu"), repairs).counted})
     if with_xid:
         observed["events"] = []  # xid.recent's to act on: no action from here
         observed["with_xid"] = with_xid

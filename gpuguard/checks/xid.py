@@ -3,8 +3,10 @@ one result per GPU (the line's bus address names it) and one for the host where 
 no GPU NVML lists (a GPU that fell off the bus).
 
 A whole-dmesg grep stays red until reboot (the most common complaint about AzNHC and
-gcm), so only events inside the window count (default: since boot), and events up to
-the sequence number acknowledged with `gpuguard xid ack` are left out.
+gcm), so only events inside the window count (default: since boot), events up to
+the sequence number acknowledged with `gpuguard xid ack` are left out, and so are those
+logged before the repair their action asked for (a GPU reset of their GPU, a driver
+reload: issue 21, item 3; judge/xids.py REPAIRS).
 """
 
 from __future__ import annotations
@@ -22,7 +24,17 @@ from gpuguard.judge.registry import (
     ok,
     warning,
 )
-from gpuguard.judge.xids import Grade, Selection, by_gpu, grade, select, severest_first, span
+from gpuguard.judge.xids import (
+    Grade,
+    Selection,
+    by_gpu,
+    grade,
+    repair_words,
+    repairs_for,
+    select,
+    severest_first,
+    span,
+)
 from gpuguard.model.results import NAMES
 from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 
@@ -48,7 +60,9 @@ def _judge(ctx: CheckContext, log: dict[str, Any], events: list[dict[str, Any]],
     window_s = ctx.profile.xid_window_s
     catalog, source = ctx.ruleset.xid_catalog, ctx.ruleset.xid_catalog_source
     chosen = select(events, log, window_s,
-                    lambda event: grade(event["xid"], event.get("text"), catalog, source))
+                    lambda event: grade(event["xid"], event.get("text"), catalog, source),
+                    repairs_for(log, ctx.snapshot, gpu),
+                    lambda g: CATALOG_WORDS[g.first].value)
     counted = [{**e, "gpu": gpu, "suggested": CATALOG_WORDS[e["first"]].value}
                for e in chosen.counted]
     window = "since boot" if window_s is None else f"in the last {span(window_s)}"
@@ -69,7 +83,9 @@ def _observed(chosen: Selection, counted: list[dict[str, Any]], window: str, dro
     return {"window": window, "counted": len(counted), "aged_out": chosen.aged,
             "older_not_kept": dropped,
             "not_counted": chosen.ignored, "acked_seq": acked,
-            "acknowledged": chosen.acknowledged,
+            "acknowledged": chosen.acknowledged, "cleared": chosen.cleared,
+            "cleared_by": None if chosen.repair is None else
+            {k: chosen.repair.get(k) for k in ("kind", "seq", "usec", "text")},
             "codes": [{"xid": xid, "count": len(events), "severity": events[-1]["severity"],
                        "suggested": events[-1]["suggested"]}
                       for xid, events in _ranked(counted)],
@@ -90,7 +106,9 @@ def _ranked(counted: list[dict[str, Any]]) -> list[tuple[int, list[dict[str, Any
 def _nothing_to_act_on(chosen: Selection, window: str, dropped: int) -> str:
     """The ok message: no Xid counted, with what was left out and why (acknowledged,
     informational, aged out), so an operator sees the log was read."""
+    cleared = "" if chosen.repair is None else f"cleared by {repair_words(chosen.repair)}"
     notes = [f"{n} {what}" for n, what in ((chosen.acknowledged, "acknowledged"),
+                                           (chosen.cleared, cleared),
                                            (chosen.ignored, "informational"),
                                            (chosen.aged, "older than the window")) if n]
     extra = f" ({', '.join(notes)})" if notes else ""

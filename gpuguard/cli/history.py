@@ -32,8 +32,7 @@ def xid() -> None:
 def xid_ack(state_dir: Path | None, path_procfs: Path | None, kmsg_device: Path | None) -> None:
     """Stop the Xids logged so far (this boot) from counting in xid.recent."""
     from gpuguard.io.paths import host_default, state_dir_or_default
-    from gpuguard.sources import host as host_sources
-    from gpuguard.sources import kmsg
+    from gpuguard.sources import boot_state, kmsg
 
     state_dir = state_dir_or_default(state_dir)
     paths = paths_from(None, path_procfs, None)
@@ -45,7 +44,7 @@ def xid_ack(state_dir: Path | None, path_procfs: Path | None, kmsg_device: Path 
         click.echo("no Xid in the kernel log: nothing to acknowledge")
         return
     try:
-        host_sources.write_xid_ack(state_dir, paths, max(seqs))
+        boot_state.write_xid_ack(state_dir, paths, max(seqs))
     except OSError as exc:
         raise ConfigProblem(f"cannot write {state_dir}: {exc.strerror or exc}") from exc
     click.echo(f"acknowledged {len(seqs)} Xid line(s) up to kmsg sequence {max(seqs)}")
@@ -71,7 +70,7 @@ def _finite_span(text: str, option: str, most_s: float | None = None) -> float:
 @click.option("--gpu", metavar="N|UUID|SERIAL", help="Only this GPU (by index, UUID or serial).")
 @click.option("--rule", "rule_id", metavar="ID", help="Only this rule (xid.recent for Xids).")
 @click.option("--kind", "kinds", multiple=True,
-              type=click.Choice(["rule", "xid", "supervisor", "ack", "probe"]),
+              type=click.Choice(["rule", "xid", "supervisor", "ack", "probe", "repair"]),
               help="Only these kinds (repeatable).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
@@ -80,7 +79,7 @@ def _finite_span(text: str, option: str, most_s: float | None = None) -> float:
 @state_dir_option()
 def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[str, ...],
                fmt: str, limit: int, state_dir: Path | None) -> None:
-    """What happened: rule transitions, Xids, failovers, acks (any user may read)."""
+    """What happened: rule transitions, Xids, repairs, failovers, acks (any user may read)."""
     from gpuguard.events.commands import CannotRead, list_events
     from gpuguard.io.paths import state_dir_or_default
 
@@ -110,7 +109,8 @@ def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Pa
         path_procfs: Path | None, kmsg_device: Path | None, profile_path: Path | None,
         rules_dirs: tuple[Path, ...]) -> None:
     """Acknowledge RULE's finding as the event store last recorded it (its status, and
-    for a host rule what it names): its suggested action becomes none (its status stays)
+    for a host rule what it names; a per-GPU result of a host rule, such as xid.recent's,
+    with --gpu): its suggested action becomes none (its status stays)
     until the finding changes or the time is up. A rule that is ok, or a GPU the store
     never recorded, is refused."""
     from gpuguard.events.ack_command import AckRefused, record_ack
@@ -123,8 +123,8 @@ def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Pa
     if scope == "gpu" and gpu is None:
         raise ConfigProblem(f"{rule_id} is a GPU rule: name the GPU with --gpu (an ack "
                             "covers one board's finding)")
-    if scope == "host" and gpu is not None:
-        raise ConfigProblem(f"{rule_id} is a host rule: it takes no --gpu")
+    # a host rule with --gpu: the result it gives that GPU (xid.recent, sxid.recent and
+    # gsp.firmware give one per GPU); the store refuses a GPU it recorded no finding on
     seconds = _finite_span(duration, "--for", ACK_MAX_S)
     from gpuguard.io.paths import host_default, state_dir_or_default
 

@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -168,7 +169,7 @@ def parse_window(text: object) -> float | None:
             value = float(text[:-1])
         except ValueError:
             value = -1
-        if value > 0:
+        if value > 0 and math.isfinite(value):  # "infh" or "nanm" is no span
             return value * _UNITS[text[-1]]
     raise ValueError(f"xid window must be `boot` or a span such as 90s, 15m, 2h, 1d, "
                      f"not {short(text)}")

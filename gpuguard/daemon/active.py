@@ -10,11 +10,12 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpuguard.model.snapshot import Reading, Snapshot
 from gpuguard.sources.active import workers
-from gpuguard.sources.active.plan import FIELDS, options
+from gpuguard.sources.active.plan import FIELDS, LOCK_FILE, options
 from gpuguard.sources.active.workers import ActiveProbe
 
 if TYPE_CHECKING:
@@ -25,6 +26,9 @@ KEPT = ("probe_skipped", *FIELDS)
 # One probe at a time in the daemon: the scheduled one and a supervisor's failback probe
 # each take the GPUs' PCIe and HBM; measured together, both would read low.
 PROBE_LOCK = threading.Lock()
+# ... and one per host: a `gpuguard check --active` (or slurm health) run beside the daemon
+# takes the same lock file in the state dir (sources/active/host_lock.py); set at start.
+HOST_LOCK: dict[str, Path | None] = {"state_dir": None}
 # The rules the probe's readings feed: a failback needs each of them ok on every GPU of
 # the service (skipped only where there is nothing to judge: no peer to copy with).
 PROBE_RULES = ("gpu.compute", "memory.pattern", "memory.bandwidth", "pcie.bandwidth",
@@ -36,8 +40,12 @@ def probe(snapshot: Snapshot, profile: Profile, gpus: list[int] | None = None) -
     (only `gpus`, when given)."""
     chosen = [copy.deepcopy(g) for g in snapshot.gpus if gpus is None or g.index in gpus]
     probed = Snapshot(host=snapshot.host, nvml=snapshot.nvml, gpus=chosen)
+    opts = options(profile.probe_settings)
+    state_dir = HOST_LOCK["state_dir"]
+    if state_dir is not None:
+        opts.lock_path = str(state_dir / LOCK_FILE)
     with PROBE_LOCK:
-        ActiveProbe(probed, options(profile.probe_settings)).finish(probed)
+        ActiveProbe(probed, opts).finish(probed)
     return probed
 
 

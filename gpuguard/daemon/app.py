@@ -210,6 +210,7 @@ class Daemon:
         results = evaluate(snap, ruleset, profile, cadence="fast", samples=self.samples)
         if self.recorder is not None:
             results = self.recorder.on_cycle(results, snap.gpu_ids(), ruleset)
+            self.gpus_seen.forget_acknowledged(results)
         self.xids.count_kernel_log(snap, ruleset)
         self._last = snap
         self.store.update(results, "fast", source_failed=status.source_failure(snap))
@@ -347,6 +348,7 @@ class Daemon:
         if self.cfg.input_path is None:
             self.sampler = NvmlSampler(procfs, self.on_nvml_xid)
         self.gpus_seen = SeenGpus(state_dir, boot)
+        active.HOST_LOCK["state_dir"] = state_dir
 
     def _registry(self) -> CollectorRegistry:
         registry = CollectorRegistry(auto_describe=False)

@@ -21,11 +21,14 @@ import structlog
 from gpuguard.io import bounded
 from gpuguard.io.atomic import write_text
 from gpuguard.model.derived import missing_gpu_name
+from gpuguard.model.results import Result, names_of
 from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 
 log = structlog.get_logger("gpuguard.daemon")
 
 FILE = "gpus-seen.json"
+RULE = "gpu.count"
+ACKED = "acknowledged at"  # an ack's words in observed (events/acks.py), not auto_clear's
 MAX_FILE_BYTES = 1 << 20
 
 
@@ -77,6 +80,16 @@ class SeenGpus:
             log.info("gpus_seen_forgotten", gpus=sorted(names), why="an ack of gpu.count")
             self.gpus = kept
             self._save()
+
+    def forget_acknowledged(self, results: list[Result]) -> None:
+        """The GPUs an ack of gpu.count in force covers (events/acks.py matched exactly the
+        set it was given for): taken out on purpose, so gpu.count clears next cycle. An
+        auto-clear is no ack: a GPU gone for long is still gone."""
+        for r in results:
+            why = r.observed.get("acknowledged")
+            if r.rule == RULE and isinstance(why, str) and why.startswith(ACKED) \
+                    and r.observed.get("missing"):
+                self.forget(set(names_of(r.observed)))
 
     def _save(self) -> None:
         if self.path is None:

@@ -96,6 +96,24 @@ class DaemonCollector(Collector):
         yield GaugeMetricFamily("gpuguard_event_store_size_bytes",
                                 "Size of the store's main file at its last write.",
                                 value=got["size_bytes"])
+        yield GaugeMetricFamily("gpuguard_event_store_wal_bytes",
+                                "Size of the store's write-ahead log at its last flush.",
+                                value=got["wal_bytes"])
+        yield CounterMetricFamily(
+            "gpuguard_event_store_wal_pinned", "Flushes that could not bring the WAL under "
+            "its bound: a reader held a read transaction (docs/events.md).",
+            value=got["wal_pinned"])
+        yield CounterMetricFamily(
+            "gpuguard_event_store_replaced", "Times the store's files were deleted or "
+            "replaced under the daemon (it reopened a fresh store; the log names the file).",
+            value=got["wal_replaced"])
+        yield CounterMetricFamily(
+            "gpuguard_event_store_unsafe", "Opens of the store refused: a symbolic link or "
+            "a file of another user in its place.", value=got["unsafe"])
+        yield CounterMetricFamily(
+            "gpuguard_event_store_rows_skipped", "Stored rows that failed validation on "
+            "read (each counted once; history and acks go on without them).",
+            value=got["rows_skipped"])
 
     def _failover(self) -> Iterator[Metric]:
         snaps = self.services()
@@ -197,13 +215,14 @@ class DaemonCollector(Collector):
             "NVML events, by Xid and GPU (an Xid at an address NVML does not list: gpu and "
             "uuid empty, the line's address).", labels=["xid", "severity", *families.GPU_LABELS])
         last_seen = GaugeMetricFamily(
-            "gpuguard_xid_last_seen_timestamp_seconds", "When the last Xid of this kind "
-            "happened on this GPU (Unix time; from the kernel log's own clock). Alert on "
-            "`time() - this < window`: an old Xid never fires, a restart changes nothing.",
+            "gpuguard_xid_last_seen_age_seconds", "How long ago the last Xid of this kind "
+            "happened on this GPU, by the kernel log's own clock and the daemon's monotonic "
+            "clock (never the wall clock: a host clock that steps, or one apart from "
+            "Prometheus's, neither hides nor repeats one). Alert on `this < window`.",
             labels=["xid", "severity", *families.GPU_LABELS])
         for label, count in sorted(xids.items()):
             xid.add_metric(list(label), count)
-            last_seen.add_metric(list(label), xid_last.get(label, 0.0))
+            last_seen.add_metric(list(label), round(max(0.0, now - xid_last.get(label, now)), 1))
         yield xid
         yield last_seen
         yield CounterMetricFamily("gpuguard_check_deadline_exceeded",

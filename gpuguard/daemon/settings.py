@@ -10,6 +10,7 @@ import structlog
 
 from gpuguard.io.paths import state_dir_or_default
 from gpuguard.model.rule import RuleSet
+from gpuguard.sources import boot_state
 from gpuguard.sources import host as host_sources
 
 log = structlog.get_logger("gpuguard.daemon")
@@ -73,6 +74,6 @@ def host_paths(cfg: DaemonConfig, services: bool) -> tuple[Path | None, str | No
     state_dir = state_dir_or_default(cfg.host.state_dir) \
         if cfg.event_store or services else None
     # the store's events and the supervisors' time on CPU are of this boot
-    boot = host_sources.boot_id(cfg.host.paths) if cfg.event_store or services else None
+    boot = boot_state.boot_id(cfg.host.paths) if cfg.event_store or services else None
     procfs = str(cfg.host.paths.procfs) if cfg.input_path is None else ""
     return state_dir, boot, procfs

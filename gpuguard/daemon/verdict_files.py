@@ -23,14 +23,20 @@ from gpuguard.model.results import Result, Status
 
 log = structlog.get_logger("gpuguard.daemon")
 
-# condition file -> the rule families it reports (gpuguard's own rules only; host.* is
-# the node's memory and disks, which kubelet already reports as conditions of its own)
+# condition file -> the rule families it reports (gpuguard's own rules only)
 CONDITIONS: dict[str, tuple[str, ...]] = {
     "gpu-hardware": ("gpu", "ecc", "memory", "pcie", "clocks", "power", "thermal", "vbios",
-                     "xid", "recovery", "mig"),
-    "gpu-driver": ("driver", "persistence", "toolkit"),
+                     "xid", "recovery", "mig", "gsp"),
+    "gpu-driver": ("driver", "persistence", "toolkit", "devices"),
     "gpu-fabric": ("nvlink", "fabric", "p2p", "sxid"),
     "gpu-service": ("service",),
+}
+# Families in no condition, each with why (a test holds every family of judge/registry.py
+# to one or the other, so a new family cannot go unreported by accident).
+NOT_A_CONDITION: dict[str, str] = {
+    "host": "the node's memory and disks: kubelet reports them as conditions of its own",
+    "image": "an image that cannot run here is its workload's problem, not the node's: "
+             "the deploy pipeline (check --image) and the failback gate act on it",
 }
 MESSAGE_MAX = 200  # the plugin prints at most 80 characters; the file keeps a little more
 

@@ -4,9 +4,11 @@ root alone where the group does not exist), so a job's user cannot read the host
 findings.
 
 One request per connection: a JSON line of at most 4 KiB, read within 2 s, answered with
-one JSON document, then closed. At most 8 connections are served at once; a ninth is
-closed at once. A client that never sends, never reads or sends garbage costs one of the
-8 for at most the deadline and never stops the cycles or the other clients.
+one JSON document (or, for `want: text`, a frame: `GGV1 <code>` or `GGV1 error`, a
+newline, then the rendering or the error as it is), then closed. At most 8 connections
+are served at once; a ninth is closed at once. A client that never sends, never reads or
+sends garbage costs one of the 8 for at most the deadline and never stops the cycles or
+the other clients.
 """
 
 from __future__ import annotations
@@ -132,9 +134,9 @@ class VerdictSocket:
     def _serve(self, conn: socket.socket) -> None:
         try:
             deadline = time.monotonic() + DEADLINE_S
-            reply = self._reply(_read_request(conn, deadline))
+            reply, framed = self._reply(_read_request(conn, deadline))
             conn.settimeout(max(0.1, deadline - time.monotonic()))
-            conn.sendall(json.dumps(reply).encode() + b"\n")
+            conn.sendall(frame(reply) if framed else json.dumps(reply).encode() + b"\n")
             self.served += 1
         except OSError:
             pass  # a client that went away or never read: its loss
@@ -144,13 +146,23 @@ class VerdictSocket:
             conn.close()
             self._slots.release()
 
-    def _reply(self, raw: bytes | None) -> dict[str, Any]:
+    def _reply(self, raw: bytes | None) -> tuple[dict[str, Any], bool]:
+        """The reply, and whether it goes framed (the client asked for `text`)."""
         if raw is None:
-            return {"error": f"no request within {DEADLINE_S:g} s or over {MAX_REQUEST} bytes"}
+            return {"error": f"no request within {DEADLINE_S:g} s or over {MAX_REQUEST} "
+                             "bytes"}, False
         try:
-            return answer(self.view, Request.from_json(json.loads(raw)))
+            req = Request.from_json(json.loads(raw))
         except (ValueError, BadRequest) as exc:
-            return {"error": f"bad request: {str(exc)[:200]}"}
+            return {"error": f"bad request: {str(exc)[:200]}"}, False
+        return answer(self.view, req), req.want == "text"
+
+
+def frame(reply: dict[str, Any]) -> bytes:
+    """A rendering as `gpuguard status` reads it without a JSON parser."""
+    if "error" in reply:
+        return f"GGV1 error\n{reply['error']}".encode()
+    return f"GGV1 {int(reply['code'])}\n{reply['text']}".encode()
 
 
 def _read_request(conn: socket.socket, deadline: float) -> bytes | None:

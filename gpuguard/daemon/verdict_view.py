@@ -21,7 +21,10 @@ from gpuguard.model.rule_filter import filter_problem, selected
 from gpuguard.model.snapshot import Snapshot
 
 # What a request may ask for (gpuguard/cli/status_client.py builds it).
-WANTS = ("render", "results")
+# render: {"code", "text"} as JSON; text: the same rendering framed (`GGV1 <code>` and a
+# newline, then the text as it is), so `gpuguard status` needs no JSON parser (importing
+# json is a fifth of its time budget); results: the results as JSON (slurm health)
+WANTS = ("render", "text", "results")
 FAIL_ON = ("unknown", "warning", "critical")
 STALE_AFTER_CYCLES = 2
 

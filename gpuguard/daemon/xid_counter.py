@@ -8,7 +8,7 @@ from typing import Any
 
 from gpuguard.daemon.metrics import DaemonStats
 from gpuguard.daemon.recorder import EventRecorder
-from gpuguard.events.recording import xid_event
+from gpuguard.events.recording import kernel_log_repairs, xid_event
 from gpuguard.judge.actions import of_xid
 from gpuguard.judge.xids import grade
 from gpuguard.model.rule import RuleSet
@@ -23,6 +23,7 @@ class XidCounter:
         self.stats = stats
         self.recorder: EventRecorder | None = None
         self.marks = XidMarks()
+        self.repair_marks = XidMarks()
 
     def count_kernel_log(self, snap: Snapshot, ruleset: RuleSet) -> None:
         if not snap.host.kernel_log.is_ok:
@@ -32,12 +33,22 @@ class XidCounter:
         for event in self.marks.new_events(log_["xids"]):
             # the kernel log's clock (time since boot) turned into wall time
             usec = event.get("usec")
-            when = now - (now_usec - usec) / 1e6 if usec is not None and now_usec else now
+            ago = max(0.0, (now_usec - usec) / 1e6) if usec is not None and now_usec else 0.0
             self.add(event["xid"], event.get("pci"), event.get("text"), ruleset, snap,
-                     when, event.get("seq"), "kmsg")
+                     now - ago, event.get("seq"), "kmsg", ago)
+        # the repairs (a GPU reset, a driver reload) each once, like the Xids: the store
+        # needs them to tell a fault that came back after its repair (events/escalation.py)
+        fresh = self.repair_marks.new_events(log_.get("repairs") or [])
+        if self.recorder is not None:
+            for repair in kernel_log_repairs(snap, "kmsg", fresh):
+                self.recorder.record(repair)
 
     def add(self, xid: int, pci: str | None, text: str | None, ruleset: RuleSet,
-            snap: Snapshot, when: float, seq: int | None = None, source: str = "nvml") -> None:
+            snap: Snapshot, when: float, seq: int | None = None, source: str = "nvml",
+            ago_s: float = 0.0) -> None:
+        """One Xid: `when` (wall time) is what the store keeps; `ago_s`, how long ago it
+        happened by the kernel log's own clock, dates it on the monotonic clock for the
+        metric's age (a step of the host's wall clock moves neither)."""
         severity = grade(xid, text, ruleset.xid_catalog).severity
         gpu = snap.gpu_at(pci)
         if self.recorder is not None and severity != "ignore":
@@ -51,7 +62,8 @@ class XidCounter:
         label = (str(xid), severity, *labels)
         with self.stats.lock:
             self.stats.xids[label] = self.stats.xids.get(label, 0) + 1
-            self.stats.xid_last[label] = max(self.stats.xid_last.get(label, 0.0), when)
+            happened = time.monotonic() - ago_s
+            self.stats.xid_last[label] = max(self.stats.xid_last.get(label, happened), happened)
 
 
 class XidMarks:
@@ -79,7 +91,7 @@ class XidMarks:
                     fresh.append(event)
                 top_usec = max(top_usec, usec)
             else:
-                key = (event["xid"], event.get("pci"), event.get("text"))
+                key = (event.get("xid"), event.get("kind"), event.get("pci"), event.get("text"))
                 present.add(key)
                 if key not in self.unnumbered:
                     fresh.append(event)

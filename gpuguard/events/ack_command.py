@@ -29,7 +29,7 @@ from gpuguard.events.writer import EventWriter
 from gpuguard.io.clock import utc
 from gpuguard.io.paths import Paths
 from gpuguard.model.identity import finding_key, stored
-from gpuguard.sources.host import boot_id
+from gpuguard.sources.boot_state import boot_id
 
 # How long a command waits for the daemon's write lock before giving up (it retries every
 # busy_timeout); a CLI can wait longer than a cycle.
@@ -140,6 +140,7 @@ def _identify(conn: sqlite3.Connection, gpu: str | None) -> dict[str, Any]:
 def _ack_kernel_log(state_dir: Path, paths: Paths, kmsg: Path) -> str:
     """`ack xid.recent` also does what `gpuguard xid ack` does: the lines logged so far
     stop counting (this boot)."""
+    from gpuguard.sources import boot_state
     from gpuguard.sources import host as host_sources
 
     log = host_sources.read_kmsg_at(kmsg, 5.0)
@@ -150,7 +151,7 @@ def _ack_kernel_log(state_dir: Path, paths: Paths, kmsg: Path) -> str:
     if not seqs:
         return "; no Xid line in the kernel log"
     try:
-        host_sources.write_xid_ack(state_dir, paths, max(seqs))
+        boot_state.write_xid_ack(state_dir, paths, max(seqs))
     except OSError as exc:
         return f"; cannot write the kernel-log ack: {exc.strerror or exc}"
     return f"; kernel-log lines up to sequence {max(seqs)} no longer count"

@@ -16,18 +16,19 @@ from pathlib import Path
 from gpuguard.events import store as eventstore
 from gpuguard.events.ack_command import CLI_WRITE_WAIT_S, flush_within
 from gpuguard.events.escalation import apply_history
-from gpuguard.events.recording import kernel_log_xids, rule_transitions
+from gpuguard.events.recording import kernel_log_repairs, kernel_log_xids, rule_transitions
 from gpuguard.events.rows import Skipped, a_time, data_of
 from gpuguard.events.store import Event, StoreUnreadable
 from gpuguard.events.writer import EventWriter
 from gpuguard.io.clock import utc
 from gpuguard.io.paths import Paths
+from gpuguard.io.text import printable
 from gpuguard.judge.actions import of_xid
 from gpuguard.judge.xids import grade
 from gpuguard.model.results import Result
 from gpuguard.model.rule import RuleSet
 from gpuguard.model.snapshot import Snapshot
-from gpuguard.sources.host import boot_id
+from gpuguard.sources.boot_state import boot_id
 
 # The longest message `events` prints in its table (JSON has it whole).
 MAX_MESSAGE = 1000
@@ -61,6 +62,8 @@ def with_history(results: list[Result], snapshot: Snapshot, ruleset: RuleSet,
             snapshot, "check",
             lambda xid, text: (grade(xid, text, catalog).severity,
                                of_xid(xid, text, catalog).value)))
+        # the repairs before the history is read: a fault back after one escalates
+        writer.record_all(kernel_log_repairs(snapshot, "check"))
         flush_within(writer, CLI_WRITE_WAIT_S)
     try:
         conn = eventstore.open_reader(path)
@@ -123,7 +126,8 @@ def list_events(state_dir: Path, since_s: float, gpu: str | None, rule: str | No
 
 def _table_row(e: Event, width: int) -> list[str]:
     """One event in `events`'s table: a line, and more where its message wraps."""
-    what = f"Xid {e.code}" if e.kind == "xid" else (e.rule or "-")
+    what = f"Xid {e.code}" if e.kind == "xid" else \
+        (e.status or "-").replace("_", " ") if e.kind == "repair" else printable(e.rule or "-")
     gpu_text = "-" if e.gpu_index is None else str(e.gpu_index)
     change = (f"{e.old_status or 'new'} -> {e.status}" if e.kind == "rule"
               else (e.status or "-"))
@@ -134,7 +138,10 @@ def _table_row(e: Event, width: int) -> list[str]:
               f"{change:<20}  {(e.action or '-'):<16}  ")
     # the message wrapped under its column (as `check`'s table does), never one line
     # of hundreds of characters
-    wrapped = textwrap.wrap(message[:MAX_MESSAGE], max(30, width - len(prefix))) or [""]
+    # a stored message quotes the kernel log or an operator: nothing in it reaches the
+    # terminal as a control character
+    wrapped = textwrap.wrap(printable(message[:MAX_MESSAGE]),
+                            max(30, width - len(prefix))) or [""]
     return [prefix + wrapped[0], *(" " * len(prefix) + more for more in wrapped[1:])]
 
 
@@ -188,7 +195,8 @@ def last_transitions(state_dir: Path, limit: int = 10) -> list[str]:
     lines = ["", f"last {len(found)} transition(s) (gpuguard events for more):"]
     for e in found:
         if e.kind == "supervisor":
-            what = f"{e.rule}: {e.status} (action {e.action or 'none'}): {e.message[:120]}"
+            what = printable(f"{e.rule}: {e.status} (action {e.action or 'none'}): "
+                             f"{e.message[:120]}")
         else:
             gpu = "" if e.gpu_index is None else f" GPU {e.gpu_index}"
             what = (f"{e.rule}{gpu}: {e.old_status or 'new'} -> {e.status} "

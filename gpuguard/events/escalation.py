@@ -6,6 +6,10 @@ event store (docs/events.md).
   `inspect_hardware`, "also seen on boot X at T". A setting against the profile (MIG
   mode, persistence, clocks, power limit), software or a host resource is not the
   board's fault: it keeps its own action however often it comes back after a reboot.
+- After a repair (issue 21, item 3): the same fatal hardware finding on the same board
+  after a GPU reset of it or a driver reload in this boot, that the finding had asked for:
+  an Xid logged again after the repair's line, a GPU rule that was critical before it, ok
+  after it and is critical again: `inspect_hardware`, "also seen before the GPU reset at T".
 - A burst: the same fatal Xid on one board `escalate.count` times within
   `escalate.window` (rules/xid.yaml): `inspect_hardware`.
 - An acknowledgement (`gpuguard ack`), or a rule's `auto_clear:` span: the action becomes
@@ -23,10 +27,10 @@ import time
 from typing import Any
 
 from gpuguard.events.acks import acknowledged, active_acks
-from gpuguard.events.rows import MAX_TIME, Skipped, a_time
+from gpuguard.events.rows import MAX_TIME, REPAIR_KINDS, Skipped, a_time
 from gpuguard.io.clock import utc
 from gpuguard.judge.actions import FAILING, Action, with_action
-from gpuguard.judge.xids import span
+from gpuguard.judge.xids import REPAIRS, span
 from gpuguard.model.identity import GpuId
 from gpuguard.model.results import Result, Status
 from gpuguard.model.rule import Rule, RuleSet
@@ -88,10 +92,56 @@ def _escalate(r: Result, conn: sqlite3.Connection, boot_id: str | None, ruleset:
         (r.rule, board.uuid or "", board.serial or "", boot_id, EARLIER_ROWS)).fetchall()
     earlier = _earlier_boot(rows, skipped)
     if earlier is None:
-        return r
+        why = _back_after_a_repair(r, conn, boot_id, board.uuid, skipped)
+        return r if why is None else with_action(r, Action.INSPECT_HARDWARE, why)
     return with_action(r, Action.INSPECT_HARDWARE,
                        f"also seen on boot {earlier[0]} at {utc(earlier[1])}: the same fault "
                        "came back after a reboot")
+
+
+def _last_repair(conn: sqlite3.Connection, boot_id: str, uuid: str, skipped: Skipped
+                 ) -> tuple[str, float, int | None] | None:
+    """The newest repair of this board in this boot (a reset of it, a driver reload) that
+    reads well: (kind, time, kernel-log sequence number)."""
+    rows = conn.execute(
+        "SELECT id, status, time, seq FROM events WHERE kind = 'repair' AND boot_id = ? AND "
+        "(gpu_uuid = ? OR status = 'driver_reload') AND typeof(time) IN ('real', 'integer') "
+        "ORDER BY time DESC LIMIT ?", (boot_id, uuid, EARLIER_ROWS)).fetchall()
+    for row_id, kind, when, seq in rows:
+        when = a_time(when)
+        if when is None or kind not in REPAIR_KINDS or not (seq is None or isinstance(seq, int)):
+            skipped.add(row_id)
+            continue
+        return kind, when, seq
+    return None
+
+
+def _repair_words(kind: str, when: float) -> str:
+    return f"{'the GPU reset' if kind == 'gpu_reset' else 'the driver reload'} at {utc(when)}"
+
+
+def _back_after_a_repair(r: Result, conn: sqlite3.Connection, boot_id: str,
+                         uuid: str | None, skipped: Skipped) -> str | None:
+    """Why a GPU rule's critical finding escalates: critical before the board's last repair
+    (with an action the repair answers), cleared after it, critical again now. A finding
+    that never cleared is left alone: the cycle that saw the repair may have read the GPU
+    before it."""
+    repair = _last_repair(conn, boot_id, uuid, skipped) if uuid else None
+    if repair is None:
+        return None
+    kind, when, _ = repair
+    answered = REPAIRS[kind]
+    marks = ",".join("?" * len(answered))
+    before, cleared = conn.execute(
+        "SELECT sum(time < ? AND status = 'critical' AND action IN (" + marks + ")), "
+        "sum(time >= ? AND status NOT IN ('critical', 'unknown')) FROM events WHERE "
+        "kind = 'rule' AND rule = ? AND gpu_uuid = ? AND boot_id = ? AND "
+        "typeof(time) IN ('real', 'integer')",
+        (when, *answered, when, r.rule, uuid, boot_id)).fetchone()
+    if not before or not cleared:
+        return None
+    return (f"also critical before {_repair_words(kind, when)}: the same fault came back "
+            "after the repair")
 
 
 def _escalate_xids(r: Result, conn: sqlite3.Connection, boot_id: str | None, rule: Rule,
@@ -100,6 +150,8 @@ def _escalate_xids(r: Result, conn: sqlite3.Connection, boot_id: str | None, rul
     escalated: list[dict[str, Any]] = []
     for e, uuid in _fatal_xids_by_board(r, known):
         why = _xid_seen_in_an_earlier_boot(conn, e, uuid, boot_id, skipped)
+        if why is None:
+            why = _xid_back_after_a_repair(conn, e, uuid, boot_id, skipped)
         if why is None:
             why = _xid_burst(conn, e, uuid, rule, now)
         if why is not None:
@@ -147,6 +199,28 @@ def _xid_seen_in_an_earlier_boot(conn: sqlite3.Connection, e: dict[str, Any], uu
         return None
     return (f"Xid {e['xid']} on GPU {e['gpu']} also seen on boot {earlier[0]} at "
             f"{utc(earlier[1])}")
+
+
+def _xid_back_after_a_repair(conn: sqlite3.Connection, e: dict[str, Any], uuid: str,
+                             boot_id: str | None, skipped: Skipped) -> str | None:
+    """Why the Xid escalates when its line comes after the board's last repair and the same
+    Xid, with an action that repair answers, was logged before it (the kernel log's order:
+    its sequence numbers); else None."""
+    repair = _last_repair(conn, boot_id, uuid, skipped) if boot_id is not None else None
+    seq = e.get("seq")
+    if repair is None or repair[2] is None or not isinstance(seq, int) or seq <= repair[2]:
+        return None
+    kind, when, repair_seq = repair
+    answered = REPAIRS[kind]
+    before = conn.execute(
+        "SELECT count(*) FROM events WHERE rule = 'xid.recent' AND gpu_uuid = ? AND "
+        "kind = 'xid' AND code = ? AND status = 'critical' AND boot_id = ? AND seq < ? AND "
+        "action IN (" + ",".join("?" * len(answered)) + ")",
+        (uuid, e["xid"], boot_id, repair_seq, *answered)).fetchone()[0]
+    if not before:
+        return None
+    return (f"Xid {e['xid']} on GPU {e['gpu']} also seen before {_repair_words(kind, when)}: "
+            "the same fault came back after the repair")
 
 
 def _xid_burst(conn: sqlite3.Connection, e: dict[str, Any], uuid: str, rule: Rule | None,

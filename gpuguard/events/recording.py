@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from gpuguard.events.store import Event, Finding
+from gpuguard.judge.xids import repaired_gpu
 from gpuguard.model.identity import GpuId, finding_key
 from gpuguard.model.results import NAMES, SEVERITIES, Result, Status, names_of
 from gpuguard.model.snapshot import Snapshot
@@ -76,6 +77,30 @@ def kernel_log_xids(snapshot: Snapshot, source: str, grade: Any) -> list[Event]:
         events.append(xid_event(e["xid"], severity, action,
                                 None if gpu is None else gpu.identity(), source, when,
                                 e.get("seq"), e.get("text"), pci))
+    return events
+
+
+def kernel_log_repairs(snapshot: Snapshot, source: str,
+                       only: list[dict[str, Any]] | None = None) -> list[Event]:
+    """Every repair the kernel log read this run shows (or `only` these of it: the daemon's
+    new ones): a GPU reset, with the board it names; a driver reload, of every GPU; as
+    kind `repair` (the store keeps one per line and boot)."""
+    if not snapshot.host.kernel_log.is_ok:
+        return []
+    log = snapshot.host.kernel_log.get()
+    now, now_usec = time.time(), log.get("now_usec")
+    events = []
+    for r in (log.get("repairs") or []) if only is None else only:
+        usec = r.get("usec")
+        when = now - (now_usec - usec) / 1e6 if usec is not None and now_usec else now
+        gpu = repaired_gpu(snapshot, r)
+        columns = _gpu_columns(None if gpu is None else gpu.identity())
+        if gpu is None and r["kind"] == "gpu_reset":
+            # a GPU NVML does not list (yet): the line's own name for it
+            columns.update(gpu_uuid=r.get("uuid"), gpu_bus_id=r.get("pci"))
+        events.append(Event(kind="repair", source=source, time=when, seq=r.get("seq"),
+                            status=r["kind"], message=(r.get("text") or "")[:500],
+                            **columns))
     return events
 
 

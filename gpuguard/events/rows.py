@@ -22,6 +22,8 @@ MAX_TIME = 253402300799.0
 MAX_DATA = 64 * 1024
 MAX_TEXT = 4096
 STATUSES = frozenset(s.value for s in Status)
+# What a `repair` row holds as its status (events/recording.py)
+REPAIR_KINDS = ("gpu_reset", "driver_reload")
 # An Xid's grade (gpuguard.judge.xids), what a kind `xid` row holds as its status
 XID_GRADES = frozenset(("critical", "warning", "ignore"))
 # How many bad rows a reader remembers by id (so that one read twice counts once)
@@ -100,6 +102,8 @@ def _status_fits(kind: str, status: Any, old: Any) -> bool:
             and (kind == "ack" or status is not None)
     if kind == "xid":
         return status in XID_GRADES
+    if kind == "repair":
+        return status in REPAIR_KINDS and old is None
     return _text(status) and _text(old)
 
 

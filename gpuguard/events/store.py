@@ -33,7 +33,9 @@ SCHEMA_VERSION = 2
 # (the queries are the same, only slower).
 READABLE_VERSIONS = (1, 2)
 BUSY_TIMEOUT_MS = 100
-KINDS = ("rule", "xid", "supervisor", "ack", "probe")  # `gpuguard events --kind`
+# `gpuguard events --kind`; `repair`: a GPU reset or driver reload the kernel log showed
+# (issue 21, item 3), its status the kind of repair (gpu_reset, driver_reload)
+KINDS = ("rule", "xid", "supervisor", "ack", "probe", "repair")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpuguard.model.rule import XidEntry
-    from gpuguard.model.snapshot import Snapshot
+    from gpuguard.model.snapshot import GpuSnapshot, Snapshot
 
 ACTION_WORDS = {
     "restart_app": "restart the application",
@@ -111,13 +111,81 @@ class Selection:
     acknowledged: int = 0
     aged: int = 0
     ignored: int = 0
+    cleared: int = 0  # logged before a repair that did what they asked for
+    repair: dict[str, Any] | None = None  # the latest repair that cleared one
+
+    def clear(self, repair: dict[str, Any] | None) -> bool:
+        """Count an event the repair cleared (None: it cleared none); whether it did."""
+        if repair is None:
+            return False
+        self.cleared += 1
+        if self.repair is None or repair["n"] > self.repair["n"]:
+            self.repair = repair
+        return True
+
+
+# What a repair does, by the action an event asked for (issue 21, item 3): a GPU reset
+# answers a reset (and an application's fault, whose state the reset ends), a driver reload
+# does the same for every GPU and loads the software an update asked for; `reboot` and
+# `inspect_hardware` ask for more than either (a new boot clears the kernel log itself).
+REPAIRS = {"gpu_reset": ("restart_app", "reset_gpu"),
+           "driver_reload": ("restart_app", "reset_gpu", "update_software")}
+
+
+def repairs_for(log: dict[str, Any], snapshot: Snapshot, gpu: int | None
+                ) -> list[dict[str, Any]]:
+    """The repairs in the log that reach this GPU (its index; None: the lines that name no
+    GPU NVML lists): every driver reload, and the resets that name it by UUID or bus id."""
+    out = []
+    for repair in log.get("repairs") or []:
+        if repair["kind"] == "driver_reload":
+            out.append(repair)
+            continue
+        target = repaired_gpu(snapshot, repair)
+        if gpu is not None and target is not None and target.index == gpu:
+            out.append(repair)
+    return out
+
+
+def repaired_gpu(snapshot: Snapshot, repair: dict[str, Any]) -> GpuSnapshot | None:
+    """The GPU a reset line names, by bus id or UUID, if NVML lists it (a reload names
+    none)."""
+    if repair.get("pci"):
+        return snapshot.gpu_at(repair["pci"])
+    uuid = repair.get("uuid")
+    return next((g for g in snapshot.gpus if uuid and g.uuid.is_ok and g.uuid.get() == uuid),
+                None)
+
+
+def repair_words(repair: dict[str, Any]) -> str:
+    """"a GPU reset at [5100.000000]": where to find it in `dmesg`."""
+    what = "a GPU reset" if repair["kind"] == "gpu_reset" else "a driver reload"
+    if repair.get("usec") is not None:
+        return f"{what} at [{repair['usec'] // 10**6}.{repair['usec'] % 10**6:06d}]"
+    if repair.get("seq") is not None:
+        return f"{what} (kernel log record {repair['seq']})"
+    return f"{what} later in the kernel log"
+
+
+def _cleared_by(event: dict[str, Any], action: str, repairs: list[dict[str, Any]]
+                ) -> dict[str, Any] | None:
+    """The latest repair after the event (in the log's order) that does what it asked."""
+    n = event.get("n")
+    if n is None:  # an older summary, an NVML event: no place in the log to compare
+        return None
+    return next((r for r in reversed(repairs)
+                 if r["n"] > n and action in REPAIRS[r["kind"]]), None)
 
 
 def select(events: list[dict[str, Any]], log: dict[str, Any], window_s: float | None,
-           grade_event: Callable[[dict[str, Any]], Grade]) -> Selection:
+           grade_event: Callable[[dict[str, Any]], Grade],
+           repairs: list[dict[str, Any]] | None = None,
+           action_of: Callable[[Grade], str] = lambda g: g.first) -> Selection:
     """Events not acknowledged (`gpuguard xid ack`: one kmsg sequence for Xids and SXids),
-    inside the window (None: since boot) and not graded `ignore`; each with its grade and
-    its age in seconds (None where the log has no clock). xid.recent and sxid.recent."""
+    inside the window (None: since boot), not graded `ignore` and not cleared by one of
+    `repairs` that did what their action (`action_of` their grade) asked; each with its
+    grade and its age in seconds (None where the log has no clock). xid.recent,
+    sxid.recent, gsp.firmware."""
     now, acked = log.get("now_usec"), log.get("acked_seq")
     chosen = Selection()
     for event in events:
@@ -132,6 +200,8 @@ def select(events: list[dict[str, Any]], log: dict[str, Any], window_s: float | 
         graded = grade_event(event)
         if graded.severity == "ignore":
             chosen.ignored += 1
+            continue
+        if chosen.clear(_cleared_by(event, action_of(graded), repairs or [])):
             continue
         chosen.counted.append({**event, "severity": graded.severity, "meaning": graded.meaning,
                                "action": graded.action, "first": graded.first,

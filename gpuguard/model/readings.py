@@ -119,7 +119,7 @@ def kernel_log(value: Any) -> str | None:
     # xids is a list by now; sxids and ooms came later and may be left out
     for key, event_problem in (("xids", _xid_event), ("sxids", _sxid_event),
                                ("ooms", _oom_kill), ("gsp", _gsp_line),
-                               ("driver_loads", _driver_load)):
+                               ("driver_loads", _driver_load), ("repairs", _repair)):
         events = value.get(key, [])
         if not isinstance(events, list):
             return f"kernel log summary's {key} is not a list"
@@ -179,8 +179,8 @@ def _stuck(p: Any) -> bool:
 def _xid_event(event: Any) -> str | None:
     if not isinstance(event, dict) or not _count(event.get("xid")):
         return f"an Xid event is not {{xid: number, ...}}: {_show(event)}"
-    if not _optional_counts(event, "seq", "usec"):
-        return f"an Xid event's seq/usec is not a count: {_show(event)}"
+    if not _optional_counts(event, "seq", "usec", "n"):
+        return f"an Xid event's seq/usec/n is not a count: {_show(event)}"
     if not _optional_texts(event, "pci"):
         return f"an Xid event's pci is not text: {_show(event)}"
     return None
@@ -199,8 +199,8 @@ def _sxid_event(event: Any) -> str | None:
 def _gsp_line(event: Any) -> str | None:
     if not isinstance(event, dict) or event.get("kind") not in GSP_KINDS:
         return f"a GSP line is not {{kind: {'|'.join(GSP_KINDS)}, ...}}: {_show(event)}"
-    if not _optional_counts(event, "seq", "usec", "rm_gpu"):
-        return f"a GSP line's seq/usec/rm_gpu is not a count: {_show(event)}"
+    if not _optional_counts(event, "seq", "usec", "rm_gpu", "n"):
+        return f"a GSP line's seq/usec/rm_gpu/n is not a count: {_show(event)}"
     if not _optional_texts(event, "pci", "text"):
         return f"a GSP line's pci/text is not text: {_show(event)}"
     return None
@@ -210,6 +210,16 @@ def _driver_load(event: Any) -> str | None:
     if not isinstance(event, dict) or not _optional_counts(event, "seq", "usec") \
             or not _optional_texts(event, "version"):
         return f"a driver load is not {{version, seq, usec}}: {_show(event)}"
+    return None
+
+
+def _repair(event: Any) -> str | None:
+    """A repair the kernel log shows (sources/kmsg_gpu.py): its place `n` decides what it
+    clears, so it must be a count."""
+    if not isinstance(event, dict) or event.get("kind") not in ("gpu_reset", "driver_reload") \
+            or not _count(event.get("n")) or not _optional_counts(event, "seq", "usec") \
+            or not _optional_texts(event, "uuid", "pci", "text"):
+        return f"a repair is not {{kind: gpu_reset|driver_reload, n, ...}}: {_show(event)}"
     return None
 
 

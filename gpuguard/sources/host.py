@@ -21,11 +21,11 @@ from gpuguard.io import forked
 from gpuguard.io.paths import Paths, host_default
 from gpuguard.model.snapshot import Reading, Snapshot, SourceRun
 from gpuguard.model.workload import Workload
+from gpuguard.sources import boot_state
 
 # The source modules are imported where they are used: `gpuguard check` runs them in a
 # forked child, and what the parent imports before that fork delays it.
 
-XID_ACK_FILE = "xid-ack.json"
 
 
 @dataclass
@@ -357,7 +357,7 @@ def read_kernel_log(opts: HostOptions) -> Reading[dict[str, Any]]:
     log = read_kmsg_at(opts.kmsg_path(), opts.read_timeout)
     if log.is_ok and opts.state_dir is not None and _is_char_device(opts.kmsg_path()):
         # the ack is a sequence number of this boot's live log, never of a saved file
-        acked = read_xid_ack(opts.state_dir, opts.paths)
+        acked = boot_state.read_xid_ack(opts.state_dir, opts.paths)
         if acked is not None:
             assert log.value is not None
             log.value["acked_seq"] = acked
@@ -379,32 +379,3 @@ def _is_char_device(path: Path) -> bool:
         return stat.S_ISCHR(path.stat().st_mode)
     except OSError:
         return False
-
-
-def boot_id(paths: Paths) -> str | None:
-    try:
-        return paths.boot_id_file.read_text().strip()
-    except OSError:
-        return None
-
-
-def read_xid_ack(state_dir: Path, paths: Paths) -> int | None:
-    """The last acknowledged kmsg sequence number, if it was taken in this boot."""
-    from gpuguard.io.bounded import read_text
-
-    try:
-        raw = json.loads(read_text(state_dir / XID_ACK_FILE, 4096, 1.0))
-    except (OSError, ValueError):
-        return None  # no ack, or a bad file: count everything (never hide an Xid)
-    if not isinstance(raw, dict) or raw.get("boot_id") != boot_id(paths):
-        return None
-    seq = raw.get("seq")
-    return seq if isinstance(seq, int) else None
-
-
-def write_xid_ack(state_dir: Path, paths: Paths, seq: int) -> None:
-    from gpuguard.io.atomic import write_text
-
-    os.makedirs(state_dir, exist_ok=True)
-    write_text(state_dir / XID_ACK_FILE,
-               json.dumps({"boot_id": boot_id(paths), "seq": seq}) + "\n")

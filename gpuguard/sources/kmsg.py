@@ -30,7 +30,7 @@ from typing import Any
 from gpuguard.io.bounded import MIB, BoundedReadError, read_bytes
 from gpuguard.model.pci import normalise_pci
 from gpuguard.model.snapshot import Reading
-from gpuguard.sources.kmsg_gpu import DriverLoads, GspLines
+from gpuguard.sources.kmsg_gpu import DriverLines, GspLines
 
 # The kernel's ring buffer is at most 32 MiB (log_buf_len); twice that is not a kernel log.
 MAX_LOG_BYTES = 64 * MIB
@@ -232,22 +232,27 @@ MAX_XIDS = 2000
 class NvrmLines:
     """The NVIDIA driver's own lines: Xid events, the newest MAX_XIDS kept, the versions the
     last "API mismatch" named (library (client) and kernel module), GSP errors without an
-    Xid and the driver's loads (sources/kmsg_gpu.py)."""
+    Xid, the driver's loads and the repairs (a GPU reset, a driver reload) after which the
+    lines before them no longer count (sources/kmsg_gpu.py). Each Xid, GSP line and repair
+    carries `n`, its place among these lines: a repair clears what came before it."""
 
     def __init__(self) -> None:
         self.xids: deque[dict[str, Any]] = deque(maxlen=MAX_XIDS)
         self.seen = 0
         self.mismatch: dict[str, str] = {}
         self.gsp = GspLines()
-        self.loads = DriverLoads()
+        self.driver = DriverLines()
+        self.n = 0
 
     def add(self, record: Record) -> None:
+        self.n += 1
         event = xid_event(record)
         if event is not None:
+            event["n"] = self.n
             self.xids.append(event)
             self.seen += 1
-        elif self.gsp.add(record.text, record.seq, record.usec) or \
-                self.loads.add(record.text, record.seq, record.usec):
+        elif self.gsp.add(record.text, record.seq, record.usec, self.n) or \
+                self.driver.add(record, self.n, after_lines=bool(self.seen or self.gsp.seen)):
             return
         elif m := _CLIENT_VERSION.search(record.text):
             self.mismatch["client"] = m.group(1)
@@ -262,7 +267,7 @@ def _line_kind(text: str) -> str | None:
     """Which summary a line belongs to: nvrm, sxid, oom or unsigned (a module refused
     under Secure Boot); None for the rest. Plain substring tests first: nearly every line
     of a kernel log is none of them."""
-    if "NVRM" in text or "fallen off the bus" in text:
+    if "NVRM" in text or "fallen off the bus" in text or "GPU reset occurred" in text:
         return "nvrm"
     if "SXid" in text:
         return "sxid"
@@ -315,7 +320,10 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
         # "usec"}; the driver's loads: {"version", "seq", "usec"} (sources/kmsg_gpu.py).
         "gsp": list(nvrm.gsp.events),
         "gsp_dropped": nvrm.gsp.dropped(),
-        "driver_loads": list(nvrm.loads.events),
+        "driver_loads": list(nvrm.driver.loads.events),
+        # the repairs seen (issue 21, item 3): {"kind": gpu_reset | driver_reload, "uuid",
+        # "pci" (the GPU a reset names; neither for a reload), "text", "seq", "usec", "n"}
+        "repairs": list(nvrm.driver.repairs),
         "acked_seq": None,
     }
 

@@ -1,7 +1,8 @@
 """Kernel-log lines of the NVIDIA driver besides Xids (sources/kmsg.py hands them here):
-GSP errors that carry no Xid (gsp.firmware), and each time the driver loaded (a hook for
-findings cleared by a driver reload). Each pattern names its source; each has a fixture
-line in tests/fixtures/kmsg/gsp.kmsg."""
+GSP errors that carry no Xid (gsp.firmware), each time the driver loaded, and the repairs
+that clear a GPU's kernel-log findings (a GPU reset, a driver reload: issue 21, item 3).
+Each pattern names its source; each has a fixture line in tests/fixtures/kmsg/gsp.kmsg or
+tests/fixtures/kmsg/repairs.kmsg."""
 
 from __future__ import annotations
 
@@ -40,8 +41,23 @@ _RM_GPU = re.compile(r"NVRM: GPU(?P<n>\d{1,4})\b")
 _LOADING = re.compile(
     r"NVRM: loading NVIDIA UNIX .{0,80}?Kernel Module.{0,40}?\s(?P<version>\d+\.\d+(?:\.\d+)?)\s")
 
+# A GPU reset. The driver logs none at its default level: in open-gpu-kernel-modules
+# 595.45.04 the reset's own lines (os-pci.c, os_pci_trigger_flr: "Start to trigger FLR";
+# nv.c: "Trigger FLR!") are NV_DBG_INFO, and NVSentinel's GPU-reset design (ADR-020, "NVSentinel
+# Support for GPU Reset") says the same ("there does not exist a corresponding syslog entry"):
+# its reset job writes one to the log once `nvidia-smi -r` succeeded:
+# "GPU reset occurred: GPU-455d8f70-2051-db6c-0430-ffc457bff834". gpuguard takes that line,
+# naming the GPU by UUID or by bus id, from whatever writes it (docs/events.md: a reset script
+# writes it to /dev/kmsg). Not taken: the driver's "NVRM: GPU at PCI:0000:9b:00: GPU-<uuid>"
+# (kernel_rc.c, _krcLogUuidOnce): it is logged once per attach of the GPU, before its first
+# Xid, and an attach also follows the last client closing without persistence mode, so a
+# second one proves no reset.
+_RESET = re.compile(r"GPU reset occurred: (?:(?P<uuid>GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}"
+                    rf"-[0-9a-fA-F]{{12}})|(?:PCI:)?(?P<pci>{_PCI}))")
+
 MAX_GSP = 500  # the newest kept: a wedged GPU's GSP lines come by the hundred
 MAX_LOADS = 16
+MAX_REPAIRS = 64
 
 
 class GspLines:
@@ -52,8 +68,9 @@ class GspLines:
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_GSP)
         self.seen = 0
 
-    def add(self, text: str, seq: int | None, usec: int | None) -> bool:
-        """Take the line if it is one; whether it was."""
+    def add(self, text: str, seq: int | None, usec: int | None, n: int | None = None) -> bool:
+        """Take the line if it is one; whether it was. `n`: its place among the driver's
+        lines (what a later repair is compared with)."""
         if "GSP" not in text:
             return False
         kind, match = next(((k, m) for k, p in GSP_PATTERNS if (m := p.search(text))),
@@ -64,7 +81,7 @@ class GspLines:
         rm = _RM_GPU.search(text)
         event = {"kind": kind, "pci": normalise_pci(pci) if pci else None,
                  "rm_gpu": int(rm["n"]) if rm else None, "text": text.strip()[:300],
-                 "seq": seq, "usec": usec}
+                 "seq": seq, "usec": usec, "n": n}
         last = self.events[-1] if self.events else None
         if last is not None and all(last[k] == event[k] for k in ("kind", "pci", "rm_gpu")) \
                 and (usec is None or last["usec"] is None or usec - last["usec"] < 1_000_000):
@@ -88,9 +105,53 @@ def driver_load(text: str, seq: int | None, usec: int | None) -> dict[str, Any] 
 class DriverLoads:
     def __init__(self) -> None:
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_LOADS)
+        self.seen = 0
 
     def add(self, text: str, seq: int | None, usec: int | None) -> bool:
         if "loading NVIDIA" not in text or (event := driver_load(text, seq, usec)) is None:
             return False
         self.events.append(event)
+        self.seen += 1
         return True
+
+
+class DriverLines:
+    """The driver's loads, and the repairs: a GPU reset line, a load after an earlier one."""
+
+    def __init__(self) -> None:
+        self.loads = DriverLoads()
+        self.repairs: deque[dict[str, Any]] = deque(maxlen=MAX_REPAIRS)
+
+    def add(self, record: Any, n: int, after_lines: bool) -> bool:
+        """Take the record (a kmsg.Record) if it is a load or a reset; `after_lines`: the
+        driver's Xid or GSP lines came before it."""
+        text, seq, usec = record.text, record.seq, record.usec
+        if self.loads.add(text, seq, usec):
+            # the boot's first load clears nothing; a later one, or one after the driver's
+            # lines (the log's start was overwritten), is a reload
+            if self.loads.seen > 1 or after_lines:
+                self.repairs.append(driver_reload(self.loads.events[-1], text, n))
+            return True
+        reset = gpu_reset(text, seq, usec, n) if "GPU reset" in text else None
+        if reset is None:
+            return False
+        self.repairs.append(reset)
+        return True
+
+
+def gpu_reset(text: str, seq: int | None, usec: int | None, n: int) -> dict[str, Any] | None:
+    """A GPU reset line: {"kind": "gpu_reset", "uuid" or "pci" (the GPU it names), "text",
+    "seq", "usec", "n"}."""
+    found = _RESET.search(text)
+    if found is None:
+        return None
+    return {"kind": "gpu_reset", "uuid": found["uuid"],
+            "pci": normalise_pci(found["pci"]) if found["pci"] else None,
+            "text": text.strip()[:300], "seq": seq, "usec": usec, "n": n}
+
+
+def driver_reload(load: dict[str, Any], text: str, n: int) -> dict[str, Any]:
+    """A load of the driver after an earlier one (or after its lines): every GPU's state
+    before it is gone, so the repair of all of them."""
+    return {"kind": "driver_reload", "uuid": None, "pci": None, "text": text.strip()[:300],
+            "seq": load["seq"], "usec": load["usec"], "n": n}

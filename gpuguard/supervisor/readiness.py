@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuguard.io.text import printable
 from gpuguard.supervisor.backends import command as backend_command
 from gpuguard.supervisor.config import InferenceRequest
 
@@ -79,15 +80,6 @@ def send(url: str, status: int, request: InferenceRequest) -> Answer:
     if cut.is_set():  # the deadline passed as the answer ended: it may be cut short
         return _timed_out(started, code, request)
     return _judge(code, body, status, request.json_path, time.monotonic() - started)
-
-
-def printable(text: str) -> str:
-    """`text` with every character that does not print escaped (\\x00, \\n): an error
-    often quotes what the server sent (http.client's BadStatusLine holds the line as it
-    came), and it goes on into messages, logs and the exec backend's environment, where a
-    NUL byte cannot go."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
-                   for c in text)
 
 
 def _timed_out(started: float, code: int | None, request: InferenceRequest) -> Answer:

@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import stat
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,6 +26,7 @@ import msgspec
 from gpuguard.io import clock
 from gpuguard.io.atomic import write_text
 from gpuguard.io.clock import utc
+from gpuguard.supervisor.config import SERVICE_NAME
 
 # A state file is a few hundred bytes; a request less. Anything bigger is not ours.
 MAX_FILE_BYTES = 64 * 1024
@@ -216,6 +218,9 @@ def rebase(st: ServiceState, boot_id: str | None, longest_wait_s: float) -> str 
 def write_request(state_dir: Path, service: str, to: str, reason: str) -> Path:
     """Ask the daemon to move `service`; NoSuchService when it has no state here, and
     CannotAccess (`cannot write PATH: why`) when the request cannot be written."""
+    if re.fullmatch(SERVICE_NAME, service) is None:  # never a path of its own
+        raise NoSuchService(f"{service!r} is not a service name (1 to 64 letters, digits, "
+                            "'_' or '-')")
     try:
         os.lstat(path_for(state_dir, service))
     except FileNotFoundError as exc:

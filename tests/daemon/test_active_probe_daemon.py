@@ -142,3 +142,29 @@ def test_one_probe_at_a_time_in_the_daemon(h200):
         assert not done.wait(0.5)  # held off while another probe runs
     assert done.wait(10)
     runner.join()
+
+
+def test_the_daemons_probe_waits_for_a_probe_run_beside_it(start_daemon, fake_nvml, fake_cuda,
+                                                           tmp_path):
+    """A `check --active` (or `slurm health`) probing the GPUs holds the host's lock in the
+    state dir: the daemon's probe measured beside it would read low, so its GPUs are
+    unknown until the other ends, then measured."""
+    import fcntl
+
+    from gpuguard.sources.active.plan import LOCK_FILE
+
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(FAKE_FLOORS + "  buffer_mib: 4\n  pattern_mib: 2\n  deadline_s: 2\n")
+    (tmp_path / "state").mkdir()
+    held = (tmp_path / "state" / LOCK_FILE).open("w")
+    fcntl.flock(held, fcntl.LOCK_EX)  # another probe runs
+    env = {"LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}", "FAKE_NVML_GPUS": "1",
+           "FAKE_NVML_MEM_TOTAL_MIB": "1000"}
+    daemon = start_daemon("--fast-interval", "0.5", "--active-probe-interval", "1",
+                          "--profile", str(profile), env=env)
+    blocked = daemon.wait_for(lambda: (r := daemon.result("gpu.compute", 0) or {}).get(
+        "status") == "unknown" and r, 20, "the daemon's probe waits for the other")
+    assert "another active probe holds the GPUs" in blocked["message"], blocked
+    held.close()  # the other probe ends
+    daemon.wait_for(lambda: (daemon.result("gpu.compute", 0) or {}).get("status") == "ok",
+                    20, "measured once the other probe ended")

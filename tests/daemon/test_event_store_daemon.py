@@ -145,3 +145,23 @@ def test_an_ack_reaches_the_running_daemon(start_daemon, tmp_path):
                             and r["action"] == "none" and r, what="the ack applied")
     assert acked["status"] == "critical" and "node drained, RMA" in acked["action_reason"]
     assert 'gpuguard_suggested_action{action="none",gpu="1"} 1.0' in daemon.metrics()
+
+
+def test_the_stores_files_swapped_under_the_daemon_show_in_its_metrics(start_daemon, tmp_path):
+    """The WAL deleted under a running daemon (a clean-up script, a full-disk panic) is
+    noticed (issue 20) and counted where an operator sees it, not only in the log."""
+    snap = tmp_path / "host.json"
+    write_snapshot(snap, host_snapshot(2, {(1, "recovery_action"): "node_reboot"}))
+    daemon = start_daemon("--input", str(snap), "--fast-interval", "0.2")
+    state = tmp_path / "state"
+    daemon.wait_for(lambda: counter(daemon.metrics(), "gpuguard_event_store_written_total") >= 1,
+                    what="the first event written")
+    assert counter(daemon.metrics(), "gpuguard_event_store_replaced_total") == 0
+    assert counter(daemon.metrics(), "gpuguard_event_store_wal_bytes") > 0
+    for suffix in ("-wal", "-shm"):
+        (state / f"events.db{suffix}").unlink()
+    write_snapshot(snap, host_snapshot(2))  # a change to record: the writer flushes
+    daemon.wait_for(lambda: counter(daemon.metrics(), "gpuguard_event_store_replaced_total")
+                    >= 1, what="the swap counted")
+    for name in ("unsafe_total", "rows_skipped_total", "wal_pinned_total"):
+        assert counter(daemon.metrics(), f"gpuguard_event_store_{name}") == 0

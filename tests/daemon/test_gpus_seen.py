@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpuguard.daemon.gpus_seen import FILE, SeenGpus
 from gpuguard.model.snapshot import GpuSnapshot, Reading, Snapshot
-from tests.conftest import TEST_BOOT_ID
+from tests.conftest import TEST_BOOT_ID, gpuguard
 from tests.daemon.conftest import host_snapshot, write_snapshot
 
 GPU1 = "GPU 1 (GPU-00000000-0000-0000-0000-000000000001, 00000000:28:00.0)"
@@ -74,3 +74,27 @@ def test_the_seen_file_keeps_the_tests_boot(start_daemon, tmp_path):
     replay(start_daemon, tmp_path)
     saved = json.loads((tmp_path / "state" / FILE).read_text())
     assert saved["boot_id"] == TEST_BOOT_ID and len(saved["gpus"]) == 2
+
+
+def test_an_ack_of_gpu_count_forgets_exactly_the_gpus_it_covers(start_daemon, tmp_path, fake_env):
+    """A GPU taken out on purpose: `gpuguard ack gpu.count` covers the missing set as the
+    store recorded it, and the daemon stops expecting those GPUs (gpu.count ok again)."""
+    gone = {"uuid": "GPU-00000000-0000-0000-0000-0000000000aa",
+            "pci_bus_id": "00000000:AA:00.0", "index": 2, "name": "NVIDIA H200"}
+    state = tmp_path / "state"
+    state.mkdir()
+    # a daemon earlier in this boot saw a third GPU
+    (state / FILE).write_text(json.dumps({"boot_id": TEST_BOOT_ID, "gpus": [gone]}))
+    daemon = start_daemon("--fast-interval", "0.3", "--slow-interval", "5",
+                          env=fake_env(gpus=2))
+    missing = daemon.wait_for(lambda: (r := daemon.result("gpu.count"))["status"] == "critical"
+                              and r, what="gpu.count critical for the third GPU")
+    assert missing["action"] != "none" and len(missing["observed"]["names"]) == 1
+    proc = tmp_path / "own-host" / "proc"
+    out = gpuguard("ack", "gpu.count", "--reason", "GPU 2 pulled for RMA", "--state-dir",
+                   str(state), "--path.procfs", str(proc))
+    assert out.returncode == 0, out.stderr
+    daemon.wait_for(lambda: daemon.result("gpu.count")["status"] == "ok", what="forgotten")
+    saved = json.loads((state / FILE).read_text())
+    assert [g["uuid"] for g in saved["gpus"]] == [
+        f"GPU-fa4e0000-0000-0000-0000-00000000000{i}" for i in range(2)], saved

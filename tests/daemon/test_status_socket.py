@@ -255,6 +255,57 @@ def test_status_imports_no_nvml_click_or_rules(tmp_path: Path) -> None:
     assert not {"click", "pynvml", "msgspec", "yaml", "prometheus_client"} & imported
 
 
+def serve_once(path: Path, reply: bytes) -> None:
+    """A stand-in for the daemon on `path` that answers one request with `reply`."""
+    import threading
+
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def answer_one() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(reply)
+        server.close()
+
+    threading.Thread(target=answer_one, daemon=True).start()
+
+
+@pytest.mark.parametrize(("reply", "code", "said"), [
+    (b"GGV1 1\nthe rendering\n", 1, "the rendering"),
+    (b"GGV1 error\nno rule matches --only x", 3, "no rule matches --only x"),
+    (b"GGV1 7\nnot a code", 3, "wrong shape"),
+    (b"HTTP/1.1 200 OK\n\nok", 3, "no complete answer"),  # another program on the socket
+    (b"", 3, "no complete answer"),
+])
+def test_the_fast_client_reads_only_a_well_formed_frame(tmp_path: Path, reply: bytes,
+                                                        code: int, said: str) -> None:
+    """`gpuguard status` reads the daemon's framed rendering with no JSON parser; whatever
+    else answers on the socket is exit 3, never an ok. Its imports stay the standard
+    library's cheapest (no json, socket, typing: the 0.25 x nvidia-smi -q budget)."""
+    sock = tmp_path / "s.sock"
+    serve_once(sock, reply)
+    # as the installed console script starts it (`-m` would add runpy's imports)
+    script = "from gpuguard.cli.entry import main; main()"
+    run = subprocess.run([sys.executable, "-X", "importtime", "-c", script, "status",
+                          "--socket", str(sock)], capture_output=True, text=True, cwd=REPO,
+                         timeout=30, check=False)
+    assert run.returncode == code, run.stdout + run.stderr
+    assert said in run.stdout + run.stderr
+    # beyond what this interpreter's start imports anyway (a .pth may bring contextlib)
+    bare = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"],
+                          capture_output=True, text=True, timeout=30, check=True)
+    added = imports(run.stderr) - imports(bare.stderr)
+    assert not {"json", "socket", "typing", "contextlib", "click"} & added, added
+
+
+def imports(importtime: str) -> set[str]:
+    return {line.split("|")[-1].strip() for line in importtime.splitlines()
+            if line.startswith("import time:")}
+
+
 def test_sigterm_removes_the_socket(start_daemon: Any, tmp_path: Path) -> None:
     snap = tmp_path / "snap.json"
     write_snapshot(snap, host_snapshot(1))

@@ -49,3 +49,23 @@ def test_check_gives_the_same_results(tmp_path):
     found = {"host" if r["gpu"] is None else r["gpu"]["index"]: r["status"]
              for r in json.loads(proc.stdout)["results"]}
     assert found == {0: "critical", 1: "warning", 2: "ok", "host": "critical"}
+
+
+def test_the_xid_age_is_the_kernel_logs_not_the_wall_clocks(start_daemon, tmp_path,
+                                                           wall_clock):
+    """A host clock two hours behind Prometheus's made `time() - last_seen_timestamp` say a
+    fresh fatal Xid was two hours old: GPUGuardFatalXid never fired. The age is exported
+    instead, from the kernel log's clock and the daemon's monotonic clock."""
+    import re
+
+    wall_clock.set(-2 * 3600)
+    snap = tmp_path / "host.json"
+    write_snapshot(snap, host_snapshot(3))
+    daemon = start_daemon("--input", str(snap), "--fast-interval", "0.3",
+                          "--kmsg-file", str(LOG), env=wall_clock.env)
+    daemon.wait_for(lambda: "gpuguard_xid_last_seen_age_seconds{" in daemon.metrics(),
+                    what="the Xid ages")
+    ages = {m[0]: float(m[1]) for m in re.findall(
+        r'gpuguard_xid_last_seen_age_seconds\{[^}]*xid="(\d+)"\} (\S+)', daemon.metrics())}
+    # the fixture's lines are seconds apart, the last one "now" by the log's own clock
+    assert set(ages) == {"48", "13", "79"} and all(0 <= age < 600 for age in ages.values()), ages

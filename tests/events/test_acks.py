@@ -46,23 +46,23 @@ def test_an_ack_for_a_gpu_this_host_does_not_have_is_refused(tmp_path, run):
     assert "covers its critical finding" in out.stdout
 
 
-def test_a_host_rules_ack_ends_when_what_its_finding_names_changes(tmp_path, run):
-    """xid.recent critical for Xid 79, acknowledged; then Xid 48 too, still critical:
-    the ack covered Xid 79 only, so the action comes back."""
+def test_an_ack_ends_when_what_its_finding_names_changes(tmp_path, run):
+    """xid.recent critical for Xid 79 on GPU 0 (one result per GPU), acknowledged; then
+    Xid 48 too, still critical: the ack covered Xid 79 only, so the action comes back."""
     state, proc = tmp_path / "state", procfs(tmp_path, BOOT_A)
     one = kmsg_lines(tmp_path, "one.log", [79])
-    first = result(run(state, proc, "--kmsg-file", str(one), recovery=NONE), "xid.recent", None)
+    first = result(run(state, proc, "--kmsg-file", str(one), recovery=NONE), "xid.recent", 0)
     assert (first["status"], first["action"]) == ("critical", "reboot")
     assert first["observed"]["names"] == ["79"]
     empty = tmp_path / "empty.log"
     empty.write_text("")
-    out = ack(state, proc, "xid.recent", "--kmsg-file", str(empty))
+    out = ack(state, proc, "xid.recent", "--gpu", "0", "--kmsg-file", str(empty))
     assert out.returncode == 0, out.stderr
-    acked = result(run(state, proc, "--kmsg-file", str(one), recovery=NONE), "xid.recent", None)
+    acked = result(run(state, proc, "--kmsg-file", str(one), recovery=NONE), "xid.recent", 0)
     assert (acked["status"], acked["action"]) == ("critical", "none")
     # worse under the same status: another fatal Xid
     two = kmsg_lines(tmp_path, "two.log", [79, 48])
-    worse = result(run(state, proc, "--kmsg-file", str(two), recovery=NONE), "xid.recent", None)
+    worse = result(run(state, proc, "--kmsg-file", str(two), recovery=NONE), "xid.recent", 0)
     assert worse["status"] == "critical"
     assert worse["action"] == "reboot", worse["action_reason"]
     assert "acknowledged at" not in (worse["action_reason"] or "")
@@ -128,3 +128,22 @@ def test_names_are_a_bounded_set_of_short_strings():
     many = names_of({NAMES: [f"name-{i}" for i in range(1000)]})
     assert len(many) <= 65 and many != names_of({NAMES: [f"name-{i}" for i in range(999)]})
     assert max(len(n) for n in names_of({NAMES: ["x" * 5000]})) <= 200
+
+
+def test_what_an_operator_or_the_kernel_wrote_prints_no_control_character(tmp_path, run):
+    """An ack's reason (anyone in the gpuguard group can give one) with a terminal escape:
+    `gpuguard events` shows it escaped, never as a sequence the terminal runs."""
+    from tests.conftest import gpuguard
+
+    state, proc = tmp_path / "state", procfs(tmp_path, BOOT_A)
+    run(state, proc, "--kmsg-file", str(kmsg_lines(tmp_path, "one.log", [79])), recovery=NONE)
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    out = gpuguard("ack", "xid.recent", "--gpu", "0", "--reason", "RMA\x1b]0;owned\x07\x1b[2J",
+                   "--state-dir", str(state), "--path.procfs", str(proc), "--kmsg-file",
+                   str(empty))
+    assert out.returncode == 0, out.stderr
+    table = gpuguard("events", "--state-dir", str(state))
+    assert table.returncode == 0, table.stderr
+    assert "\x1b" not in table.stdout and "\x07" not in table.stdout
+    assert "RMA\\x1b]0;owned\\x07\\x1b[2J" in table.stdout, table.stdout

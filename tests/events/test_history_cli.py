@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from gpuguard.io.paths import Paths
-from gpuguard.sources.host import read_xid_ack, write_xid_ack
+from gpuguard.sources.boot_state import read_xid_ack, write_xid_ack
 from tests.conftest import gpuguard, own_host
 from tests.daemon.conftest import host_snapshot, write_snapshot
 from tests.events.conftest import BOOT_A, BOOT_B, GPU_RESET, NONE, events, procfs, result
@@ -130,11 +130,14 @@ def test_events_filters_and_refuses_bad_input(tmp_path, run):
         assert out.returncode == 3, out.stdout + out.stderr
     out = gpuguard("ack", "no.such", "--reason", "r", "--state-dir", str(state))
     assert out.returncode == 3 and "no rule 'no.such'" in out.stderr
-    # an ack names one board's finding: a GPU rule needs --gpu, a host rule takes none
+    # an ack names one board's finding: a GPU rule needs --gpu; a host rule's result on a
+    # GPU (xid.recent gives one per GPU) is refused where the store recorded none
     out = gpuguard("ack", "recovery.action", "--reason", "r", "--state-dir", str(state))
     assert out.returncode == 3 and "name the GPU with --gpu" in out.stderr
-    out = gpuguard("ack", "xid.recent", "--gpu", "0", "--reason", "r", "--state-dir", str(state))
-    assert out.returncode == 3 and "takes no --gpu" in out.stderr
+    (tmp_path / "empty.log").write_text("")
+    out = gpuguard("ack", "xid.recent", "--gpu", "0", "--reason", "r", "--state-dir", str(state),
+                   "--kmsg-file", str(tmp_path / "empty.log"))
+    assert out.returncode == 3 and "no failing finding" in out.stderr, out.stderr
     assert events(state, "--kind", "ack") == []  # bad input changes nothing
 
 

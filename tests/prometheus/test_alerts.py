@@ -112,8 +112,8 @@ def test_silent_on_idle_downshift_idle_clock_bit_and_one_old_xid(tmp_path):
         # one old fatal Xid, already in the kernel log when the daemon started (2 h ago)
         {"series": f'gpuguard_xid_events_total{{{H},xid="79",severity="critical",{G3}}}',
          "values": "1x20"},
-        {"series": f'gpuguard_xid_last_seen_timestamp_seconds{{{H},xid="79",'
-                   f'severity="critical",{G3}}}', "values": "-7200x20"},
+        {"series": f'gpuguard_xid_last_seen_age_seconds{{{H},xid="79",'
+                   f'severity="critical",{G3}}}', "values": "7200+15x20"},
         {"series": f'up{{{H}}}', "values": "1x20"},
         # a host clock an hour behind Prometheus's: the stamp is old, the age is not
         {"series": f'gpuguard_last_cycle_timestamp_seconds{{{H},cadence="fast"}}',
@@ -136,8 +136,8 @@ def test_daemon_and_supervisor_alerts_fire(tmp_path):
         "interval": "15s",
         "input_series": [
             # a new fatal Xid at t=45 s
-            {"series": f'gpuguard_xid_last_seen_timestamp_seconds{{{H},xid="79",'
-                       f'severity="critical",{G3}}}', "values": "_ _ _ 45 45 45 45"},
+            {"series": f'gpuguard_xid_last_seen_age_seconds{{{H},xid="79",'
+                       f'severity="critical",{G3}}}', "values": "_ _ _ 0+15x3"},
             {"series": f'gpuguard_failover_active{{{H},service="llm"}}', "values": "0 1 1 1"},
             {"series": f'gpuguard_failover_in_progress{{{H},service="llm"}}',
              "values": "1x12"},
@@ -192,15 +192,15 @@ def test_one_fatal_xid_alert_per_gpu_whatever_codes_it_logged(tmp_path):
     Xid at an address NVML does not list a third; a warning Xid alerts nowhere."""
     g5 = 'gpu="5",uuid="U5",pci_bus_id="0000:86:00.0"'
     gone = 'gpu="",uuid="",pci_bus_id="0000:5e:00.0"'
-    last = "gpuguard_xid_last_seen_timestamp_seconds"
+    last = "gpuguard_xid_last_seen_age_seconds"
     run_promtool(tmp_path, [{
         "interval": "15s",
         "input_series": [
-            {"series": f'{last}{{{H},xid="79",severity="critical",{G3}}}', "values": "0x8"},
-            {"series": f'{last}{{{H},xid="48",severity="critical",{G3}}}', "values": "15x8"},
-            {"series": f'{last}{{{H},xid="119",severity="critical",{g5}}}', "values": "30x8"},
-            {"series": f'{last}{{{H},xid="79",severity="critical",{gone}}}', "values": "0x8"},
-            {"series": f'{last}{{{H},xid="13",severity="warning",{g5}}}', "values": "0x8"},
+            {"series": f'{last}{{{H},xid="79",severity="critical",{G3}}}', "values": "0+15x8"},
+            {"series": f'{last}{{{H},xid="48",severity="critical",{G3}}}', "values": "_ 0+15x7"},
+            {"series": f'{last}{{{H},xid="119",severity="critical",{g5}}}', "values": "_ _ 0+15x6"},
+            {"series": f'{last}{{{H},xid="79",severity="critical",{gone}}}', "values": "0+15x8"},
+            {"series": f'{last}{{{H},xid="13",severity="warning",{g5}}}', "values": "0+15x8"},
         ],
         "alert_rule_test": [{"eval_time": "1m", "alertname": "GPUGuardFatalXid", "exp_alerts": [
             fatal_xid_alert("GPU 3 (0000:3b:00.0)", "45s", G3_LABELS),

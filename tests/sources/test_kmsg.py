@@ -140,11 +140,11 @@ def test_each_gsp_pattern_is_read_with_its_gpu():
         ("crash", None, 0, 300), ("boot_failed", None, 7, 400)]
     assert log["gsp_dropped"] == 0
     assert [x["xid"] for x in log["xids"]] == [119]
-    # each load of the driver, open or proprietary module (a hook for a reload clearing
-    # findings)
-    assert log["driver_loads"] == [{"version": "580.159.04", "seq": 100, "usec": 1_000_000},
-                                   {"version": "570.195.03", "seq": 500,
-                                    "usec": 7_200_000_000}]
+    # each load of the driver, open or proprietary module; the second is a reload (issue 21,
+    # item 3), before every GSP line, so it clears none of them
+    assert log["driver_loads"] == [{"version": "570.195.03", "seq": 50, "usec": 500_000},
+                                   {"version": "580.159.04", "seq": 100, "usec": 1_000_000}]
+    assert [(r["kind"], r["seq"]) for r in log["repairs"]] == [("driver_reload", 100)]
 
 
 def test_the_real_h200s_log_holds_a_driver_load_and_no_gsp_error():
@@ -171,3 +171,33 @@ def test_a_second_boot_failure_line_within_a_second_is_the_same_event(tmp_path):
     line = "NVRM: GPU7 RmInitAdapter: Cannot initialize GSP firmware RM\n"
     path.write_text(f"[ 10.000000] {line}[ 10.900000] {line}[ 12.000000] {line}")
     assert [e["usec"] for e in kmsg.read_file(path).get()["gsp"]] == [10_000_000, 12_000_000]
+
+
+# -- repairs: a GPU reset, a driver reload (issue 21, item 3; sources/kmsg_gpu.py) -------
+
+def test_each_repair_pattern_is_read_in_the_logs_order():
+    """One fixture line per pattern (tests/fixtures/kmsg/repairs.kmsg; the sources are named
+    in sources/kmsg_gpu.py): NVSentinel's reset line naming the GPU by UUID, the same naming
+    it by bus id, and a load of the driver after the first (a reload); the boot's first load
+    is no repair. Each carries its place among the driver's lines, as the Xids and GSP
+    lines do, so that a repair clears what came before it."""
+    log = kmsg.read_file(FIXTURES / "kmsg" / "repairs.kmsg").get()
+    assert [(r["kind"], r["uuid"], r["pci"], r["seq"], r["usec"]) for r in log["repairs"]] == [
+        ("gpu_reset", "GPU-fa4e0000-0000-0000-0000-000000000000", None, 210, 5_100_000_000),
+        ("gpu_reset", None, "0000:11:00.0", 211, 5_200_000_000),
+        ("driver_reload", None, None, 300, 6_000_000_000)]
+    places = [x["n"] for x in log["xids"]] + [g["n"] for g in log["gsp"]]
+    assert max(places) < min(r["n"] for r in log["repairs"])
+    assert [d["seq"] for d in log["driver_loads"]] == [100, 300]
+
+
+def test_a_load_after_the_drivers_lines_is_a_reload_even_without_an_earlier_load(tmp_path):
+    """The ring buffer overwrote the boot's first load: a load after an Xid is a reload."""
+    path = tmp_path / "wrapped.kmsg"
+    path.write_text(
+        "4,900,5000000000,-;NVRM: Xid (PCI:0000:10:00): 48, pid=1, name=x, DBE.\n"
+        "6,901,6000000000,-;NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  "
+        "580.159.04  Release Build  (nixbld@)\n")
+    log = kmsg.read_file(path).get()
+    assert [r["kind"] for r in log["repairs"]] == ["driver_reload"]
+    assert kmsg.read_file(FIXTURES / "kmsg" / "h200-healthy.kmsg").get()["repairs"] == []

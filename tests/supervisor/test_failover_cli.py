@@ -85,3 +85,14 @@ def test_load_moves_a_fifo_and_a_huge_file_aside_without_blocking(tmp_path):
         state.load(path)
     assert "more than 65536" in caught.value.reason
     assert state.load(path) is None  # moved aside: the next save can take its place
+
+
+def test_to_takes_only_a_service_name_never_a_path(tmp_path):
+    """`failover to cpu ../x`: a name that could reach outside the state dir (a state file
+    `failover-..` made there by hand) is refused before anything is read or written."""
+    (tmp_path / "failover-..").mkdir()
+    state.save(tmp_path / "failover-.." / "x.json", state.ServiceState())
+    proc = gpuguard("failover", "to", "cpu", "../x", "--reason", "x", "--state-dir",
+                    str(tmp_path), "--wait", "0")
+    assert proc.returncode == 3 and "is not a service name" in proc.stderr, proc.stderr
+    assert not (tmp_path / "failover-.." / "x.request.json").exists()

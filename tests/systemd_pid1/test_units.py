@@ -42,7 +42,10 @@ def daemon_port(machine: Machine) -> Any:
     port = free_port()
     yield port
     machine.run("systemctl", "stop", "gpuguard.service")
-    machine.run("rm", "-rf", "/etc/systemd/system/gpuguard.service.d", TEST_DIR)
+    # each test's daemon sees other GPUs (the fake NVML's, a replay's): the GPUs the last
+    # one saw in this boot would be "gone" for the next (daemon/gpus_seen.py)
+    machine.run("rm", "-rf", "/etc/systemd/system/gpuguard.service.d", TEST_DIR,
+                "/var/lib/gpuguard/gpus-seen.json")
     machine.run("systemctl", "daemon-reload")
     machine.run("systemctl", "reset-failed")
 
@@ -216,9 +219,12 @@ def test_supervisor_switches_systemd_units(machine: Machine, daemon_port: int,
 
     snapshot["gpus"][0]["remapped_rows_failure"] = False
     machine.write(f"{TEST_DIR}/snapshot.json", json.dumps(snapshot))
-    machine.wait_for("llm back on llm-gpu.service", lambda: (
-        active(machine, "llm-gpu.service"), active(machine, "llm-cpu.service"))
-        == ("active", "inactive"))
+    try:
+        machine.wait_for("llm back on llm-gpu.service", lambda: (
+            active(machine, "llm-gpu.service"), active(machine, "llm-cpu.service"))
+            == ("active", "inactive"))
+    except AssertionError as exc:  # the daemon's own account of why it stayed on CPU
+        raise AssertionError(f"{exc}\n{machine.journal('gpuguard.service')[-4000:]}") from None
     assert machine.show("gpuguard.service", "NRestarts")["NRestarts"] == "0"
 
 
