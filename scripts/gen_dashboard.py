@@ -136,6 +136,26 @@ def dashboard() -> dict[str, Any]:
                 "{{instance}} {{service}} latency"),
                ('gpuguard_service_inference_success{instance=~"$host"}',
                 "{{instance}} {{service}} success")], 16, 72, 8, 8),
+        # the services' inference engines (issue 23): 0 ok, 1 saturated, 2 capacity,
+        # 3 stuck, 4 unknown
+        panel("Engine state (0 ok, 1 saturated, 2 capacity, 3 stuck, 4 unknown)",
+              "timeseries",
+              [('gpuguard_service_engine_state{instance=~"$host"}',
+                "{{instance}} {{service}}"),
+               ('gpuguard_service_engine_progress_flat_seconds{instance=~"$host"}',
+                "{{instance}} {{service}} flat s")], 0, 80, 8, 8),
+        panel("Engine requests and progress", "timeseries",
+              [('gpuguard_service_engine_requests{instance=~"$host"}',
+                "{{instance}} {{service}} {{state}}"),
+               ('rate(gpuguard_service_engine_progress_total{instance=~"$host"}'
+                '[$__rate_interval])', "{{instance}} {{service}} {{unit}}/s")],
+              8, 80, 8, 8),
+        panel("Engine KV cache and preemptions", "timeseries",
+              [('gpuguard_service_engine_kv_cache_usage_ratio{instance=~"$host"}',
+                "{{instance}} {{service}} KV cache"),
+               ('rate(gpuguard_service_engine_preemptions_total{instance=~"$host"}'
+                '[$__rate_interval])', "{{instance}} {{service}} preemptions/s")],
+              16, 80, 8, 8),
     ]
     variables = [
         {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Data source",

@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpuguard.judge import engine_errors
+from gpuguard.judge.actions import Action, worst
+from gpuguard.judge.engine_state import Limits as EngineLimits
+from gpuguard.judge.engine_state import judge as judge_engine
+from gpuguard.judge.engine_state import sustained_capacity
 from gpuguard.judge.registry import CheckContext, Finding, host_check, ok, skipped, unknown
+from gpuguard.judge.services import NO_SERVICE, combine, services_of
 from gpuguard.judge.trend import Growth, Limits, Point, judge
 from gpuguard.model.derived import held_by
 from gpuguard.model.results import NAMES, Status
@@ -23,41 +29,11 @@ from gpuguard.model.snapshot import Process
 MIB = 1024 * 1024
 
 
-def _combine(findings: dict[str, Finding]) -> Finding:
-    if not findings:
-        return skipped("no service is supervised")
-    if all(f.status is Status.SKIPPED for f in findings.values()):
-        return skipped("; ".join(f"{name}: {f.message}" for name, f in findings.items()))
-    worst = max(findings.values(), key=lambda f: f.status.rank).status
-    # the worst first; services of one status stay in name order (a stable sort)
-    ordered = sorted(findings.items(), key=lambda item: -item[1].status.rank)
-    message = "; ".join(f"{name}: {f.message}" for name, f in ordered)
-    return Finding(worst, message, {
-        "service_status": {name: f.status.value for name, f in findings.items()},
-        "services": {name: f.observed for name, f in findings.items()},
-        # what the finding names: the services that fail it (an ack covers these)
-        NAMES: sorted(name for name, f in findings.items()
-                      if f.status in (Status.WARNING, Status.CRITICAL)),
-    })
-
-
-def _services(ctx: CheckContext) -> dict[str, Any] | None:
-    """The services' entries; None when no service is configured (or in `gpuguard
-    check`): nothing to judge, whatever NVML did. An error reading is unknown (.get())."""
-    reading = ctx.snapshot.host.services
-    if reading.state == "absent":
-        return None
-    return reading.get()
-
-
-NO_SERVICE = "no supervised service (services are the daemon's: docs/supervisor.md)"
-
-
 def _each_service(ctx: CheckContext,
                   judge_one: Callable[[dict[str, Any]], Finding]) -> Finding:
     """A memory rule's finding per service, combined: a service whose processes are not
     known is unknown (never "holds nothing")."""
-    services = _services(ctx)
+    services = services_of(ctx)
     if services is None:
         return skipped(NO_SERVICE)
     findings: dict[str, Finding] = {}
@@ -66,7 +42,7 @@ def _each_service(ctx: CheckContext,
             findings[name] = unknown(f"its processes are not known: {entry['error']}")
         else:
             findings[name] = judge_one(entry)
-    return _combine(findings)
+    return combine(findings)
 
 
 @host_check("service.gpu_memory", thresholds=("headroom_percent",))
@@ -190,7 +166,7 @@ def _leak_text(label: str, growth: Growth) -> str:
 @host_check("service.inference")
 def inference(ctx: CheckContext) -> Finding:
     findings: dict[str, Finding] = {}
-    services = _services(ctx)
+    services = services_of(ctx)
     if services is None:
         return skipped(NO_SERVICE)
     for name, entry in sorted(services.items()):
@@ -201,15 +177,124 @@ def inference(ctx: CheckContext) -> Finding:
             findings[name] = unknown(f"not probed: {answer.get('error')}")
         elif answer.get("ok"):
             findings[name] = ok(f"answered in {answer['latency_s']:.3f} s", **answer)
+        elif answer.get("timed_out") and progressing(entry):
+            # the engine's own progress counter rose since its last read (issue 23): it
+            # is busy serving, not hung; never a failover at its peak
+            findings[name] = ok(f"saturated: no answer in {answer['latency_s']:.1f} s, but "
+                                f"{progressing(entry)}", saturated=True, **answer)
         elif answer.get("timed_out"):
             # connected or not, no answer within request_timeout: a healthy server
             # saturated at peak load looks just like a hung one from here, and moving a
             # saturated service to CPU at its peak is the worst moment. Not known: it
             # neither counts towards failover nor resets (a hung GPU is the GPU rules'
-            # finding: xid.recent, driver.responsive). An answer that came, a 500 or a
-            # refused connection, stays a failure.
+            # finding: xid.recent, driver.responsive; a hung engine service.engine's).
+            # An answer that came, a 500 or a refused connection, stays a failure.
             findings[name] = unknown(f"no answer in time (saturated or hung): "
                                      f"{answer.get('error')}", **answer)
         else:
             findings[name] = ctx.fail(f"inference failed: {answer.get('error')}", **answer)
-    return _combine(findings)
+    return combine(findings)
+
+
+def progressing(entry: dict[str, Any]) -> str | None:
+    """What the service's engine made between its last two reads when its progress
+    counter rose (the engine is serving), else None (no engine, not read, flat, reset)."""
+    reads = [r for r in ((entry.get("engine") or {}).get("reads") or []) if r[1] is None]
+    if len(reads) < 2 or reads[-1][4] is None or reads[-2][4] is None \
+            or reads[-1][4] <= reads[-2][4]:
+        return None
+    unit = (entry.get("engine") or {}).get("unit") or "progress"
+    return f"the engine made {reads[-1][4] - reads[-2][4]:,.0f} {unit} since its last read"
+
+
+NO_ENGINE = "no engine gpuguard knows (judged by its probe alone)"
+
+
+def _each_engine(ctx: CheckContext, judge_one: Any) -> Finding:
+    services = services_of(ctx)
+    if services is None:
+        return skipped(NO_SERVICE)
+    findings = {name: (judge_one(entry["engine"], entry) if entry.get("engine")
+                       else skipped(NO_ENGINE))
+                for name, entry in sorted(services.items())}
+    return combine(findings)
+
+
+@host_check("service.engine", thresholds=("stuck_after_s", "kv_full_percent"))
+def engine(ctx: CheckContext) -> Finding:
+    limits = EngineLimits(float(ctx.threshold("stuck_after_s")),
+                          float(ctx.threshold("kv_full_percent")) / 100.0)
+    return _each_engine(ctx, lambda eng, entry: _engine_of(ctx, eng, entry, limits))
+
+
+def _engine_of(ctx: CheckContext, eng: dict[str, Any], entry: dict[str, Any],
+               limits: EngineLimits) -> Finding:
+    answer = entry.get("inference") or {}
+    state = judge_engine(eng.get("reads") or [], limits, answer.get("timed_out") is True,
+                  str(eng.get("unit") or "progress"), answered=answer.get("ok") is True)
+    observed = {"state": state.state, "engine": eng.get("engine"), "url": eng.get("url"),
+                "metrics": eng.get("metrics"), "flat_s": state.flat_s,
+                "rising": state.rising, "at_capacity": state.at_capacity,
+                "read": _newest(eng)}
+    message = f"{eng.get('title') or eng.get('engine')}: {state.message}"
+    if state.state == "stuck":
+        return ctx.fail(message, **observed)
+    if state.state == "unknown":
+        return unknown(message, **observed)
+    return ok(message, **observed)
+
+
+def _newest(eng: dict[str, Any]) -> dict[str, Any]:
+    reads = eng.get("reads") or []
+    if not reads:
+        return {}
+    newest = reads[-1]
+    return {"error": newest[1], "running": newest[2], "waiting": newest[3],
+            "progress": newest[4], "kv_cache": newest[5], "preemptions": newest[6]}
+
+
+@host_check("service.engine_full", thresholds=("kv_full_percent", "window_s"))
+def engine_full(ctx: CheckContext) -> Finding:
+    kv_full = float(ctx.threshold("kv_full_percent")) / 100.0
+    window = float(ctx.threshold("window_s"))
+
+    def one(eng: dict[str, Any], _entry: dict[str, Any]) -> Finding:
+        held = sustained_capacity(eng.get("reads") or [], kv_full, window)
+        if held is None:
+            return ok(f"not at capacity for {window:g} s")
+        return ctx.fail(f"at capacity for {held:.0f} s: KV cache at or above {kv_full:.0%}"
+                        " with preemptions rising (a healthy peak; more replicas or a "
+                        "smaller batch if it lasts)", held_s=held)
+
+    return _each_engine(ctx, one)
+
+
+@host_check("service.gpu_errors", thresholds=("window_s", "xid_within_s"))
+def gpu_errors(ctx: CheckContext) -> Finding:
+    services = services_of(ctx)
+    if services is None:
+        return skipped(NO_SERVICE)
+    window = float(ctx.threshold("window_s"))
+    within = float(ctx.threshold("xid_within_s"))
+    findings: dict[str, Finding] = {}
+    for name, entry in sorted(services.items()):
+        if entry.get("log") is None:
+            findings[name] = skipped("its backend names no log to read (exec: "
+                                     "log_file_gpu, docs/supervisor.md)")
+            continue
+        verdict = engine_errors.judge(name, entry, ctx.snapshot, ctx.ruleset.xid_catalog,
+                                      window, within)
+        findings[name] = (ctx.fail(verdict.message, **verdict.observed)
+                          if verdict.status == "failed" else
+                          Finding(Status(verdict.status), verdict.message, verdict.observed))
+    result = combine(findings)
+    failing = [f for f in findings.values() if f.observed.get("suggested")]
+    if failing:
+        # the finding decides the action (judge/actions.FINDING_DECIDES): the worst of
+        # the failing services'
+        chosen = worst(Action(f.observed["suggested"]) for f in failing)
+        result.observed["suggested"] = chosen.value
+        result.observed["why"] = next(f.observed["why"] for f in failing
+                                      if f.observed["suggested"] == chosen.value)
+        result.observed[NAMES] = sorted(n for f in failing for n in f.observed[NAMES])
+    return result

@@ -73,7 +73,8 @@ class DaemonCollector(Collector):
             yield from families.telemetry(snapshot)
             yield from families.host_resources(snapshot)
             yield from families.sources(snapshot)
-            yield from service_metrics.families(snapshot)
+            yield from service_metrics.families(snapshot,
+                                                [e.result for e in self.store.entries()])
         yield from self._daemon()
         yield from self._failover()
         yield from self._event_store()

@@ -14,6 +14,7 @@ With no service configured the reading stays absent: the rules are skipped.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -25,6 +26,9 @@ from typing import Any
 
 import structlog
 
+from gpuguard.daemon.service_engine import EngineWatch
+from gpuguard.daemon.service_logs import DEADLINE_S as LOG_DEADLINE_S
+from gpuguard.daemon.service_logs import LogWatch
 from gpuguard.judge.trend import fit
 from gpuguard.model.derived import held_by
 from gpuguard.model.snapshot import Reading, Snapshot
@@ -99,6 +103,10 @@ class ServiceWatch:
         self.keep_s = keep_s
         self._runs: dict[str, Run] = {}
         self.requests = Requests()
+        # the engines' metrics and the services' logs (issue 23), made with the first
+        # services: they load the engine profiles
+        self._engines: EngineWatch | None = None
+        self._logs: LogWatch | None = None
 
     def sample(self, snap: Snapshot, now: float) -> None:
         if not self.supervisors:
@@ -115,15 +123,65 @@ class ServiceWatch:
         # does not wait for it: the answer is taken by the first cycle that finds it.
         answered = {s.service.name: self._health(s) for s in self.supervisors
                     if _plain_url(s) and not self._answered(s.service.name)}
+        engines, logs = self._engine_reads(now), self._log_reads()
         entries = {s.service.name: self._entry(s, snap, now) for s in self.supervisors}
-        end = time.monotonic() + max(_request_timeout(s) for s in self.supervisors) \
+        end = time.monotonic() + max(_wait_s(s) for s in self.supervisors) \
             + INFERENCE_GRACE_S
         for name, request in asked.items():
             entries[name]["inference"] = _inference_result(request, end)
+        self._engine_results(engines, logs, entries, end, now)
         for supervisor in self.supervisors:
             self._note_answer(supervisor, entries[supervisor.service.name],
                               answered.get(supervisor.service.name), now)
         snap.host.services = Reading.ok(entries)
+
+    def _engine_reads(self, now: float) -> dict[str, Future[Any] | str]:
+        """The engines' metrics read this cycle, started at once (issue 23)."""
+        if self._engines is None:
+            self._engines = EngineWatch()
+            self._logs = LogWatch(self._engines.catalog)
+        engines = self._engines
+        started: dict[str, Future[Any] | str] = {}
+        for supervisor in self.supervisors:
+            name = supervisor.service.name
+            identity = self._runs[name].identity if name in self._runs else None
+            if engines.due(supervisor, identity, now, self._answered(name)):
+                read = functools.partial(_read_engine, engines,
+                                         engines.engine_of(supervisor, identity))
+                started[name] = self.requests.start(f"engine:{name}", read, supervisor)
+        return started
+
+    def _log_reads(self) -> dict[str, tuple[Any, Future[Any] | str]]:
+        """The services' logs read this cycle, for GPU errors (issue 23)."""
+        assert self._logs is not None
+        logs = self._logs
+        started: dict[str, tuple[Any, Future[Any] | str]] = {}
+        for supervisor in self.supervisors:
+            log = logs.log_of(supervisor)
+            if log is not None:
+                read = functools.partial(_read_log, logs, log)
+                started[supervisor.service.name] = (log, self.requests.start(
+                    f"log:{supervisor.service.name}", read, supervisor))
+        return started
+
+    def _engine_results(self, engines: dict[str, Future[Any] | str],
+                        logs: dict[str, tuple[Any, Future[Any] | str]],
+                        entries: dict[str, dict[str, Any]], end: float, now: float) -> None:
+        """What the engines and logs read this cycle answered, into the entries: a read
+        that has not returned by `end` is an error of that read."""
+        assert self._engines is not None and self._logs is not None
+        for supervisor in self.supervisors:
+            name = supervisor.service.name
+            identity = entries[name].get("identity")
+            if name in engines:
+                answer = _answer(engines[name], end, "read")
+                entries[name]["engine"] = self._engines.record(supervisor, identity, answer,
+                                                               now)
+            if name in logs:
+                log, asked = logs[name]
+                answer = _answer(asked, end, "log read")
+                entries[name]["log"] = self._logs.record(supervisor, log, answer, identity,
+                                                         now)
 
     def _health(self, supervisor: Supervisor) -> bool | None:
         """The answer of the plain health URL asked before, when it has come (True: it
@@ -165,7 +223,9 @@ class ServiceWatch:
     def _entry(self, supervisor: Supervisor, snap: Snapshot, now: float) -> dict[str, Any]:
         service = supervisor.service
         variant = supervisor.view().state.active
-        entry: dict[str, Any] = {"variant": variant}
+        # gpus: the GPUs its `gpus:` names (None: all), for the Xids its log errors are
+        # tied to (service.gpu_errors)
+        entry: dict[str, Any] = {"variant": variant, "gpus": service.gpus}
         try:
             tree = processes.tree(service, variant, TREE_DEADLINE_S)
         except processes.TreeError as exc:
@@ -240,6 +300,13 @@ def _request_timeout(supervisor: Supervisor) -> float:
     return request.timeout if request is not None else 0.0
 
 
+def _wait_s(supervisor: Supervisor) -> float:
+    """How long a cycle may wait for the service's request and reads."""
+    engine = supervisor.service.engine
+    return max(_request_timeout(supervisor), engine.timeout if engine is not None else 0.0,
+               LOG_DEADLINE_S)
+
+
 def _plain_url(supervisor: Supervisor) -> bool:
     probe = supervisor.service.probe
     return probe.request is None and probe.http is not None
@@ -275,6 +342,28 @@ def _inference(supervisor: Supervisor) -> dict[str, Any] | None:
     answer = readiness.send(url, cfg.status, cfg.request)
     return {"ok": answer.ok, "latency_s": round(answer.latency_s, 4), "status": answer.status,
             "error": answer.error, "timed_out": answer.timed_out, "url": url}
+
+
+def _read_engine(engines: EngineWatch, engine: str | None, supervisor: Supervisor
+                 ) -> dict[str, Any]:
+    return engines.read(supervisor, engine)
+
+
+def _read_log(logs: LogWatch, log: Any, _supervisor: Supervisor) -> dict[str, Any]:
+    return logs.read(log)
+
+
+def _answer(request: Future[Any] | str, end: float, what: str) -> dict[str, Any]:
+    """A read's answer by `end`, or why there is none (never an exception)."""
+    if isinstance(request, str):
+        return {"error": request.replace("request", what)}
+    try:
+        return request.result(timeout=max(end - time.monotonic(), 0.0))  # type: ignore[no-any-return]
+    except FutureTimeout:
+        return {"error": f"the {what} did not return within its deadline"}
+    except Exception as exc:  # gpuguard's own fault, not the service's: not known
+        log.error("service_read_failed", what=what, error=f"{type(exc).__name__}: {exc}"[:300])
+        return {"error": f"the {what} failed: {type(exc).__name__}"}
 
 
 def _inference_result(request: Future[Any] | str, end: float) -> dict[str, Any] | None:

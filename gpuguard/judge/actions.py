@@ -153,19 +153,38 @@ def suggest(rule: Rule, status: Status, observed: dict[str, Any],
     if rule.action is not None:
         where = (rule.action_origin or rule.origin).rsplit("/", 1)[-1]
         return Action(rule.action), f"the rule's action: key, {where}"
-    if rule.id in ("xid.recent", "sxid.recent", "gsp.firmware"):
-        found = _from_events(rule.id, observed, ruleset)
-        if found is not None:
-            return found
-    if rule.id == "recovery.action" and observed.get("recovery_action") in RECOVERY_FIELD:
-        field = observed["recovery_action"]
-        return RECOVERY_FIELD[field], f"the driver's recovery action field says {field}"
+    found = _from_finding(rule, observed, ruleset)
+    if found is not None:
+        return found
     family = rule.id.split(".", 1)[0]
     if family not in FAMILY_DEFAULT:
         return _fallback(rule, status)
     critical, warning = FAMILY_DEFAULT[family]
     chosen = critical if status is Status.CRITICAL else warning
     return chosen, f"default for a {status.value} {family}.* result"
+
+
+# Rules whose check decides the action from what it found (observed `suggested`, with
+# `why`), and the action when it names none: service.gpu_errors takes the action of an Xid
+# on the service's GPUs near the engine's CUDA error (of_xid, the catalog's), else the
+# application's.
+FINDING_DECIDES = {"service.gpu_errors": Action.RESTART_APP}
+
+
+def _from_finding(rule: Rule, observed: dict[str, Any], ruleset: RuleSet
+                  ) -> tuple[Action, str | None] | None:
+    """The action the result's own finding names (its events, the driver's field, the
+    check's `suggested`), or None where it names none."""
+    if rule.id in ("xid.recent", "sxid.recent", "gsp.firmware"):
+        return _from_events(rule.id, observed, ruleset)
+    if rule.id == "recovery.action" and observed.get("recovery_action") in RECOVERY_FIELD:
+        field = observed["recovery_action"]
+        return RECOVERY_FIELD[field], f"the driver's recovery action field says {field}"
+    if rule.id in FINDING_DECIDES:
+        if observed.get("suggested") in ACTIONS:
+            return Action(observed["suggested"]), str(observed.get("why") or "its finding")
+        return FINDING_DECIDES[rule.id], "its finding names no action: its default"
+    return None
 
 
 def _fallback(rule: Rule, status: Status) -> tuple[Action, str]:

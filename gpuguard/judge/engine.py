@@ -53,7 +53,9 @@ def evaluate(
 def _run(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> list[Result]:
     ref = gpu.identity() if gpu is not None else None
     if not rule.enabled:
-        where = rule.overrides[-1] if rule.overrides else rule.origin
+        # off in its own file (an opt-in rule of the pack): the file's name, not its
+        # path, which differs per install and would make the message unstable
+        where = rule.overrides[-1] if rule.overrides else rule.origin.rsplit("/", 1)[-1]
         return [Result(rule.id, Status.SKIPPED, rule.severity, f"disabled ({where})", ref)]
     try:
         finding = _finding(rule, ctx, gpu)

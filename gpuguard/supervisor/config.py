@@ -138,6 +138,10 @@ class ExecSection(_Strict):
     # it and its descendants
     pid_file_gpu: Text | None = None
     pid_file_cpu: Text | None = None
+    # the log each variant's start command writes (`... >> /var/log/llm-gpu.log 2>&1 &`):
+    # read incrementally for CUDA errors tied to the GPU (issue 23, service.gpu_errors)
+    log_file_gpu: Text | None = None
+    log_file_cpu: Text | None = None
 
 
 class NginxSpec(_Strict):
@@ -150,6 +154,19 @@ class NginxSpec(_Strict):
 
 class RouterSpec(_Strict):
     nginx: NginxSpec
+
+
+class EngineSpec(_Strict):
+    """`engine:` (issue 23): the inference engine whose own metrics service.engine reads.
+    Without it gpuguard looks for an engine it knows at the probe URL's /metrics."""
+
+    # vllm, sglang, tgi, triton, llamacpp (rules/engines/), auto, or none: do not look
+    name: Text = "auto"
+    # where its metrics are (one URL, or one per variant); default: the probe URL's
+    # scheme, host and port with the engine's metrics path
+    metrics: Text | PerVariantUrl | None = None
+    # the deadline of one read, connect to the last byte
+    timeout: Annotated[float, msgspec.Meta(gt=0, le=30)] = 2.0
 
 
 class ServiceSpec(_Strict):
@@ -169,6 +186,7 @@ class ServiceSpec(_Strict):
     exec: ExecSection | None = None
     router: RouterSpec | None = None
     python_env: Text | None = None
+    engine: EngineSpec | None = None
 
 
 class ServicesFile(_Strict):
@@ -214,6 +232,15 @@ class Nginx:
     drain: float = 2.0
 
 
+@dataclass(frozen=True)
+class Engine:
+    """The service's engine as the supervisor's watch reads it (None name: recognise it)."""
+
+    name: str | None = None
+    metrics: str | dict[str, str] | None = None
+    timeout: float = 2.0
+
+
 @dataclass
 class Service:
     name: str
@@ -231,6 +258,8 @@ class Service:
     origin: str = ""
     # the GPU variant's Python environment (exec, systemd): image.cuda judges its PyTorch
     python_env: str | None = None
+    # its inference engine (issue 23); None: `engine: {name: none}`, nothing is read
+    engine: Engine | None = field(default_factory=Engine)
 
 
 def load_services(path: Path) -> list[Service]:
@@ -293,6 +322,7 @@ def _service(path: Path, spec: ServiceSpec, entry: Mapping) -> Service:
         min_cpu_time=spec.min_cpu_time, manual_failback=spec.failback == "manual",
         failback_probe=spec.failback_probe, rules=spec.rules, gpus=spec.gpus, nginx=nginx,
         origin=f"{path}:{entry.line}", python_env=_python_env(spec, fail),
+        engine=_engine(spec, fail),
     )
 
 
@@ -302,6 +332,23 @@ def _python_env(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> s
         raise fail("python_env", "python_env is for exec and systemd services: a "
                    "container's Python is in its image, which image.cuda judges")
     return spec.python_env
+
+
+def _engine(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> Engine | None:
+    """`engine:` checked against the engines gpuguard knows (rules/engines/)."""
+    if spec.engine is None:
+        return Engine()
+    if spec.engine.name == "none":
+        return None
+    name = None if spec.engine.name == "auto" else spec.engine.name
+    if name is not None:
+        from gpuguard.config.engine_profiles import load_catalog
+
+        known = sorted(load_catalog().profiles)
+        if name not in known:
+            raise fail("engine", f"engine {name!r} is not one gpuguard knows: "
+                       f"{', '.join(known)}, auto or none")
+    return Engine(name, _plain(spec.engine.metrics), spec.engine.timeout)
 
 
 def _request(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> InferenceRequest | None:

@@ -319,3 +319,174 @@ def test_policy_counts_only_its_own_service():
     assert policy.outcome([result, gpu_ok], None, tagged, None, "a")[0] == "failed"
     assert policy.outcome([result, gpu_ok], None, tagged, None, "b") == ("passed", [])
     assert policy.outcome([result, gpu_ok], None, tagged, None, "c") == ("passed", [])
+
+
+# --- the engine's own metrics (issue 23) -----------------------------------------------
+
+def engine(reads: list[list[Any]], name: str = "vllm") -> dict[str, Any]:
+    """The `engine` of a service entry as gpuguard/daemon/service_engine.py writes it."""
+    return {"engine": name, "title": "vLLM", "unit": "tokens", "url": "u",
+            "metrics": {"progress": "vllm:generation_tokens_total"}, "reads": reads}
+
+
+def flat_reads(seconds: int, progress: float = 500.0, **kv: Any) -> list[list[Any]]:
+    return [[float(t), None, 2, 9, progress, kv.get("kv", 0.3), kv.get("pre", 0)]
+            for t in range(0, seconds + 1, 5)]
+
+
+def test_engine_stuck_is_critical_and_counts_for_failover(h200, run_rule, default_rules):
+    from gpuguard.judge import actions
+
+    with_services(h200, a=entry([1], engine=engine(flat_reads(125))),
+                  b=entry([2], engine=engine(flat_reads(60))), c=entry([3]))
+    [result] = run_rule("service.engine", h200)
+    assert result.status is Status.CRITICAL
+    assert result.message.startswith("a: vLLM: stuck: 2 running and 9 waiting and no tokens "
+                                     "made for 125 s (stuck_after 120 s)")
+    assert result.observed["service_status"] == {"a": "critical", "b": "ok", "c": "skipped"}
+    assert result.observed["services"]["a"]["state"] == "stuck"
+    tagged = {"service.engine"}
+    assert policy.outcome([result], None, tagged, None, "a")[0] == "failed"
+    assert policy.outcome([result], None, tagged, None, "b") == ("passed", [])
+    rule = default_rules.rules["service.engine"]
+    assert actions.suggest(rule, Status.CRITICAL, result.observed, default_rules)[0] \
+        is actions.Action.RESTART_APP
+
+
+def test_engine_threshold_comes_from_the_rule(h200, run_rule, tmp_path):
+    rules = overridden(tmp_path, "service.engine", stuck_after_s=30, kv_full_percent=95)
+    with_services(h200, a=entry([1], engine=engine(flat_reads(35))))
+    [result] = run_rule("service.engine", h200, rules=rules)
+    assert result.status is Status.CRITICAL and "stuck_after 30 s" in result.message
+
+
+def test_saturated_makes_inference_ok_and_the_engine_saturated(h200, run_rule):
+    late = {"ok": False, "latency_s": 2.0, "status": None, "timed_out": True,
+            "error": "TimeoutError: the request timed out after 2 s", "url": "u"}
+    rising = [[0.0, None, 256, 900, 1000.0, 0.9, 0], [5.0, None, 256, 900, 26000.0, 0.9, 0]]
+    with_services(h200, a=entry([1], inference=late, engine=engine(rising)))
+    [inference] = run_rule("service.inference", h200)
+    assert inference.status is Status.OK
+    assert inference.message == ("a: saturated: no answer in 2.0 s, but the engine made "
+                                 "25,000 tokens since its last read")
+    assert policy.outcome([inference], None, {"service.inference"}, None, "a") \
+        == ("passed", [])
+    [judged] = run_rule("service.engine", h200)
+    assert judged.status is Status.OK and judged.observed["services"]["a"]["state"] \
+        == "saturated"
+    # flat while timing out: still unknown, as before (no engine says it works)
+    with_services(h200, a=entry([1], inference=late, engine=engine(flat_reads(10))))
+    assert run_rule("service.inference", h200)[0].status is Status.UNKNOWN
+
+
+def test_engine_unreachable_is_unknown_and_no_engine_skipped(h200, run_rule):
+    reads = [*flat_reads(10), [15.0, "answered 503", None, None, None, None, None]]
+    with_services(h200, a=entry([1], engine=engine(reads)))
+    [result] = run_rule("service.engine", h200)
+    assert result.status is Status.UNKNOWN and "answered 503" in result.message
+    with_services(h200, a=entry([1]))
+    [result] = run_rule("service.engine", h200)
+    assert result.status is Status.SKIPPED and "no engine gpuguard knows" in result.message
+
+
+def test_engine_at_capacity_is_ok_and_the_opt_in_rule_warns(h200, run_rule, tmp_path):
+    from gpuguard.config.ruleset import load_ruleset
+
+    full = [[float(t), None, 200, 40, 1000.0 + t, 0.97, t] for t in range(0, 905, 5)]
+    with_services(h200, a=entry([1], engine=engine(full)))
+    [judged] = run_rule("service.engine", h200)
+    assert judged.status is Status.OK
+    assert judged.observed["services"]["a"]["state"] == "capacity"
+    assert run_rule("service.engine_full", h200)[0].status is Status.SKIPPED  # opt in
+    on = tmp_path / "on.d"
+    on.mkdir()
+    (on / "on.yaml").write_text("overrides:\n  service.engine_full: {enabled: true}\n")
+    [result] = run_rule("service.engine_full", h200, rules=load_ruleset([on]))
+    assert result.status is Status.WARNING
+    assert result.message.startswith("a: at capacity for 900 s")
+    with_services(h200, a=entry([1], engine=engine(full[:-1])))
+    [result] = run_rule("service.engine_full", h200, rules=load_ruleset([on]))
+    assert result.status is Status.OK
+
+
+# --- CUDA errors in the service's log, tied to its GPUs' Xids (issue 23) ----------------
+
+KNOW = 7200 * 10**6  # the kernel log's clock at its read (usec)
+BUSES = ["00000000:00:06.0", "00000000:3B:00.0"]
+
+
+def with_xids(snap: Snapshot, *xids: tuple[int, str, float]) -> Snapshot:
+    """Xids (code, bus id, seconds before the kernel log's read) on a 2-GPU host."""
+    from tests.conftest import with_gpus
+
+    snap = with_gpus(snap, BUSES)
+    snap.host.kernel_log = Reading.ok({
+        "xids": [{"xid": x, "pci": pci, "pid": None, "process": None, "text": "",
+                  "seq": 1000 + i, "usec": KNOW - int(ago * 10**6)}
+                 for i, (x, pci, ago) in enumerate(xids)],
+        "now_usec": KNOW, "acked_seq": None})
+    snap.host.__post_init__()
+    return snap
+
+
+def logged(seen_ago: float, kind: str = "illegal_memory_access", run: str = "pid 1",
+           now: float = 1000.0) -> dict[str, Any]:
+    """The `log` of a service entry (gpuguard/daemon/service_logs.py): one error read
+    `seen_ago` seconds before this cycle."""
+    return {"source": "file /var/log/llm.log", "now": now, "lines_read": 10,
+            "errors": [{"kind": kind, "seen": now - seen_ago, "run": run,
+                        "line": "RuntimeError: CUDA error: an illegal memory access was "
+                                "encountered"}]}
+
+
+def test_gpu_error_with_an_xid_on_its_gpu_takes_the_xids_action(h200, run_rule,
+                                                                default_rules):
+    from gpuguard.judge import actions
+
+    # Xid 48 (double-bit ECC: reset the GPU) on GPU 1, 30 s before the engine's error
+    snap = with_xids(h200, (48, "0000:3B:00.0", 40.0))
+    with_services(snap, llm=entry([1], gpus=[1], log=logged(10.0)))
+    [result] = run_rule("service.gpu_errors", snap)
+    assert result.status is Status.CRITICAL
+    assert "Xid 48 on GPU 1 30 s before the engine's illegal_memory_access" in result.message
+    assert result.observed["suggested"] == "reset_gpu"
+    rule = default_rules.rules["service.gpu_errors"]
+    action, why = actions.suggest(rule, Status.CRITICAL, result.observed, default_rules)
+    assert action is actions.Action.RESET_GPU and "Xid 48" in why
+    # the pair is in what the event store keeps of the result
+    pair = result.observed["services"]["llm"]
+    assert pair["xid"]["xid"] == 48 and pair["errors"][0]["kind"] == "illegal_memory_access"
+    assert policy.outcome([result], None, {"service.gpu_errors"}, None, "llm")[0] == "failed"
+
+
+def test_gpu_error_without_a_near_xid_on_its_gpus_is_the_apps(h200, run_rule,
+                                                               default_rules):
+    from gpuguard.judge import actions
+
+    rule = default_rules.rules["service.gpu_errors"]
+    # an Xid on another GPU, and one on its GPU but 200 s apart: neither is its
+    for xids in ([(48, "0000:00:06.0", 15.0)], [(48, "0000:3B:00.0", 210.0)]):
+        snap = with_xids(h200, *xids)
+        with_services(snap, llm=entry([1], gpus=[1], log=logged(10.0)))
+        [result] = run_rule("service.gpu_errors", snap)
+        assert result.status is Status.CRITICAL
+        assert "no Xid on its GPUs within 60 s: the application's fault" in result.message
+        assert actions.suggest(rule, Status.CRITICAL, result.observed, default_rules)[0] \
+            is actions.Action.RESTART_APP
+    # an error of a run that has restarted since, not tied to the GPU: mended
+    snap = with_xids(h200)
+    with_services(snap, llm=entry([1], gpus=[1], log=logged(10.0, run="pid 0")))
+    assert run_rule("service.gpu_errors", snap)[0].status is Status.OK
+
+
+def test_gpu_errors_ages_out_and_an_unread_log_is_unknown(h200, run_rule):
+    snap = with_xids(h200)
+    with_services(snap, llm=entry([1], log=logged(400.0)))  # window_s 300
+    assert run_rule("service.gpu_errors", snap)[0].status is Status.OK
+    with_services(snap, llm=entry([1], log={"source": "file x", "now": 5.0, "errors": [],
+                                            "error": "cannot open x: EACCES"}))
+    [result] = run_rule("service.gpu_errors", snap)
+    assert result.status is Status.UNKNOWN and "could not be read" in result.message
+    with_services(snap, llm=entry([1]))
+    [result] = run_rule("service.gpu_errors", snap)
+    assert result.status is Status.SKIPPED and "names no log" in result.message

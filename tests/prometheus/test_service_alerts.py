@@ -37,3 +37,24 @@ def test_failed_inference_and_a_leak_fire_on_the_host(tmp_path):
             {"eval_time": "1m", "alertname": "GPUGuardRuleWarning",
              "exp_alerts": [_alert("service.memory_growth", "warning")]},
         ]}])
+
+
+def test_a_stuck_engine_and_a_sustained_capacity_fire_saturated_does_not(tmp_path):
+    """issue 23: service.engine critical (stuck) and the opt-in service.engine_full
+    warning fire after 3 cycles; an engine saturated or at capacity keeps service.engine
+    ok (0), so nothing fires for it."""
+    run_promtool(tmp_path, [{
+        "interval": "15s",
+        "input_series": [
+            *_series("service.engine", "0 2 2 2 2", "0 1 2 3 4", "critical"),
+            *_series("service.engine_full", "1x8", "1+1x8", "warning"),
+            {"series": 'gpuguard_service_engine_state{instance="h1:9412",job="gpuguard",'
+                       'service="llm"}', "values": "1x8"},
+        ],
+        "alert_rule_test": [
+            {"eval_time": "30s", "alertname": "GPUGuardRuleCritical", "exp_alerts": []},
+            {"eval_time": "45s", "alertname": "GPUGuardRuleCritical",
+             "exp_alerts": [_alert("service.engine", "critical")]},
+            {"eval_time": "1m", "alertname": "GPUGuardRuleWarning",
+             "exp_alerts": [_alert("service.engine_full", "warning")]},
+        ]}])

@@ -226,3 +226,47 @@ def test_supervisor_switches_systemd_units(machine: Machine, daemon_port: int,
     except AssertionError as exc:  # the daemon's own account of why it stayed on CPU
         raise AssertionError(f"{exc}\n{machine.journal('gpuguard.service')[-4000:]}") from None
     assert machine.show("gpuguard.service", "NRestarts")["NRestarts"] == "0"
+
+
+JOURNAL_READ = r'''
+import json, pathlib, subprocess, time
+from gpuguard.config.engine_profiles import load_catalog
+from gpuguard.sources.service_logs import JournalTail, matches
+say = pathlib.Path("/var/lib/gpuguard-journal/say")
+def told(line):
+    say.write_text(line + "\n")
+    for _ in range(50):
+        if not say.exists():
+            break
+        time.sleep(0.1)
+    time.sleep(1.0)  # journald has it by now
+tail = JournalTail("llm-journal.service")
+told("before gpuguard watched: CUDA error: an illegal memory access was encountered")
+out = {"first": tail.read(5.0)}
+told("CUDA error: unspecified launch failure")
+told("an ordinary line")
+out["second"] = tail.read(5.0)
+out["third"] = tail.read(5.0)
+out["found"] = matches(out["second"], load_catalog().error_kind)
+print(json.dumps(out))
+'''
+
+
+def test_the_journal_of_a_unit_is_read_incrementally(machine: Machine) -> None:
+    """Issue 23: service.gpu_errors reads a systemd service's own log through journalctl
+    (gpuguard/sources/service_logs.JournalTail): the first read only marks where the
+    journal ends, each later one takes the lines after its cursor."""
+    machine.ok("mkdir", "-p", "/var/lib/gpuguard-journal")
+    machine.ok("systemd-run", "--unit", "llm-journal", "sh", "-c",
+               "while true; do if [ -f /var/lib/gpuguard-journal/say ]; then "
+               "cat /var/lib/gpuguard-journal/say; rm /var/lib/gpuguard-journal/say; fi; "
+               "sleep 0.1; done")
+    try:
+        seen = json.loads(machine.ok("/opt/gpuguard/venv/bin/python", "-c", JOURNAL_READ))
+        assert seen["first"] == [], seen
+        assert seen["second"] == ["CUDA error: unspecified launch failure",
+                                  "an ordinary line"], seen
+        assert seen["third"] == [], seen
+        assert seen["found"] == [["launch_failure", "CUDA error: unspecified launch failure"]]
+    finally:
+        machine.run("systemctl", "stop", "llm-journal.service")

@@ -1,0 +1,138 @@
+"""The inference engines' own metrics, read each fast cycle for the service.engine rules
+(issue 23; gpuguard/checks/service_engine.py judges them).
+
+For each supervised service with an engine (`engine:` in gpuguard.yaml, default `auto`):
+the active variant's metrics URL (`engine.metrics`, else the probe URL's origin and the
+profile's path) is read in the service watch's request threads, one read in flight per
+service under `engine.timeout`, and the values kept, one per read, for the current run:
+another variant or run identity starts them over, as the memory samples do. Times are the
+daemon's monotonic clock.
+
+`auto` looks for an engine gpuguard knows once the run has answered its probe: at most
+one try every AUTO_RETRY_S, and after
+AUTO_TRIES tries that got no answer, none for the rest of the run; a page that answers and
+is no engine it knows settles it (today's behaviour: the service is judged by its probe).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuguard.config.engine_profiles import load_catalog
+from gpuguard.model.engine_profile import SIGNALS, EngineCatalog
+from gpuguard.sources import engine_metrics
+from gpuguard.supervisor.service import Supervisor
+
+AUTO_RETRY_S = 30.0
+AUTO_TRIES = 5
+# reads kept per service: 30 minutes at the default 5 s cadence, whatever the cadence
+MAX_READS = 400
+KEEP_S = 1860.0
+
+
+@dataclass
+class _Watch:
+    key: tuple[str, str | None]  # (variant, run identity): another one starts over
+    engine: str | None = None  # named or recognised
+    settled: bool = False  # auto: the page answered and is no engine gpuguard knows
+    tries: int = 0
+    last_try: float | None = None
+    reads: deque[list[Any]] = field(default_factory=lambda: deque(maxlen=MAX_READS))
+    last: dict[str, Any] = field(default_factory=dict)
+
+
+class EngineWatch:
+    def __init__(self, catalog: EngineCatalog | None = None) -> None:
+        self.catalog = catalog or load_catalog()
+        self._watches: dict[str, _Watch] = {}
+
+    def due(self, supervisor: Supervisor, identity: str | None, now: float,
+            answered: bool = True) -> bool:
+        """Whether the service's engine is read this cycle. `auto` first looks once the
+        run has answered its probe: before, an engine that is still loading answers no
+        /metrics, and a try that finds nothing waits AUTO_RETRY_S."""
+        engine = supervisor.service.engine
+        if engine is None or self.url(supervisor) is None:
+            return False
+        watch = self._watch(supervisor, identity)
+        if watch.engine is not None:
+            return True
+        if watch.settled or watch.tries >= AUTO_TRIES or not answered:
+            return False
+        return watch.last_try is None or now - watch.last_try >= AUTO_RETRY_S
+
+    def url(self, supervisor: Supervisor) -> str | None:
+        service, variant = supervisor.service, supervisor.view().state.active
+        engine = service.engine
+        if engine is None:
+            return None
+        if engine.metrics is not None:
+            given = engine.metrics if isinstance(engine.metrics, str) \
+                else engine.metrics.get(variant)
+            return given
+        probe = service.probe.http
+        url = probe if isinstance(probe, str) else (probe or {}).get(variant)
+        if url is None:
+            return None
+        path = self.catalog.profiles[engine.name].metrics_path if engine.name else "/metrics"
+        return engine_metrics.metrics_url(url, path)
+
+    def read(self, supervisor: Supervisor, engine: str | None) -> dict[str, Any]:
+        """One read of the active variant's metrics (in a request thread; never raises)."""
+        url = self.url(supervisor)
+        if url is None:
+            return {"error": "no metrics URL"}
+        cfg = supervisor.service.engine
+        timeout = cfg.timeout if cfg is not None else engine_metrics.DEADLINE_S
+        return engine_metrics.read(url, self.catalog, engine, timeout)
+
+    def engine_of(self, supervisor: Supervisor, identity: str | None) -> str | None:
+        return self._watch(supervisor, identity).engine
+
+    def record(self, supervisor: Supervisor, identity: str | None, answer: dict[str, Any],
+               now: float) -> dict[str, Any] | None:
+        """The read of this cycle added to the run's reads; what the snapshot's service
+        entry holds under `engine` (None: no engine to judge, the probe judges)."""
+        watch = self._watch(supervisor, identity)
+        if watch.engine is None:
+            self._recognise(watch, answer, now)
+            if watch.engine is None:
+                return None
+        if "values" in answer:
+            values = answer["values"]
+            watch.reads.append([now, None, *(values.get(s) for s in SIGNALS)])
+        else:
+            why = answer.get("error") or "its page holds none of the engine's metrics"
+            watch.reads.append([now, str(why)[:300], *(None for _ in SIGNALS)])
+        while watch.reads and now - watch.reads[0][0] > KEEP_S:
+            watch.reads.popleft()
+        watch.last = answer
+        profile = self.catalog.profiles[watch.engine]
+        return {"engine": profile.name, "title": profile.title, "unit": profile.progress_unit,
+                "url": answer.get("url"), "metrics": answer.get("metrics") or {},
+                "reads": [list(r) for r in watch.reads]}
+
+    def _recognise(self, watch: _Watch, answer: dict[str, Any], now: float) -> None:
+        watch.tries += 1
+        watch.last_try = now
+        if answer.get("engine"):
+            watch.engine = answer["engine"]
+        elif answer.get("answered"):
+            watch.settled = True  # it answered: no engine gpuguard knows is there
+
+    def _watch(self, supervisor: Supervisor, identity: str | None) -> _Watch:
+        """The service's watch; a new one for another variant or run. A run not known
+        this cycle (its processes could not be read) is taken to be the same one."""
+        name = supervisor.service.name
+        variant = supervisor.view().state.active
+        watch = self._watches.get(name)
+        if identity is None and watch is not None and watch.key[0] == variant:
+            identity = watch.key[1]
+        key = (variant, identity)
+        if watch is None or watch.key != key:
+            engine = supervisor.service.engine
+            watch = self._watches[name] = _Watch(
+                key, engine.name if engine is not None else None)
+        return watch
