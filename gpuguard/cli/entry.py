@@ -6,12 +6,8 @@ Only the options the worker needs are looked at here; click still parses the
 whole command line, and a worker started with other settings is discarded.
 """
 
-from __future__ import annotations
-
 import os
 import sys
-
-from gpuguard.cli import timing
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -48,6 +44,18 @@ def _start_worker_early(args: list[str]) -> None:
 
 
 def main() -> None:
+    args = sys.argv[1:]
+    if args and args[0] == "status":
+        # the daemon's verdict in milliseconds: no click, no NVML, no rules, not even this
+        # module's own imports below (status_client; each costs on the 30 ms budget)
+        from gpuguard.cli.status_client import fast_main
+
+        code = fast_main(args[1:])
+        if code is not None:
+            sys.stdout.flush()
+            os._exit(code)
+    from gpuguard.cli import timing
+
     timing.start()  # GPUGUARD_TIMING=1 prints each phase of `check` from here
     from gpuguard.io.guard import EXIT_HOST_FORBIDDEN, HostPathForbidden
 
@@ -64,14 +72,6 @@ def main() -> None:
 
 def _run() -> None:
     args = sys.argv[1:]
-    if args and args[0] == "status":
-        # the daemon's verdict in milliseconds: no click, no NVML, no rules (status_client)
-        from gpuguard.cli.status_client import fast_main
-
-        code = fast_main(args[1:])
-        if code is not None:
-            sys.stdout.flush()
-            os._exit(code)
     _start_worker_early(args)
     import click
 

@@ -7,8 +7,6 @@ Anything it does not parse itself (--help, a bad value, --cold when no daemon an
 goes to the click command in gpuguard/cli/status.py, which takes the same options.
 """
 
-from __future__ import annotations
-
 # `_socket`, not `socket` (which imports selectors and enum), and no json, typing or
 # contextlib: on an H200 host the interpreter's start and these imports were the whole of
 # status's 43 ms against a budget of a quarter of `nvidia-smi -q` (29.6 ms there).
@@ -43,7 +41,7 @@ def default_socket() -> str:
     return host_default_text("run") + "/status.sock"
 
 
-def ask(path: str, request: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+def ask(path: str, request: "dict[str, Any]", timeout: float = 5.0) -> "dict[str, Any]":
     """The daemon's JSON reply to one request; NoDaemon when none answers in `timeout`."""
     import json
 
@@ -57,7 +55,8 @@ def ask(path: str, request: dict[str, Any], timeout: float = 5.0) -> dict[str, A
     return reply
 
 
-def ask_text(path: str, request: dict[str, Any], timeout: float = 5.0) -> dict[str, Any]:
+def ask_text(path: str, request: "dict[str, Any]", timeout: float = 5.0
+              ) -> "dict[str, Any]":
     """The daemon's rendering, framed (`want: text`, daemon/verdict_socket.py), as the
     reply `show` takes: {"code", "text"} or {"error"}."""
     raw = exchange(path, encode({**request, "want": "text"}), timeout)
@@ -147,7 +146,7 @@ def exchange(path: str, request: bytes | str, timeout: float) -> bytes:
     return b"".join(chunks)
 
 
-def parse(args: list[str]) -> dict[str, Any] | None:
+def parse(args: list[str]) -> "dict[str, Any] | None":
     """The options, or None where click must handle the command line."""
     opts: dict[str, Any] = {"fmt": "table", "fail_on": "unknown", "only": [], "skip": [],
                             "quiet": False, "cold": False, "socket": None, "output": None,
@@ -181,7 +180,7 @@ def parse(args: list[str]) -> dict[str, Any] | None:
     return opts if opts["timeout"] > 0 else None
 
 
-def request_of(opts: dict[str, Any]) -> dict[str, Any]:
+def request_of(opts: "dict[str, Any]") -> "dict[str, Any]":
     colour = opts["output"] is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
     columns = os.environ.get("COLUMNS", "")
     width = int(columns) if columns.isdigit() else 120
@@ -194,7 +193,7 @@ def request_of(opts: dict[str, Any]) -> dict[str, Any]:
             "width": width}
 
 
-def show(reply: dict[str, Any], output: str | None) -> int:
+def show(reply: "dict[str, Any]", output: str | None) -> int:
     """Print (or write) the daemon's rendering; its exit code, or 3 with its error."""
     if "error" in reply or not isinstance(reply.get("text"), str) or \
             reply.get("code") not in (0, 1, 2, 3):
@@ -222,7 +221,15 @@ def fast_main(args: list[str]) -> int | None:
     opts = parse(args)
     if opts is None:
         return None
-    path = opts["socket"] or default_socket()
+    path = opts["socket"]
+    if path is None:
+        from gpuguard.io.guard import EXIT_HOST_FORBIDDEN, HostPathForbidden
+
+        try:
+            path = default_socket()
+        except HostPathForbidden as exc:  # a test reached for the host (io/paths.py)
+            print(f"gpuguard: {exc}", file=sys.stderr)
+            return EXIT_HOST_FORBIDDEN
     try:
         reply = ask_text(path, request_of(opts), opts["timeout"])
     except NoDaemon as exc:
