@@ -90,6 +90,18 @@ def by_line(name: str, entry: XidEntry, text: str | None) -> Grade:
                  f"{name} in the catalog (its line names no grade)")
 
 
+def grade_words(text: str | None) -> str:
+    """The words of an Xid's (or SXid's) line that by_line() grades it by: the recovery
+    action it changed to, Fatal or Nonfatal; "" for a line that names neither. What keeps a
+    fatal line apart from a flood of the same code's non-fatal ones (sources/kmsg_kept.py)."""
+    lowered = (text or "").lower()
+    target = _CHANGED_TO.search(lowered) if "recovery action" in lowered else None
+    if target is not None:
+        return target.group(1)
+    word = _FATAL_WORD.search(lowered)
+    return "" if word is None else word.group(1)
+
+
 def words(actions: tuple[str, ...]) -> str:
     return "; ".join(ACTION_WORDS[a] for a in actions)
 

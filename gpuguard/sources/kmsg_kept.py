@@ -1,0 +1,77 @@
+"""What a kernel-log summary keeps of a list of events (Xids, GSP lines, SXids): the newest
+`size`, as before, and outside that bound the latest event of each key (a GPU and a code),
+so a fatal Xid is never lost to a flood of newer noise (2,500 Xid 13s after one Xid 48:
+review 3). The keys are bounded too (`max_keys`): a hostile log of made-up codes cannot grow
+the summary past `size + max_keys` events; the keys seen first are the ones kept."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from gpuguard.judge.xids import grade_words
+
+# Distinct keys kept outside the newest-N bound: a host has at most 16 GPUs (or 12
+# NVSwitches) and NVIDIA's catalog about 160 Xid codes; this is more than a real log names.
+MAX_KEYS = 1024
+
+Event = dict[str, Any]
+
+
+class NewestKept:
+    """Events in the log's order; `events()` is the kept list, still in the log's order
+    (an event outside the newest `size` is older than every one inside it)."""
+
+    def __init__(self, size: int, key: Callable[[Event], Hashable],
+                 max_keys: int = MAX_KEYS) -> None:
+        self.newest: deque[tuple[int, Event]] = deque(maxlen=size)
+        self.latest: dict[Hashable, tuple[int, Event]] = {}
+        self.key = key
+        self.max_keys = max_keys
+        self.seen = 0
+
+    def append(self, event: Event) -> None:
+        entry = (self.seen, event)
+        self.seen += 1
+        self.newest.append(entry)
+        key = self.key(event)
+        if key in self.latest or len(self.latest) < self.max_keys:
+            self.latest[key] = entry
+
+    def rekeyed(self) -> None:
+        """The newest event changed what its key is made of (an SXid's description line came
+        after its Data line): kept under its new key as well."""
+        if self.newest:
+            entry = self.newest[-1]
+            key = self.key(entry[1])
+            if key in self.latest or len(self.latest) < self.max_keys:
+                self.latest[key] = entry
+
+    def last(self) -> Event | None:
+        return self.newest[-1][1] if self.newest else None
+
+    def events(self) -> list[Event]:
+        first = self.newest[0][0] if self.newest else self.seen
+        older = {index: event for index, event in self.latest.values() if index < first}
+        return [older[index] for index in sorted(older)] + [e for _, e in self.newest]
+
+    def dropped(self) -> int:
+        first = self.newest[0][0] if self.newest else self.seen
+        return first - len({index for index, _ in self.latest.values() if index < first})
+
+
+def xid_key(event: Event) -> Hashable:
+    """An Xid's GPU and code, and the words of its line that change its grade (Xid 154's
+    recovery action, the NVLink5 Xids' Fatal / Nonfatal)."""
+    return (event.get("pci"), event.get("xid"), grade_words(event.get("text")))
+
+
+def gsp_key(event: Event) -> Hashable:
+    return (event.get("kind"), event.get("pci"), event.get("rm_gpu"))
+
+
+def sxid_key(event: Event) -> Hashable:
+    """An SXid's switch and code, and its Fatal / Non-fatal word (read when the event's
+    description line came: the key is taken when the event starts, so its first line)."""
+    return (event.get("switch"), event.get("sxid"), grade_words(event.get("text")))
