@@ -115,6 +115,25 @@ def span(seconds: float) -> str:
     return f"{seconds}s"
 
 
+def window_words(log: dict[str, Any], window_s: float | None) -> str:
+    """What the kernel-log rules can vouch for: "since boot" or "in the last 1h", narrowed to
+    "since [t]" where the kernel overwrote records of the window before they were read
+    (review 3: a busy host's ring buffer wraps). Narrowed, not unknown: every long-running
+    busy host wraps, and unknown forever would be a false alarm; the ok it gives claims only
+    what was read, and the daemon keeps what it read before the wrap (daemon/kmsg_memory.py)."""
+    window = "since boot" if window_s is None else f"in the last {span(window_s)}"
+    lost, seq, usec = (log.get(k) for k in ("records_lost", "lost_before_seq",
+                                             "lost_before_usec"))
+    if not lost:
+        return window
+    now = log.get("now_usec")
+    if window_s is not None and now is not None and usec is not None \
+            and now - window_s * 1_000_000 >= usec:
+        return window  # every record of the window was read
+    at = f"[{usec // 10**6}.{usec % 10**6:06d}]" if usec is not None else f"record {seq}"
+    return f"since {at} ({lost} earlier kernel log record(s) overwritten before they were read)"
+
+
 @dataclass
 class Selection:
     """The kernel-log events a rule acts on, graded, and how many it left out and why."""

@@ -31,7 +31,7 @@ from gpuguard.io.bounded import MIB, BoundedReadError, read_bytes
 from gpuguard.model.pci import normalise_pci
 from gpuguard.model.snapshot import Reading
 from gpuguard.sources.kmsg_gpu import DriverLines, GspLines
-from gpuguard.sources.kmsg_kept import NewestKept, sxid_key, xid_key
+from gpuguard.sources.kmsg_kept import Lost, NewestKept, sxid_key, xid_key
 
 # The kernel's ring buffer is at most 32 MiB (log_buf_len); twice that is not a kernel log.
 MAX_LOG_BYTES = 64 * MIB
@@ -275,15 +275,18 @@ def _line_kind(text: str) -> str | None:
     return None
 
 
-def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> dict[str, Any]:
+def summarise(records: Iterable[Record], source: str, now_usec: int | None,
+              gaps: bool = False) -> dict[str, Any]:
     nvrm = NvrmLines()
     sxids = SxidEvents()
     ooms = OomKills()
+    lost = Lost(gaps)
     count = 0
     last_usec: int | None = None
     unsigned_rejected = False
     for record in records:
         count += 1
+        lost.add(record.seq, record.usec)
         if record.usec is not None:
             # the highest, not the last: a saved log may hold an earlier boot after a later
             # one, and an age is never negative
@@ -322,6 +325,9 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
         # "pci" (the GPU a reset names; neither for a reload), "text", "seq", "usec", "n"}
         "repairs": list(nvrm.driver.repairs),
         "acked_seq": None,
+        # records overwritten before they were read (Lost): how many, and the first record
+        # after them (what "since boot" narrows to); the highest sequence number read
+        **lost.summary(),
     }
 
 
@@ -338,6 +344,7 @@ def read_device(path: Path,
         return Reading.failed(f"cannot read {path}: {exc.strerror or exc}")
     lines: list[str] = []
     total = 0
+    overwritten = False
     end = time.monotonic() + deadline_s
     try:
         while True:
@@ -350,7 +357,8 @@ def read_device(path: Path,
             except BlockingIOError:
                 break
             except OSError as exc:
-                if exc.errno == errno.EPIPE:  # records overwritten while we read: go on
+                if exc.errno == errno.EPIPE:  # records overwritten while we read: go on,
+                    overwritten = True         # and count the gap in the numbers (Lost)
                     continue
                 if exc.errno == errno.EPERM:
                     return Reading.failed(f"cannot read {path}: operation not permitted (needs "
@@ -363,7 +371,7 @@ def read_device(path: Path,
     finally:
         os.close(fd)
     now = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1_000_000)
-    return Reading.ok(summarise(parse_lines(lines), str(path), now))
+    return Reading.ok(summarise(parse_lines(lines), str(path), now, gaps=overwritten))
 
 
 def read_file(path: Path, deadline_s: float = 5.0) -> Reading[dict[str, Any]]:

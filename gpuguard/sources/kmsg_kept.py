@@ -2,7 +2,8 @@
 `size`, as before, and outside that bound the latest event of each key (a GPU and a code),
 so a fatal Xid is never lost to a flood of newer noise (2,500 Xid 13s after one Xid 48:
 review 3). The keys are bounded too (`max_keys`): a hostile log of made-up codes cannot grow
-the summary past `size + max_keys` events; the keys seen first are the ones kept."""
+the summary past `size + max_keys` events; the keys seen first are the ones kept. And
+what it could not keep: the records the kernel overwrote before they were read (Lost)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,34 @@ def sxid_key(event: Event) -> Hashable:
     """An SXid's switch and code, and its Fatal / Non-fatal word (read when the event's
     description line came: the key is taken when the event starts, so its first line)."""
     return (event.get("switch"), event.get("sxid"), grade_words(event.get("text")))
+
+
+class Lost:
+    """Records the log read does not hold (review 3): /dev/kmsg numbers its records from 0
+    at boot, so a first record numbered N says the N before it were overwritten (the ring
+    buffer wrapped); with `gaps` (a live read the kernel told, with EPIPE, that records were
+    overwritten while it read) a jump in the numbers counts too. `before`: the first record
+    after the latest loss; no record is missing after it."""
+
+    def __init__(self, gaps: bool) -> None:
+        self.gaps = gaps
+        self.count = 0
+        self.before: tuple[int, int | None] | None = None  # (seq, usec)
+        self.last_seq: int | None = None
+
+    def add(self, seq: int | None, usec: int | None) -> None:
+        """The next record (its sequence number, its time); one without a number (a dmesg
+        file) tells nothing."""
+        if seq is None:
+            return
+        expected = 0 if self.last_seq is None else self.last_seq + 1
+        if seq > expected and (self.last_seq is None or self.gaps):
+            self.count += seq - expected
+            self.before = (seq, usec)
+        self.last_seq = seq if self.last_seq is None else max(self.last_seq, seq)
+
+    def summary(self) -> dict[str, Any]:
+        return {"records_lost": self.count,
+                "lost_before_seq": None if self.before is None else self.before[0],
+                "lost_before_usec": None if self.before is None else self.before[1],
+                "last_seq": self.last_seq}
