@@ -128,7 +128,7 @@ def kernel_log(value: Any) -> str | None:
                 return problem
     for key in ("now_usec", "acked_seq", "xids_dropped", "sxids_dropped", "ooms_dropped",
                 "gsp_dropped", "records_lost", "lost_before_seq", "lost_before_usec",
-                "last_seq"):
+                "first_seq", "first_usec", "last_seq"):
         if not _optional_int(value.get(key)):
             return f"kernel log {key} is not a count: {_show(value.get(key))}"
     return None

@@ -89,6 +89,7 @@ class Lost:
         self.gaps = gaps
         self.count = 0
         self.before: tuple[int, int | None] | None = None  # (seq, usec)
+        self.first: tuple[int, int | None] | None = None
         self.last_seq: int | None = None
 
     def add(self, seq: int | None, usec: int | None) -> None:
@@ -96,6 +97,8 @@ class Lost:
         file) tells nothing."""
         if seq is None:
             return
+        if self.first is None:
+            self.first = (seq, usec)
         expected = 0 if self.last_seq is None else self.last_seq + 1
         if seq > expected and (self.last_seq is None or self.gaps):
             self.count += seq - expected
@@ -106,4 +109,6 @@ class Lost:
         return {"records_lost": self.count,
                 "lost_before_seq": None if self.before is None else self.before[0],
                 "lost_before_usec": None if self.before is None else self.before[1],
+                "first_seq": None if self.first is None else self.first[0],
+                "first_usec": None if self.first is None else self.first[1],
                 "last_seq": self.last_seq}
