@@ -53,6 +53,19 @@ class KernelLogMemory:
         if any(_position(e) is None or (name in _ORDERED and e.get("n") is None)
                for name, events in lists.items() for e in events):
             return log
+        self._take(lists)
+        self._count_lost(log)
+        merged = {**log, "repairs": list(self.repairs),
+                  "records_lost": self.lost, "lost_before_seq": self.lost_before[0],
+                  "lost_before_usec": self.lost_before[1]}
+        for name, kept in self.kept.items():
+            merged[name] = kept.events()
+            # this read's own count where it left more out (a flood within one cycle)
+            merged[f"{name}_dropped"] = max(kept.dropped(), log.get(f"{name}_dropped") or 0)
+        return merged
+
+    def _take(self, lists: dict[str, list[Event]]) -> None:
+        """The lines of this read past the newest position read before, in the log's order."""
         ordered = sorted(((e["n"], name, e) for name in _ORDERED for e in lists[name]),
                          key=lambda item: item[0])
         fresh = [(name, e) for _, name, e in ordered] + [("sxids", e) for e in lists["sxids"]]
@@ -64,15 +77,6 @@ class KernelLogMemory:
             high[kind] = max(high[kind], value)
             self._add(name, event)
         self.high = high
-        self._count_lost(log)
-        merged = {**log, "repairs": list(self.repairs),
-                  "records_lost": self.lost, "lost_before_seq": self.lost_before[0],
-                  "lost_before_usec": self.lost_before[1]}
-        for name, kept in self.kept.items():
-            merged[name] = kept.events()
-            # this read's own count where it left more out (a flood within one cycle)
-            merged[f"{name}_dropped"] = max(kept.dropped(), log.get(f"{name}_dropped") or 0)
-        return merged
 
     def _add(self, name: str, event: Event) -> None:
         if name in _ORDERED:
