@@ -31,23 +31,38 @@ class NewestKept:
         self.key = key
         self.max_keys = max_keys
         self.seen = 0
+        # the newest event's key, and the entry it took that key from (rekeyed() gives it back)
+        self._took: tuple[Hashable, tuple[int, Event] | None] | None = None
 
     def append(self, event: Event) -> None:
         entry = (self.seen, event)
         self.seen += 1
         self.newest.append(entry)
         key = self.key(event)
+        self._took = None
         if key in self.latest or len(self.latest) < self.max_keys:
+            self._took = (key, self.latest.get(key))
             self.latest[key] = entry
 
     def rekeyed(self) -> None:
-        """The newest event changed what its key is made of (an SXid's description line came
-        after its Data line): kept under its new key as well."""
-        if self.newest:
-            entry = self.newest[-1]
-            key = self.key(entry[1])
-            if key in self.latest or len(self.latest) < self.max_keys:
-                self.latest[key] = entry
+        """The newest event changed what its key is made of (an SXid's description line, with
+        its Fatal word, came after its Data line): it moves to its new key, and the event it
+        took its first key from gets that key back (a fatal SXid is not lost to a later
+        non-fatal one that began with the same Data line)."""
+        if not self.newest:
+            return
+        entry = self.newest[-1]
+        key = self.key(entry[1])
+        if self._took is not None and self._took[0] != key:
+            old, previous = self._took
+            if previous is None:
+                del self.latest[old]
+            else:
+                self.latest[old] = previous
+        if self.latest.get(key) is not entry and (key in self.latest
+                                                  or len(self.latest) < self.max_keys):
+            self._took = (key, self.latest.get(key))
+            self.latest[key] = entry
 
     def last(self) -> Event | None:
         return self.newest[-1][1] if self.newest else None

@@ -47,6 +47,11 @@ def test_a_window_that_was_read_whole_is_not_narrowed(h200, run_rule, tmp_path):
     was read."""
     result = run(h200, run_rule, log_from(tmp_path, 900_000), profile=Profile(xid_window_s=10))[0]
     assert result.message == "no Xid in the last 10s"
+    # the window's start exactly at the oldest record read (3649 - 49 = 3600): read whole
+    result = run(h200, run_rule, log_from(tmp_path, 900_000), profile=Profile(xid_window_s=49))[0]
+    assert result.message == "no Xid in the last 49s"
+    result = run(h200, run_rule, log_from(tmp_path, 900_000), profile=Profile(xid_window_s=50))[0]
+    assert result.message.startswith("no Xid since [3600.000000] (900000 earlier")
     result = run(h200, run_rule, log_from(tmp_path, 900_000), profile=Profile(xid_window_s=60))[0]
     assert result.message.startswith("no Xid since [3600.000000] (900000 earlier")
 

@@ -80,6 +80,11 @@ def test_a_read_without_positions_is_passed_on_as_it_is():
 def test_the_first_reads_lost_records_and_a_gap_a_read_met_itself_count():
     memory = KernelLogMemory()
     assert memory.apply(summary(records(100, "a", "b")))["records_lost"] == 100
+    # the next read goes on where the last ended: nothing more lost, still since record 100
+    on = memory.apply(summary(records(100, "a", "b", "c")))
+    assert (on["records_lost"], on["lost_before_seq"]) == (100, 100)
+    on = memory.apply(summary(records(101, "b", "c")))
+    assert (on["records_lost"], on["lost_before_seq"]) == (100, 100)
     told = memory.apply(summary(records(100, "a", "b") + records(110, "c"), gaps=True))
     assert (told["records_lost"], told["lost_before_seq"]) == (108, 110)
 

@@ -57,3 +57,15 @@ def test_a_flood_of_sxids_keeps_the_fatal_one_before_it(tmp_path):
     noise = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link {} egress error"
     log = read(tmp_path, [fatal, *(noise.format(i % 64) for i in range(kmsg.MAX_XIDS + 5))])
     assert log["sxids"][0]["sxid"] == 24007 and log["sxids_dropped"] == 5
+
+
+def test_a_fatal_sxid_that_began_with_its_data_line_is_not_lost_to_later_non_fatal_ones(
+        tmp_path):
+    """An SXid's first line is often its Data line, which carries no Fatal word: the event is
+    keyed again when its description comes, and a later non-fatal event that began with the
+    same Data line does not take the fatal one's place."""
+    data = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 24007, Data {0x0, 0x1}"
+    fatal = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 24007, Fatal, Link 3 NVLink error"
+    noise = "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 24007, Non-fatal, Link 4 NVLink error"
+    log = read(tmp_path, [data, fatal, *([data, noise] * (kmsg.MAX_XIDS + 1))])
+    assert log["sxids"][0]["text"].startswith("Fatal") and log["sxids_dropped"] == 1
