@@ -85,6 +85,8 @@ def test_the_first_reads_lost_records_and_a_gap_a_read_met_itself_count():
     assert (on["records_lost"], on["lost_before_seq"]) == (100, 100)
     on = memory.apply(summary(records(101, "b", "c")))
     assert (on["records_lost"], on["lost_before_seq"]) == (100, 100)
+    on = memory.apply(summary(records(103, "d")))  # the record after the last one read
+    assert (on["records_lost"], on["lost_before_seq"]) == (100, 100)
     told = memory.apply(summary(records(100, "a", "b") + records(110, "c"), gaps=True))
     assert (told["records_lost"], told["lost_before_seq"]) == (108, 110)
 
