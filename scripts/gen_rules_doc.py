@@ -90,6 +90,20 @@ within a minute are one) that no other GPU shared within a minute: at least
 `min_incidents` in `period_s`, and more than all the other GPUs together, point at the GPU
 (`inspect_hardware`); the same fault spread over GPUs stays the application's.
 
+What they judge is bounded and never loses a fatal line to newer noise (review 3): a
+kernel-log summary keeps the newest 2,000 Xid lines (500 GSP lines, 2,000 SXid events) and,
+outside that bound, the latest line of each GPU and code (and of the words that grade the
+line: Xid 154's recovery action, Fatal/Nonfatal), so one Xid 48 before 2,500 Xid 13s is
+still there (`sources/kmsg_kept.py`). A kernel log whose first records were overwritten
+(the ring buffer wrapped: the first `/dev/kmsg` record is not number 0, or a live read met
+EPIPE) never says "since boot": the ok says what was read, `no Xid since [3600.000000]
+(900000 earlier kernel log record(s) overwritten before they were read)`, and
+`observed.records_lost` counts them. It stays ok, narrowed, not unknown: every busy
+long-running host wraps, and unknown forever would be a false alarm; where `xid_window`
+was read whole the message is the window's. The daemon keeps the lines it read this boot
+(`daemon/kmsg_memory.py`, bounded the same way) and judges those, so a fatal Xid whose
+line the buffer overwrote stays critical until a repair or an ack clears it.
+
 ## Power capping (`clocks.power_cap`, `power.limit`)
 
 A GPU under full load runs at its power limit: that is what the board is built to do,

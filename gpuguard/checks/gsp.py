@@ -15,7 +15,15 @@ from typing import Any
 
 from gpuguard.judge.actions import GSP_KINDS
 from gpuguard.judge.registry import CheckContext, Finding, PerGpu, host_check, ok, skipped
-from gpuguard.judge.xids import Grade, by_gpu, repair_words, repairs_for, select, span
+from gpuguard.judge.xids import (
+    Grade,
+    by_gpu,
+    repair_words,
+    repairs_for,
+    select,
+    span,
+    window_words,
+)
 
 MEANING = {"rpc_timeout": "GSP RPC timeouts, rate-limited (the driver: the GPU likely needs "
                           "to be reset)",
@@ -52,7 +60,7 @@ def _grade(event: dict[str, Any]) -> Grade:
 def _judge(ctx: CheckContext, log: dict[str, Any], events: list[dict[str, Any]],
            xids: list[dict[str, Any]], gpu: int | None) -> Finding:
     window_s = ctx.profile.xid_window_s
-    window = "since boot" if window_s is None else f"in the last {span(window_s)}"
+    window = window_words(log, window_s)
     # a GPU reset or a driver reload after a line clears it, where it asked for no more
     repairs = repairs_for(log, ctx.snapshot, gpu)
     chosen = select(events, log, window_s, _grade, repairs)

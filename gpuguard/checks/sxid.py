@@ -24,7 +24,7 @@ from gpuguard.judge.registry import (
     warning,
 )
 from gpuguard.judge.sxids import grade
-from gpuguard.judge.xids import Selection, by_gpu, select, severest_first, span
+from gpuguard.judge.xids import Selection, by_gpu, select, severest_first, span, window_words
 
 SHOWN = 3  # (switch, SXid) pairs named in the message, the most severe first
 
@@ -48,7 +48,7 @@ def _judge(ctx: CheckContext, log: dict[str, Any], events: list[dict[str, Any]])
     chosen = select(events, log, window_s,
                     lambda event: grade(event["sxid"], event.get("text"), catalog, source))
     counted, ignored = chosen.counted, chosen.ignored
-    window = "since boot" if window_s is None else f"in the last {span(window_s)}"
+    window = window_words(log, window_s)
     dropped = log.get("sxids_dropped") or 0
     observed = _observed(chosen, window, dropped, log.get("acked_seq"))
     if not counted:

@@ -34,6 +34,7 @@ from gpuguard.judge.xids import (
     select,
     severest_first,
     span,
+    window_words,
 )
 from gpuguard.model.results import NAMES
 from gpuguard.model.snapshot import GpuSnapshot, Snapshot
@@ -65,9 +66,10 @@ def _judge(ctx: CheckContext, log: dict[str, Any], events: list[dict[str, Any]],
                     lambda g: CATALOG_WORDS[g.first].value)
     counted = [{**e, "gpu": gpu, "suggested": CATALOG_WORDS[e["first"]].value}
                for e in chosen.counted]
-    window = "since boot" if window_s is None else f"in the last {span(window_s)}"
+    window = window_words(log, window_s)
     dropped = log.get("xids_dropped") or 0
     observed = _observed(chosen, counted, window, dropped, log.get("acked_seq"))
+    observed["records_lost"] = log.get("records_lost") or 0  # overwritten before read
     if not counted:
         return ok(_nothing_to_act_on(chosen, window, dropped), **observed)
     message = _message(counted, dropped, ctx.threshold("repeat_for_vendor"), gpu is None)

@@ -208,6 +208,7 @@ class Daemon:
                 self.stats.deadline_exceeded_total += 1
         self.samples.add(snap, now)
         self.service_watch.sample(snap, now)
+        self.xids.remember(snap)  # the kernel log's lines read before a wrap (review 3)
         results = evaluate(snap, ruleset, profile, cadence="fast", samples=self.samples)
         if self.recorder is not None:
             results = self.recorder.on_cycle(results, snap.gpu_ids(), ruleset)

@@ -1,11 +1,14 @@
 """Xids as the daemon counts them: each kernel-log line once (XidMarks), and each Xid, from
-the kernel log or NVML's event set, into the metrics and the event store (XidCounter)."""
+the kernel log or NVML's event set, into the metrics and the event store (XidCounter); and
+what the daemon read of the kernel log this boot, judged instead of what the ring buffer
+still holds (daemon/kmsg_memory.py)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from gpuguard.daemon.kmsg_memory import KernelLogMemory
 from gpuguard.daemon.metrics import DaemonStats
 from gpuguard.daemon.recorder import EventRecorder
 from gpuguard.events.recording import kernel_log_repairs, xid_event
@@ -13,7 +16,7 @@ from gpuguard.judge.actions import of_xid
 from gpuguard.judge.xids import grade
 from gpuguard.model.pci import nvml_pci
 from gpuguard.model.rule import RuleSet
-from gpuguard.model.snapshot import Snapshot
+from gpuguard.model.snapshot import Reading, Snapshot
 
 
 class XidCounter:
@@ -25,6 +28,14 @@ class XidCounter:
         self.recorder: EventRecorder | None = None
         self.marks = XidMarks()
         self.repair_marks = XidMarks()
+        self.memory = KernelLogMemory()
+
+    def remember(self, snap: Snapshot) -> None:
+        """Before the rules run: the kernel log this cycle read, with the lines earlier
+        cycles read that the ring buffer has overwritten since (review 3). A failed read
+        stays failed (its rules unknown)."""
+        if snap.host.kernel_log.is_ok:
+            snap.host.kernel_log = Reading.ok(self.memory.apply(snap.host.kernel_log.get()))
 
     def count_kernel_log(self, snap: Snapshot, ruleset: RuleSet) -> None:
         if not snap.host.kernel_log.is_ok:

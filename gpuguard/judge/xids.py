@@ -90,6 +90,18 @@ def by_line(name: str, entry: XidEntry, text: str | None) -> Grade:
                  f"{name} in the catalog (its line names no grade)")
 
 
+def grade_words(text: str | None) -> str:
+    """The words of an Xid's (or SXid's) line that by_line() grades it by: the recovery
+    action it changed to, Fatal or Nonfatal; "" for a line that names neither. What keeps a
+    fatal line apart from a flood of the same code's non-fatal ones (sources/kmsg_kept.py)."""
+    lowered = (text or "").lower()
+    target = _CHANGED_TO.search(lowered) if "recovery action" in lowered else None
+    if target is not None:
+        return target.group(1)
+    word = _FATAL_WORD.search(lowered)
+    return "" if word is None else word.group(1)
+
+
 def words(actions: tuple[str, ...]) -> str:
     return "; ".join(ACTION_WORDS[a] for a in actions)
 
@@ -101,6 +113,25 @@ def span(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def window_words(log: dict[str, Any], window_s: float | None) -> str:
+    """What the kernel-log rules can vouch for: "since boot" or "in the last 1h", narrowed to
+    "since [t]" where the kernel overwrote records of the window before they were read
+    (review 3: a busy host's ring buffer wraps). Narrowed, not unknown: every long-running
+    busy host wraps, and unknown forever would be a false alarm; the ok it gives claims only
+    what was read, and the daemon keeps what it read before the wrap (daemon/kmsg_memory.py)."""
+    window = "since boot" if window_s is None else f"in the last {span(window_s)}"
+    lost, seq, usec = (log.get(k) for k in ("records_lost", "lost_before_seq",
+                                             "lost_before_usec"))
+    if not lost:
+        return window
+    now = log.get("now_usec")
+    if window_s is not None and now is not None and usec is not None \
+            and now - window_s * 1_000_000 >= usec:
+        return window  # every record of the window was read
+    at = f"[{usec // 10**6}.{usec % 10**6:06d}]" if usec is not None else f"record {seq}"
+    return f"since {at} ({lost} earlier kernel log record(s) overwritten before they were read)"
 
 
 @dataclass

@@ -127,7 +127,8 @@ def kernel_log(value: Any) -> str | None:
             if (problem := event_problem(event)) is not None:
                 return problem
     for key in ("now_usec", "acked_seq", "xids_dropped", "sxids_dropped", "ooms_dropped",
-                "gsp_dropped"):
+                "gsp_dropped", "records_lost", "lost_before_seq", "lost_before_usec",
+                "first_seq", "first_usec", "last_seq"):
         if not _optional_int(value.get(key)):
             return f"kernel log {key} is not a count: {_show(value.get(key))}"
     return None

@@ -31,6 +31,7 @@ from gpuguard.io.bounded import MIB, BoundedReadError, read_bytes
 from gpuguard.model.pci import normalise_pci
 from gpuguard.model.snapshot import Reading
 from gpuguard.sources.kmsg_gpu import DriverLines, GspLines
+from gpuguard.sources.kmsg_kept import Lost, NewestKept, sxid_key, xid_key
 
 # The kernel's ring buffer is at most 32 MiB (log_buf_len); twice that is not a kernel log.
 MAX_LOG_BYTES = 64 * MIB
@@ -148,13 +149,13 @@ def xid_event(record: Record) -> dict[str, Any] | None:
 
 
 class SxidEvents:
-    """SXid events, the newest MAX_XIDS kept. The lines of one event (its Data, its
+    """SXid events, the newest MAX_XIDS kept and the latest of each (switch, SXid, its
+    Fatal word) outside them (sources/kmsg_kept.py). The lines of one event (its Data, its
     description, its Severity line) become one entry: the description's text and link,
     the first line's seq and usec; a part seen twice starts the next event."""
 
     def __init__(self) -> None:
-        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_XIDS)
-        self.seen = 0
+        self.kept = NewestKept(MAX_XIDS, sxid_key)
         self._parts: set[str] = set()
 
     def add(self, record: Record) -> None:
@@ -165,21 +166,18 @@ class SxidEvents:
         part = "data" if rest.startswith("Data {") else \
             "severity" if rest.startswith("Severity ") else "text"
         key = (m["switch"], int(m["sxid"]))
-        last = self.events[-1] if self.events else None
+        last = self.kept.last()
         if last is None or (last["switch"], last["sxid"]) != key or part in self._parts:
             last = {"sxid": key[1], "switch": key[0], "link": None, "text": rest,
                     "seq": record.seq, "usec": record.usec}
-            self.events.append(last)
-            self.seen += 1
+            self.kept.append(last)
             self._parts = set()
         self._parts.add(part)
         if part == "text":
             last["text"] = rest
             if link := _SXID_LINK.search(rest):
                 last["link"] = int(link.group(1))
-
-    def dropped(self) -> int:
-        return self.seen - len(self.events)
+            self.kept.rekeyed()
 
 
 class OomKills:
@@ -223,22 +221,23 @@ class OomKills:
         return self.seen - len(self.events)
 
 
-# Xid events kept in a summary: the newest ones. A log holding more (a storm of one
-# Xid, or a hostile log) keeps the snapshot, the daemon's memory and /status bounded;
-# the number left out is kept and shown by xid.recent.
+# Xid events kept in a summary: the newest ones, and outside them the latest of each (GPU,
+# code) (sources/kmsg_kept.py). A log holding more (a storm of one Xid, or a hostile log)
+# keeps the snapshot, the daemon's memory and /status bounded; the number left out is kept
+# and shown by xid.recent.
 MAX_XIDS = 2000
 
 
 class NvrmLines:
-    """The NVIDIA driver's own lines: Xid events, the newest MAX_XIDS kept, the versions the
+    """The NVIDIA driver's own lines: Xid events (the newest MAX_XIDS, and the latest of each
+    GPU and code), the versions the
     last "API mismatch" named (library (client) and kernel module), GSP errors without an
     Xid, the driver's loads and the repairs (a GPU reset, a driver reload) after which the
     lines before them no longer count (sources/kmsg_gpu.py). Each Xid, GSP line and repair
     carries `n`, its place among these lines: a repair clears what came before it."""
 
     def __init__(self) -> None:
-        self.xids: deque[dict[str, Any]] = deque(maxlen=MAX_XIDS)
-        self.seen = 0
+        self.xids = NewestKept(MAX_XIDS, xid_key)
         self.mismatch: dict[str, str] = {}
         self.gsp = GspLines()
         self.driver = DriverLines()
@@ -250,17 +249,15 @@ class NvrmLines:
         if event is not None:
             event["n"] = self.n
             self.xids.append(event)
-            self.seen += 1
         elif self.gsp.add(record.text, record.seq, record.usec, self.n) or \
-                self.driver.add(record, self.n, after_lines=bool(self.seen or self.gsp.seen)):
+                self.driver.add(record, self.n,
+                                after_lines=bool(self.xids.seen or self.gsp.kept.seen)):
             return
         elif m := _CLIENT_VERSION.search(record.text):
             self.mismatch["client"] = m.group(1)
         if m := _MODULE_VERSION.search(record.text):
             self.mismatch["kernel"] = m.group(1)
 
-    def dropped(self) -> int:
-        return self.seen - len(self.xids)
 
 
 def _line_kind(text: str) -> str | None:
@@ -278,15 +275,18 @@ def _line_kind(text: str) -> str | None:
     return None
 
 
-def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> dict[str, Any]:
+def summarise(records: Iterable[Record], source: str, now_usec: int | None,
+              gaps: bool = False) -> dict[str, Any]:
     nvrm = NvrmLines()
     sxids = SxidEvents()
     ooms = OomKills()
+    lost = Lost(gaps)
     count = 0
     last_usec: int | None = None
     unsigned_rejected = False
     for record in records:
         count += 1
+        lost.add(record.seq, record.usec)
         if record.usec is not None:
             # the highest, not the last: a saved log may hold an earlier boot after a later
             # one, and an age is never negative
@@ -305,11 +305,11 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
         "records": count,
         # A live read knows the time now; a saved log ends when it was saved.
         "now_usec": now_usec if now_usec is not None else last_usec,
-        "xids": list(nvrm.xids),
-        "xids_dropped": nvrm.dropped(),
+        "xids": nvrm.xids.events(),
+        "xids_dropped": nvrm.xids.dropped(),
         # NVSwitch errors: {"sxid", "switch" (PCI id), "link", "text", "seq", "usec"}.
-        "sxids": list(sxids.events),
-        "sxids_dropped": sxids.dropped(),
+        "sxids": sxids.kept.events(),
+        "sxids_dropped": sxids.kept.dropped(),
         # Out-of-memory kills (host.memory): {"pid", "process", "scope", "cgroup", "seq", "usec"}.
         "ooms": list(ooms.events),
         "ooms_dropped": ooms.dropped(),
@@ -318,13 +318,16 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None) -> d
         "api_mismatch": nvrm.mismatch or None,
         # GSP errors without an Xid (gsp.firmware): {"kind", "pci", "rm_gpu", "text", "seq",
         # "usec"}; the driver's loads: {"version", "seq", "usec"} (sources/kmsg_gpu.py).
-        "gsp": list(nvrm.gsp.events),
-        "gsp_dropped": nvrm.gsp.dropped(),
+        "gsp": nvrm.gsp.kept.events(),
+        "gsp_dropped": nvrm.gsp.kept.dropped(),
         "driver_loads": list(nvrm.driver.loads.events),
         # the repairs seen (issue 21, item 3): {"kind": gpu_reset | driver_reload, "uuid",
         # "pci" (the GPU a reset names; neither for a reload), "text", "seq", "usec", "n"}
         "repairs": list(nvrm.driver.repairs),
         "acked_seq": None,
+        # records overwritten before they were read (Lost): how many, and the first record
+        # after them (what "since boot" narrows to); the highest sequence number read
+        **lost.summary(),
     }
 
 
@@ -341,6 +344,7 @@ def read_device(path: Path,
         return Reading.failed(f"cannot read {path}: {exc.strerror or exc}")
     lines: list[str] = []
     total = 0
+    overwritten = False
     end = time.monotonic() + deadline_s
     try:
         while True:
@@ -353,7 +357,8 @@ def read_device(path: Path,
             except BlockingIOError:
                 break
             except OSError as exc:
-                if exc.errno == errno.EPIPE:  # records overwritten while we read: go on
+                if exc.errno == errno.EPIPE:  # records overwritten while we read: go on,
+                    overwritten = True         # and count the gap in the numbers (Lost)
                     continue
                 if exc.errno == errno.EPERM:
                     return Reading.failed(f"cannot read {path}: operation not permitted (needs "
@@ -366,7 +371,7 @@ def read_device(path: Path,
     finally:
         os.close(fd)
     now = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1_000_000)
-    return Reading.ok(summarise(parse_lines(lines), str(path), now))
+    return Reading.ok(summarise(parse_lines(lines), str(path), now, gaps=overwritten))
 
 
 def read_file(path: Path, deadline_s: float = 5.0) -> Reading[dict[str, Any]]:

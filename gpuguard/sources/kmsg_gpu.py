@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuguard.model.pci import normalise_pci
 from gpuguard.model.readings import GSP_KINDS
+from gpuguard.sources.kmsg_kept import NewestKept, gsp_key
 
 _PCI = r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
 # GSP (the GPU System Processor, where the resource manager runs on Hopper and newer):
@@ -55,7 +56,9 @@ _LOADING = re.compile(
 _RESET = re.compile(r"GPU reset occurred: (?:(?P<uuid>GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}"
                     rf"-[0-9a-fA-F]{{12}})|(?:PCI:)?(?P<pci>{_PCI}))")
 
-MAX_GSP = 500  # the newest kept: a wedged GPU's GSP lines come by the hundred
+# the newest kept (a wedged GPU's GSP lines come by the hundred), and the latest of each
+# kind and GPU outside them (sources/kmsg_kept.py)
+MAX_GSP = 500
 MAX_LOADS = 16
 MAX_REPAIRS = 64
 
@@ -65,8 +68,7 @@ class GspLines:
     the lines of one event (the boot failure is logged twice, a moment apart) are one."""
 
     def __init__(self) -> None:
-        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_GSP)
-        self.seen = 0
+        self.kept = NewestKept(MAX_GSP, gsp_key)
 
     def add(self, text: str, seq: int | None, usec: int | None, n: int | None = None) -> bool:
         """Take the line if it is one; whether it was. `n`: its place among the driver's
@@ -82,16 +84,12 @@ class GspLines:
         event = {"kind": kind, "pci": normalise_pci(pci) if pci else None,
                  "rm_gpu": int(rm["n"]) if rm else None, "text": text.strip()[:300],
                  "seq": seq, "usec": usec, "n": n}
-        last = self.events[-1] if self.events else None
+        last = self.kept.last()
         if last is not None and all(last[k] == event[k] for k in ("kind", "pci", "rm_gpu")) \
                 and (usec is None or last["usec"] is None or usec - last["usec"] < 1_000_000):
             return True
-        self.events.append(event)
-        self.seen += 1
+        self.kept.append(event)
         return True
-
-    def dropped(self) -> int:
-        return self.seen - len(self.events)
 
 
 def driver_load(text: str, seq: int | None, usec: int | None) -> dict[str, Any] | None:

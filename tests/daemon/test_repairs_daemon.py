@@ -20,8 +20,10 @@ XID_48 = ("NVRM: Xid (PCI:0000:18:00): 48, pid='<unknown>', name=<unknown>, An u
 
 
 def write_log(path: Path, *lines: str) -> None:
-    write_text(path, "".join(f"4,{100 + i},{(1000 + i) * 1_000_000},-;{text}\n"
-                             for i, text in enumerate((LOAD, *lines))))
+    # from the boot's record 0: a log whose first records were lost says so (review 3)
+    write_text(path, "6,0,0,-;Linux version 6.8.0\n" + "".join(
+        f"4,{100 + i},{(1000 + i) * 1_000_000},-;{text}\n"
+        for i, text in enumerate((LOAD, *lines))))
 
 
 def repairs(state: Path) -> list[dict[str, object]]:

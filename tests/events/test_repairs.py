@@ -36,10 +36,10 @@ def test_a_gpu_reset_line_clears_the_finding_and_is_in_gpuguard_events(tmp_path,
     before = kmsg(tmp_path, "before.kmsg", XID_48.format(bus=10))
     assert result(run(state, proc, "--kmsg-file", str(before), recovery=NONE),
                   "xid.recent", 0)["status"] == "critical"
-    # the fixture up to (not with) its driver reload: the resets only
+    # the fixture up to (not with) its driver reload: the resets only (after its boot line)
     lines = log.read_text().splitlines()
     resets = tmp_path / "resets.kmsg"
-    resets.write_text("\n".join(lines[:7]) + "\n")
+    resets.write_text("\n".join(lines[:8]) + "\n")
     doc = run(state, proc, "--kmsg-file", str(resets), recovery=NONE,
               only=("xid.recent", "gsp.firmware"))
     gpu0 = result(doc, "xid.recent", 0)
