@@ -261,3 +261,19 @@ def test_a_missing_tool_is_unavailable_not_a_crash(tmp_path: Any) -> None:
     settings = slurm_ctl.SlurmSettings(bin_dir=tmp_path, timeout_s=1)
     with pytest.raises(slurm_ctl.SlurmUnavailable, match="sinfo not found"):
         slurm_ctl.node(settings, "n1")
+
+
+def test_an_ok_on_a_wrapped_kernel_log_is_no_evidence_for_a_resume() -> None:
+    """Drained for Xid 119 on GPU 0; the ring buffer wraps (a cold check, or a daemon
+    restarted after it): xid.recent says ok "since [t]", its line simply gone. It resumed
+    the node with the GPU never reset (review 4). A repair seen (a reset line) clears it."""
+    xid = result("xid.recent", "critical", "reset_gpu")
+    ours = node("drained", "gpuguard: reset_gpu: xid.recent GPU 0")
+    record = drained_for([xid], gpus=1)
+    wrapped = {**result("xid.recent", "ok"), "observed": {"records_lost": 5001, "cleared": 0}}
+    kept = slurm.plan([wrapped], set(), ours, None, record=record)
+    assert kept.do == "keep" and "overwritten" in kept.why, kept
+    repaired = {**wrapped, "observed": {"records_lost": 5001, "cleared": 1}}
+    assert slurm.plan([repaired], set(), ours, None, record=record).do == "resume"
+    whole = {**wrapped, "observed": {"records_lost": 0}}
+    assert slurm.plan([whole], set(), ours, None, record=record).do == "resume"

@@ -10,7 +10,9 @@ when all of these hold; when it cannot tell, it does not resume:
 - every GPU present at the drain is in the verdict (a cold check without gpu_count in
   its profile does not see a missing GPU: the record does);
 - each finding drained for has results on its board, all ok;
-- no drain-capable rule is unknown, or missing on a GPU where it reports on others.
+- no drain-capable rule is unknown, or missing on a GPU where it reports on others;
+- a kernel-log finding drained for is not "ok" only because the ring buffer wrapped
+  (records lost and no repair seen).
 
 A drain-capable rule: one that counts for failover, one drained for, or one whose
 family's critical action (judge/actions.py FAMILY_DEFAULT) is reset_gpu or worse; a
@@ -120,7 +122,21 @@ def _finding_left(record: DrainRecord, results: list[dict[str, Any]]) -> str | N
         if bad:
             return f"{found['rule']}{where} is {bad[0].get('status')}: " \
                    f"{str(bad[0].get('message'))[:120]}"
+        blind = [r for r in mine if _narrowed(r)]
+        if blind:
+            return f"{found['rule']}{where} is ok only on what the kernel log still holds " \
+                   f"({(blind[0].get('observed') or {}).get('records_lost')} earlier " \
+                   "record(s) overwritten) and no repair was seen: the fault drained for " \
+                   "may be among the lost lines"
     return None
+
+
+def _narrowed(result: dict[str, Any]) -> bool:
+    """An ok of a kernel-log rule on a wrapped ring buffer (sources/kmsg_kept.py) with no
+    repair seen: the line it drained for may simply be gone, which is no evidence that the
+    fault is (a daemon restarted after the wrap, or a cold check, says ok so)."""
+    observed = result.get("observed") or {}
+    return bool(observed.get("records_lost")) and not observed.get("cleared")
 
 
 def _unknown_or_missing(results: list[dict[str, Any]], failover_rules: set[str],
