@@ -62,7 +62,8 @@ def ask_text(path: str, request: "dict[str, Any]", timeout: float = 5.0
     raw = exchange(path, encode({**request, "want": "text"}), timeout)
     head, newline, body = raw.partition(b"\n")
     word = head.split(b" ")
-    if not newline or len(word) != 2 or word[0] != b"GGV1":
+    if not newline or len(word) != 3 or word[0] != b"GGV1" or not word[2].isdigit() \
+            or int(word[2]) != len(body):
         raise NoDaemon(f"the daemon on {path} sent no complete answer")
     text = body.decode("utf-8", "replace")
     if word[1] == b"error":

@@ -4,8 +4,8 @@ root alone where the group does not exist), so a job's user cannot read the host
 findings.
 
 One request per connection: a JSON line of at most 4 KiB, read within 2 s, answered with
-one JSON document (or, for `want: text`, a frame: `GGV1 <code>` or `GGV1 error`, a
-newline, then the rendering or the error as it is), then closed. At most 8 connections
+one JSON document (or, for `want: text`, a frame: `GGV1 <code> <bytes>` or `GGV1 error
+<bytes>`, a newline, then the rendering or the error as it is), then closed. At most 8 connections
 are served at once; a ninth is closed at once. A client that never sends, never reads or
 sends garbage costs one of the 8 for at most the deadline and never stops the cycles or
 the other clients.
@@ -160,9 +160,10 @@ class VerdictSocket:
 
 def frame(reply: dict[str, Any]) -> bytes:
     """A rendering as `gpuguard status` reads it without a JSON parser."""
-    if "error" in reply:
-        return f"GGV1 error\n{reply['error']}".encode()
-    return f"GGV1 {int(reply['code'])}\n{reply['text']}".encode()
+    body = str(reply["error"] if "error" in reply else reply["text"]).encode()
+    word = "error" if "error" in reply else str(int(reply["code"]))
+    # the body's length, so that a cut answer is told from a whole one
+    return f"GGV1 {word} {len(body)}\n".encode() + body
 
 
 def _read_request(conn: socket.socket, deadline: float) -> bytes | None:

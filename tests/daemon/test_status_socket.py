@@ -274,9 +274,11 @@ def serve_once(path: Path, reply: bytes) -> None:
 
 
 @pytest.mark.parametrize(("reply", "code", "said"), [
-    (b"GGV1 1\nthe rendering\n", 1, "the rendering"),
-    (b"GGV1 error\nno rule matches --only x", 3, "no rule matches --only x"),
-    (b"GGV1 7\nnot a code", 3, "wrong shape"),
+    (b"GGV1 1 14\nthe rendering\n", 1, "the rendering"),
+    (b"GGV1 error 24\nno rule matches --only x", 3, "no rule matches --only x"),
+    (b"GGV1 7 10\nnot a code", 3, "wrong shape"),
+    (b"GGV1 0 100\nOK all fine", 3, "no complete answer"),  # cut: 11 bytes of 100
+    (b"GGV1 0\nOK", 3, "no complete answer"),  # no length
     (b"HTTP/1.1 200 OK\n\nok", 3, "no complete answer"),  # another program on the socket
     (b"", 3, "no complete answer"),
 ])
@@ -332,7 +334,7 @@ def test_one_deadline_for_the_whole_answer(tmp_path: Path) -> None:
         conn, _ = server.accept()
         with conn:
             conn.recv(4096)
-            conn.sendall(b"GGV1 0\nok")
+            conn.sendall(b"GGV1 0 1000\nok")
             while not stop.wait(0.3):
                 try:
                     conn.sendall(b" ")
@@ -360,7 +362,7 @@ def test_an_answer_from_another_users_program_is_not_a_verdict(tmp_path: Path) -
     sock = folder / "s.sock"
     code = ("import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.bind(sys.argv[1])\n"
             "s.listen(1)\nprint('up',flush=True)\nc,_=s.accept()\nc.recv(4096)\n"
-            "c.sendall(b'GGV1 0\\nall ok\\n')\nc.close()\n")
+            "c.sendall(b'GGV1 0 7\\nall ok\\n')\nc.close()\n")
     python = "/usr/bin/python3"  # the system one: the checkout and pyenv may be closed to nobody
     server = subprocess.Popen([python, "-c", code, str(sock)], user=65534,
                               stdout=subprocess.PIPE, text=True)
