@@ -46,6 +46,15 @@ class KernelLogMemory:
         self.lost_before: tuple[Any, Any] = (None, None)  # (seq, usec)
         self.last_seq: int | None = None
 
+    def seed(self, xids: list[Event], repairs: list[Event]) -> None:
+        """Lines of this boot read before a restart of the daemon (kmsg_seed.py), older
+        than anything the buffer still holds: remembered as if read, in the log's order."""
+        merged = sorted([("xids", e) for e in xids] + [("repairs", e) for e in repairs],
+                        key=lambda item: item[1]["seq"])
+        for name, event in merged:
+            self._add(name, event)
+            self.high["seq"] = max(self.high["seq"], event["seq"])
+
     def apply(self, log: dict[str, Any]) -> dict[str, Any]:
         """The summary of this read with what earlier reads saw: its lists replaced by the
         remembered ones (this read's new lines added), its counts of lost records summed."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gpuguard.daemon import kmsg_seed
 from gpuguard.daemon.kmsg_memory import KernelLogMemory
 from gpuguard.daemon.metrics import DaemonStats
 from gpuguard.daemon.recorder import EventRecorder
@@ -29,13 +30,25 @@ class XidCounter:
         self.marks = XidMarks()
         self.repair_marks = XidMarks()
         self.memory = KernelLogMemory()
+        self._seeded = False
 
     def remember(self, snap: Snapshot) -> None:
         """Before the rules run: the kernel log this cycle read, with the lines earlier
         cycles read that the ring buffer has overwritten since (review 3). A failed read
         stays failed (its rules unknown)."""
-        if snap.host.kernel_log.is_ok:
-            snap.host.kernel_log = Reading.ok(self.memory.apply(snap.host.kernel_log.get()))
+        if not snap.host.kernel_log.is_ok:
+            return
+        log_ = snap.host.kernel_log.get()
+        if not self._seeded and self.recorder is not None:
+            # once: what the store kept of the lines the buffer lost before this daemon
+            # started (a restart after a wrap: kmsg_seed.py)
+            self._seeded = True
+            first = log_.get("first_seq")
+            if isinstance(first, int) and first > 0:
+                self.memory.seed(*kmsg_seed.from_store(
+                    self.recorder.writer.path, self.recorder.boot_id, first,
+                    log_.get("now_usec")))
+        snap.host.kernel_log = Reading.ok(self.memory.apply(log_))
 
     def count_kernel_log(self, snap: Snapshot, ruleset: RuleSet) -> None:
         if not snap.host.kernel_log.is_ok:

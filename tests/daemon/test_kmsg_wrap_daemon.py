@@ -97,3 +97,40 @@ def test_a_flood_after_the_wrap_still_keeps_the_fatal_xid(tmp_path: Path):
     thirteen = "NVRM: Xid (PCI:0000:18:00): 13, pid=2, name=y, Graphics Exception"
     flood = memory.apply(summary(records(1, *[thirteen] * (kmsg.MAX_XIDS + 1))))
     assert flood["xids"][0]["xid"] == 119 and len(flood["xids"]) == kmsg.MAX_XIDS + 1
+
+
+def test_a_daemon_restarted_after_the_wrap_reads_the_lost_xid_back_from_its_store(
+        start_daemon, tmp_path, fake_env):
+    """Review 4: the memory was in memory only. The daemon saw Xid 119 on GPU 0, the buffer
+    wrapped, the daemon restarted: xid.recent said ok and `slurm health` resumed the node.
+    The store kept the line (one per sequence number and boot): read back at the start."""
+    log = tmp_path / "kmsg.log"
+    xid = XID_119.replace("PCI:0000:18:00", "PCI:0000:10:00")  # the fake NVML's GPU 0
+    write_text(log, records(0, xid, *flaps(50)))
+    args = ("--fast-interval", "0.3", "--kmsg-file", str(log))
+    daemon = start_daemon(*args, env=fake_env(gpus=2))
+    daemon.wait_for(lambda: (daemon.result("xid.recent", 0) or {}).get("status") == "critical",
+                    what="GPU 0's Xid 119")
+    daemon.wait_for(lambda: 'gpuguard_event_store_written_total' in daemon.metrics() and
+                    xid_rows(tmp_path / "state"), what="the Xid in the store")
+    daemon.stop()
+    write_text(log, records(5000, *flaps(60)))  # wrapped while the daemon was down
+    again = start_daemon(*args, env=fake_env(gpus=2))
+    result = again.wait_for(lambda: again.result("xid.recent", 0), what="xid.recent")
+    assert (result["status"], result["action"]) == ("critical", "reset_gpu"), result
+    assert result["message"].startswith("Xid 119"), result["message"]
+
+
+def xid_rows(state: Path) -> int:
+    import sqlite3
+
+    path = state / "events.db"
+    if not path.exists():
+        return 0
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return int(conn.execute("SELECT count(*) FROM events WHERE kind = 'xid'").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+    finally:
+        conn.close()
