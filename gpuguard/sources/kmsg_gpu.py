@@ -53,8 +53,12 @@ _LOADING = re.compile(
 # (kernel_rc.c, _krcLogUuidOnce): it is logged once per attach of the GPU, before its first
 # Xid, and an attach also follows the last client closing without persistence mode, so a
 # second one proves no reset.
-_RESET = re.compile(r"GPU reset occurred: (?:(?P<uuid>GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}"
-                    rf"-[0-9a-fA-F]{{12}})|(?:PCI:)?(?P<pci>{_PCI}))")
+# The whole record, at most behind a writer's tag ("nvsentinel: ", "reset-gpu[123]: "): a
+# reset clears findings, so the phrase quoted inside another message (a process or device
+# name, a path, a user's text relayed to the log) must not count (review 4).
+_RESET = re.compile(r"(?:[A-Za-z0-9_.-]{1,32}(?:\[[0-9]{1,10}\])?: )?GPU reset occurred: "
+                    r"(?:(?P<uuid>GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}"
+                    rf"-[0-9a-fA-F]{{12}})|(?:PCI:)?(?P<pci>{_PCI}))\s*$")
 
 # the newest kept (a wedged GPU's GSP lines come by the hundred), and the latest of each
 # kind and GPU outside them (sources/kmsg_kept.py)
@@ -140,7 +144,7 @@ class DriverLines:
 def gpu_reset(text: str, seq: int | None, usec: int | None, n: int) -> dict[str, Any] | None:
     """A GPU reset line: {"kind": "gpu_reset", "uuid" or "pci" (the GPU it names), "text",
     "seq", "usec", "n"}."""
-    found = _RESET.search(text)
+    found = _RESET.match(text.strip())
     if found is None:
         return None
     return {"kind": "gpu_reset", "uuid": found["uuid"],

@@ -201,3 +201,19 @@ def test_a_load_after_the_drivers_lines_is_a_reload_even_without_an_earlier_load
     log = kmsg.read_file(path).get()
     assert [r["kind"] for r in log["repairs"]] == ["driver_reload"]
     assert kmsg.read_file(FIXTURES / "kmsg" / "h200-healthy.kmsg").get()["repairs"] == []
+
+
+def test_the_reset_phrase_quoted_inside_another_message_is_no_reset(tmp_path):
+    """A reset clears findings: the phrase inside another line (a process or device name,
+    a relayed user text) is not one (review 4); the whole record, or a writer's tag and the
+    record, is."""
+    uuid = "GPU-fa4e0000-0000-0000-0000-000000000000"
+    path = tmp_path / "quoted.kmsg"
+    path.write_text(
+        f"4,1,1000000,-;audit: comm=\"x\" msg=GPU reset occurred: {uuid}\n"
+        f"4,2,2000000,-;usb 1-1: GPU reset occurred: {uuid} and more\n"
+        f"12,3,3000000,-;nvsentinel[42]: GPU reset occurred: {uuid}\n"
+        f"12,4,4000000,-;GPU reset occurred: PCI:0000:11:00.0\n")
+    log = kmsg.read_file(path).get()
+    assert [(r["seq"], r["uuid"], r["pci"]) for r in log["repairs"]] == [
+        (3, uuid, None), (4, None, "0000:11:00.0")]
