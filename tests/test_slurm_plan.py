@@ -277,3 +277,14 @@ def test_an_ok_on_a_wrapped_kernel_log_is_no_evidence_for_a_resume() -> None:
     assert slurm.plan([repaired], set(), ours, None, record=record).do == "resume"
     whole = {**wrapped, "observed": {"records_lost": 0}}
     assert slurm.plan([whole], set(), ours, None, record=record).do == "resume"
+
+
+def test_a_drain_record_naming_no_finding_is_no_record() -> None:
+    """Review 4: a record with empty findings and GPUs let any verdict resume the node."""
+    from gpuguard.integrations.slurm_resume import DrainRecord
+
+    assert DrainRecord.from_json({"reason": "gpuguard: reboot: x", "findings": [],
+                                  "gpus": []}) is None
+    ours = node("drained", "gpuguard: inspect_hardware: thermal.margin GPU 0")
+    assert slurm.plan([result("thermal.margin", "ok")], set(), ours, None,
+                      record=None).do == "keep"

@@ -43,8 +43,8 @@ class DrainRecord:
         """None for a record this gpuguard cannot read (it then does not resume)."""
         reason, findings, gpus = raw.get("reason"), raw.get("findings"), raw.get("gpus")
         if not isinstance(reason, str) or not isinstance(findings, list) \
-                or not isinstance(gpus, list):
-            return None
+                or not isinstance(gpus, list) or not findings:
+            return None  # a drain is always for a finding: an empty list is not ours
         if not all(isinstance(f, dict) and isinstance(f.get("rule"), str)
                    and isinstance(f.get("gpu"), dict | None) for f in findings):
             return None
