@@ -112,9 +112,7 @@ def _missing_gpu(record: DrainRecord, now: list[dict[str, Any]]) -> str | None:
 def _finding_left(record: DrainRecord, results: list[dict[str, Any]]) -> str | None:
     for found in record.findings:
         gpu = found.get("gpu")
-        mine = [r for r in results if r.get("rule") == found["rule"]
-                and (identity(r.get("gpu")) is None if gpu is None
-                     else isinstance(r.get("gpu"), dict) and same_gpu(gpu, r["gpu"]))]
+        mine = [r for r in results if r.get("rule") == found["rule"] and _on(r, gpu)]
         where = "" if gpu is None else f" on {_name(gpu)}"
         if not mine:
             return f"no result of {found['rule']}{where} to tell"
@@ -129,6 +127,13 @@ def _finding_left(record: DrainRecord, results: list[dict[str, Any]]) -> str | N
                    "record(s) overwritten) and no repair was seen: the fault drained for " \
                    "may be among the lost lines"
     return None
+
+
+def _on(result: dict[str, Any], gpu: dict[str, Any] | None) -> bool:
+    """Is the result about this board (None: the host)?"""
+    if gpu is None:
+        return identity(result.get("gpu")) is None
+    return isinstance(result.get("gpu"), dict) and same_gpu(gpu, result["gpu"])
 
 
 def _narrowed(result: dict[str, Any]) -> bool:
