@@ -204,7 +204,7 @@ def progressing(entry: dict[str, Any], window_s: float = 120.0) -> str | None:
     None (no engine, not read, flat, creeping, gone back)."""
     eng = entry.get("engine") or {}
     reads = [r for r in (eng.get("reads") or []) if r[1] is None]
-    if len(reads) < 2 or reads[-1][4] is None or not reads[-1][2] and not reads[-1][3] \
+    if len(reads) < 2 or reads[-1][4] is None or (not reads[-1][2] and not reads[-1][3]) \
             or went_back(reads, window_s) is not None:
         return None
     window = window_of(reads, window_s, EngineProgress.of(eng))

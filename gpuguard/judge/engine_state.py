@@ -154,9 +154,8 @@ def _slow(facts: State, window: Window, load: str, limits: Limits, unit: str,
 def went_back(answered: list[list[Any]], window_s: float) -> str | None:
     """Why the counter is no one engine's: it went back within the last `window_s`
     while the run is the same (the daemon starts the reads over for a new run)."""
-    newest = answered[-1] if answered else None
-    for before, after in zip(reversed(answered[:-1]), reversed(answered)):
-        assert newest is not None
+    for i in range(len(answered) - 1, 0, -1):
+        before, after, newest = answered[i - 1], answered[i], answered[-1]
         if newest[T] - after[T] >= window_s:
             break
         if before[PROGRESS] is not None and after[PROGRESS] is not None \

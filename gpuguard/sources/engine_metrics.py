@@ -109,7 +109,7 @@ def values(profile: EngineProfile, samples: dict[str, list[float]]) -> dict[str,
     than MAX_SERIES: the read cannot tell, never a silent 0."""
     out: dict[str, float | None] = {}
     used: dict[str, str] = {}
-    overflowed = getattr(samples, "overflowed", set())
+    overflowed: set[str] = getattr(samples, "overflowed", set())
     for signal, names in profile.signals.items():
         name = next((n for n in names if samples.get(_bare(n))), None)
         if name is None:

@@ -59,7 +59,7 @@ def replay(url: str, page: Any, pages: Any, cycles: int, engine: str = "vllm",
     for cycle in range(cycles):
         page.body = pages(cycle)
         answer = engine_metrics.read(url, load_catalog(), engine)
-        reads = (reads + [row(cycle * CYCLE, answer)])[-400:]
+        reads = ([*reads, row(cycle * CYCLE, answer)])[-400:]
         entry = entry_of(reads, answer, engine)
         state = judge(reads, LIMITS, timed_out, "tokens",
                       progress=Progress.of(entry["engine"]))
