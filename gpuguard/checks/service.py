@@ -17,8 +17,9 @@ from typing import Any
 from gpuguard.judge import engine_errors
 from gpuguard.judge.actions import Action, worst
 from gpuguard.judge.engine_state import Limits as EngineLimits
+from gpuguard.judge.engine_state import Progress as EngineProgress
 from gpuguard.judge.engine_state import judge as judge_engine
-from gpuguard.judge.engine_state import sustained_capacity
+from gpuguard.judge.engine_state import sustained_capacity, went_back, window_of
 from gpuguard.judge.registry import CheckContext, Finding, host_check, ok, skipped, unknown
 from gpuguard.judge.services import NO_SERVICE, combine, services_of
 from gpuguard.judge.trend import Growth, Limits, Point, judge
@@ -177,11 +178,12 @@ def inference(ctx: CheckContext) -> Finding:
             findings[name] = unknown(f"not probed: {answer.get('error')}")
         elif answer.get("ok"):
             findings[name] = ok(f"answered in {answer['latency_s']:.3f} s", **answer)
-        elif answer.get("timed_out") and progressing(entry):
-            # the engine's own progress counter rose since its last read (issue 23): it
-            # is busy serving, not hung; never a failover at its peak
+        elif answer.get("timed_out") and (made := progressing(entry, _stuck_window(ctx))):
+            # the engine's own progress counter made at least its floor over the stuck
+            # window (issue 23, review 4): busy serving, not hung; never a failover at
+            # its peak
             findings[name] = ok(f"saturated: no answer in {answer['latency_s']:.1f} s, but "
-                                f"{progressing(entry)}", saturated=True, **answer)
+                                f"{made}", saturated=True, **answer)
         elif answer.get("timed_out"):
             # connected or not, no answer within request_timeout: a healthy server
             # saturated at peak load looks just like a hung one from here, and moving a
@@ -196,15 +198,26 @@ def inference(ctx: CheckContext) -> Finding:
     return combine(findings)
 
 
-def progressing(entry: dict[str, Any]) -> str | None:
-    """What the service's engine made between its last two reads when its progress
-    counter rose (the engine is serving), else None (no engine, not read, flat, reset)."""
-    reads = [r for r in ((entry.get("engine") or {}).get("reads") or []) if r[1] is None]
-    if len(reads) < 2 or reads[-1][4] is None or reads[-2][4] is None \
-            or reads[-1][4] <= reads[-2][4]:
+def progressing(entry: dict[str, Any], window_s: float = 120.0) -> str | None:
+    """What the service's engine made when its progress counter made at least its
+    profile's floor over the stuck window (the engine is serving, judge/engine_state), else
+    None (no engine, not read, flat, creeping, gone back)."""
+    eng = entry.get("engine") or {}
+    reads = [r for r in (eng.get("reads") or []) if r[1] is None]
+    if len(reads) < 2 or reads[-1][4] is None or (not reads[-1][2] and not reads[-1][3]) \
+            or went_back(reads, window_s) is not None:
         return None
-    unit = (entry.get("engine") or {}).get("unit") or "progress"
-    return f"the engine made {reads[-1][4] - reads[-2][4]:,.0f} {unit} since its last read"
+    window = window_of(reads, window_s, EngineProgress.of(eng))
+    if not window.enough:
+        return None
+    unit = eng.get("unit") or "progress"
+    return f"the engine made {window.made:,.0f} {unit} in its last {window.span_s:.0f} s"
+
+
+def _stuck_window(ctx: CheckContext) -> float:
+    """service.engine's stuck window, over which service.inference asks for progress."""
+    rule = ctx.ruleset.rules.get("service.engine")
+    return float((rule.thresholds if rule else {}).get("stuck_after_s", 120.0))
 
 
 NO_ENGINE = "no engine gpuguard knows (judged by its probe alone)"
@@ -231,7 +244,8 @@ def _engine_of(ctx: CheckContext, eng: dict[str, Any], entry: dict[str, Any],
                limits: EngineLimits) -> Finding:
     answer = entry.get("inference") or {}
     state = judge_engine(eng.get("reads") or [], limits, answer.get("timed_out") is True,
-                  str(eng.get("unit") or "progress"), answered=answer.get("ok") is True)
+                         str(eng.get("unit") or "progress"),
+                         answered=answer.get("ok") is True, progress=EngineProgress.of(eng))
     observed = {"state": state.state, "engine": eng.get("engine"), "url": eng.get("url"),
                 "metrics": eng.get("metrics"), "flat_s": state.flat_s,
                 "rising": state.rising, "at_capacity": state.at_capacity,

@@ -33,6 +33,8 @@ class MetricSpec(_Strict):
     metric: MetricName
     # which releases expose it, in words (the profile's comment cites the page)
     versions: Text
+    # progress only: whether it moves at each engine step or only when a request finishes
+    counts: Literal["each step", "on finish"] | None = None
 
 
 Names = Annotated[list[MetricSpec], msgspec.Meta(min_length=1)]
@@ -46,6 +48,13 @@ class SignalsSpec(_Strict, kw_only=True):
     preemptions: Names | None = None
 
 
+class FloorSpec(_Strict):
+    # the least progress per second of an engine that is not hung, generous: a slow
+    # healthy engine (a long prefill, a huge model) stays well above it
+    per_s: Annotated[float, msgspec.Meta(gt=0)]
+    per: Literal["running request", "engine"]
+
+
 class ProfileFile(_Strict):
     engine: EngineName
     title: Text
@@ -54,6 +63,7 @@ class ProfileFile(_Strict):
     recognise: Annotated[list[MetricName], msgspec.Meta(min_length=1)]
     signals: SignalsSpec
     progress_unit: Literal["tokens", "requests", "forward passes"]
+    progress_floor: FloorSpec
 
 
 class LogErrorSpec(_Strict):
@@ -99,8 +109,14 @@ def _profile(path: Path) -> EngineProfile:
     if "running" not in signals and "waiting" not in signals:
         raise ConfigError(path, doc.line_of("signals"), f"{spec.engine}: signals need "
                           "running or waiting: without them a busy engine cannot be told")
+    if any(m.counts is None for m in spec.signals.progress):
+        raise ConfigError(path, doc.line_of("signals"), f"{spec.engine}: each progress "
+                          "metric needs `counts: each step` or `counts: on finish`")
+    on_finish = frozenset(m.metric for m in spec.signals.progress if m.counts == "on finish")
     return EngineProfile(spec.engine, spec.title, spec.metrics_path, tuple(spec.recognise),
-                         signals, spec.progress_unit, str(path))
+                         signals, spec.progress_unit, str(path), on_finish,
+                         spec.progress_floor.per_s,
+                         spec.progress_floor.per == "running request")
 
 
 def _log_errors(path: Path) -> tuple[LogError, ...]:

@@ -9,9 +9,11 @@ another variant or run identity starts them over, as the memory samples do. Time
 daemon's monotonic clock.
 
 `auto` looks for an engine gpuguard knows once the run has answered its probe: at most
-one try every AUTO_RETRY_S, and after
-AUTO_TRIES tries that got no answer, none for the rest of the run; a page that answers and
-is no engine it knows settles it (today's behaviour: the service is judged by its probe).
+one try every AUTO_RETRY_S, and after AUTO_TRIES tries that got no Prometheus page (no
+answer, a 503 while the engine loads, a 404 from a proxy), none for the rest of the run;
+only a Prometheus page that is no engine it knows settles it (the service is judged by
+its probe). A page that holds two engines' names alike is read every cycle and judged
+unknown until it can be told.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class _Watch:
     last_try: float | None = None
     reads: deque[list[Any]] = field(default_factory=lambda: deque(maxlen=MAX_READS))
     last: dict[str, Any] = field(default_factory=dict)
+    ambiguous: str | None = None  # auto: why the page's engine cannot be told
+    on_finish: bool = False  # the progress name last read counts finished requests only
 
 
 class EngineWatch:
@@ -57,7 +61,7 @@ class EngineWatch:
         if engine is None or self.url(supervisor) is None:
             return False
         watch = self._watch(supervisor, identity)
-        if watch.engine is not None:
+        if watch.engine is not None or watch.ambiguous is not None:
             return True
         if watch.settled or watch.tries >= AUTO_TRIES or not answered:
             return False
@@ -98,11 +102,16 @@ class EngineWatch:
         watch = self._watch(supervisor, identity)
         if watch.engine is None:
             self._recognise(watch, answer, now)
+            if watch.ambiguous is not None and watch.engine is None:
+                return {"engine": None, "title": "its engine", "unit": "progress",
+                        "url": answer.get("url"), "metrics": {},
+                        "reads": [[now, watch.ambiguous, *(None for _ in SIGNALS)]]}
             if watch.engine is None:
                 return None
         if "values" in answer:
             values = answer["values"]
             watch.reads.append([now, None, *(values.get(s) for s in SIGNALS)])
+            watch.on_finish = answer.get("on_finish") is True
         else:
             why = answer.get("error") or "its page holds none of the engine's metrics"
             watch.reads.append([now, str(why)[:300], *(None for _ in SIGNALS)])
@@ -112,11 +121,17 @@ class EngineWatch:
         profile = self.catalog.profiles[watch.engine]
         return {"engine": profile.name, "title": profile.title, "unit": profile.progress_unit,
                 "url": answer.get("url"), "metrics": answer.get("metrics") or {},
-                "reads": [list(r) for r in watch.reads]}
+                "reads": [list(r) for r in watch.reads],
+                # how its progress counter moves (judge/engine_state.Progress)
+                "progress": {"on_finish": watch.on_finish, "floor_per_s": profile.floor_per_s,
+                             "per_request": profile.floor_per_request}}
 
     def _recognise(self, watch: _Watch, answer: dict[str, Any], now: float) -> None:
-        watch.tries += 1
         watch.last_try = now
+        watch.ambiguous = str(answer["error"]) if answer.get("ambiguous") else None
+        if watch.ambiguous is not None:
+            return  # read again next cycle, unknown meanwhile: not a try that found nothing
+        watch.tries += 1
         if answer.get("engine"):
             watch.engine = answer["engine"]
         elif answer.get("answered"):

@@ -29,6 +29,14 @@ class EngineProfile:
     signals: dict[str, tuple[str, ...]] = field(default_factory=dict)
     progress_unit: str = "tokens"
     origin: str = ""
+    # progress names that move only when a request finishes (llama.cpp's
+    # tokens_predicted_total, SGLang's generation_tokens_total): a long answer holds them
+    # flat on a healthy engine, so they alone never make it stuck
+    on_finish: frozenset[str] = frozenset()
+    # the least progress a busy engine that is not hung makes: per second, per running
+    # request (or per engine); a counter that only creeps above 0 is no progress
+    floor_per_s: float = 0.0
+    floor_per_request: bool = True
 
     def names(self, signal: str) -> tuple[str, ...]:
         return self.signals.get(signal, ())

@@ -41,62 +41,92 @@ def read(url: str, catalog: EngineCatalog, engine: str | None,
         status, body = get(url, deadline_s, MAX_BYTES)
     except GetError as exc:
         return {"error": str(exc), "url": url}
-    # an answer came: a page that is no engine's settles `auto` (daemon/service_engine.py)
+    # only a Prometheus page of no engine it knows settles `auto`
+    # (daemon/service_engine.py); a 503 while the engine loads is tried again
     if status != 200:
-        return {"error": f"answered {status}", "answered": True, "url": url}
+        return {"error": f"answered {status}", "url": url}
     try:
         samples = parse(body.decode("utf-8", errors="replace"))
     except ValueError as exc:
-        return {"error": f"not Prometheus text: {str(exc)[:200]}", "answered": True,
-                "url": url}
+        return {"error": f"not Prometheus text: {str(exc)[:200]}", "url": url}
     profile = catalog.profiles.get(engine) if engine else recognise(samples, catalog)
+    if isinstance(profile, list):
+        # a page with two engines' names in equal measure: which one is not known
+        return {"error": f"the page holds the names of {' and '.join(profile)} alike",
+                "ambiguous": True, "answered": True, "url": url}
     if profile is None:
         return {"engine": None, "answered": True, "url": url}
     return {**values(profile, samples), "answered": True, "url": url}
 
 
-def parse(text: str) -> dict[str, list[float]]:
+class Samples(dict[str, list[float]]):
+    """Every sample's value by bare name, and the names with more series than MAX_SERIES
+    (their values are not all here: a sum of them would be a guess)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.overflowed: set[str] = set()
+
+
+def parse(text: str) -> Samples:
     """Every gauge, counter or untyped sample of the text by name (`_total` taken off a
-    counter's name, as prometheus-client writes it either way), finite values only.
+    counter's name, as prometheus-client writes it either way), as written: NaN, Inf
+    and negative values too (the signals that hold one are unknown, values() says).
     Raises ValueError when the text is not Prometheus text."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    found: dict[str, list[float]] = {}
+    found = Samples()
     for family in text_string_to_metric_families(text):
         if family.type not in ("gauge", "counter", "unknown", "untyped"):
             continue  # histograms and summaries carry no signal gpuguard reads
         for sample in family.samples:
-            series = found.setdefault(_bare(sample.name), [])
-            if len(series) < MAX_SERIES and isinstance(sample.value, (int, float)) \
-                    and math.isfinite(sample.value):
+            name = _bare(sample.name)
+            series = found.setdefault(name, [])
+            if len(series) >= MAX_SERIES:
+                found.overflowed.add(name)
+            elif isinstance(sample.value, (int, float)):
                 series.append(float(sample.value))
     return found
 
 
-def recognise(samples: dict[str, list[float]], catalog: EngineCatalog) -> EngineProfile | None:
-    """The profile whose recognising names the page holds (the most of them), or None."""
-    best, hits = None, 0
-    for profile in catalog.profiles.values():
-        found = sum(1 for name in profile.recognise if _bare(name) in samples)
-        if found > hits:
-            best, hits = profile, found
-    return best
+def recognise(samples: dict[str, list[float]], catalog: EngineCatalog
+              ) -> EngineProfile | list[str] | None:
+    """The profile whose recognising names the page holds (the most of them), None when
+    it holds none, or the names of the engines that tie (the page cannot be told)."""
+    hits = {profile.name: sum(1 for name in profile.recognise if _bare(name) in samples)
+            for profile in catalog.profiles.values()}
+    most = max(hits.values(), default=0)
+    if most == 0:
+        return None
+    best = sorted(name for name, found in hits.items() if found == most)
+    return catalog.profiles[best[0]] if len(best) == 1 else best
 
 
 def values(profile: EngineProfile, samples: dict[str, list[float]]) -> dict[str, Any]:
     """Each signal's value: the first of its names the page holds (the newest
-    generation first), summed over its series (KV cache use: the highest)."""
+    generation first), summed over its series (KV cache use: the highest); {"error"}
+    when a named one holds a value that is no count (NaN, Inf, negative) or more series
+    than MAX_SERIES: the read cannot tell, never a silent 0."""
     out: dict[str, float | None] = {}
     used: dict[str, str] = {}
+    overflowed: set[str] = getattr(samples, "overflowed", set())
     for signal, names in profile.signals.items():
         name = next((n for n in names if samples.get(_bare(n))), None)
         if name is None:
             out[signal] = None
             continue
         series = samples[_bare(name)]
+        if _bare(name) in overflowed:
+            return {"engine": profile.name,
+                    "error": f"{name} has more than {MAX_SERIES} series: not read whole"}
+        bad = next((v for v in series if not math.isfinite(v) or v < 0), None)
+        if bad is not None:
+            return {"engine": profile.name,
+                    "error": f"{name} holds {bad!r}: {signal} cannot be told"}
         out[signal] = max(series) if signal == "kv_cache" else sum(series)
         used[signal] = name
-    return {"engine": profile.name, "values": out, "metrics": used}
+    return {"engine": profile.name, "values": out, "metrics": used,
+            "on_finish": used.get("progress") in profile.on_finish}
 
 
 def _bare(name: str) -> str:

@@ -348,6 +348,9 @@ def _engine(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> Engin
         if name not in known:
             raise fail("engine", f"engine {name!r} is not one gpuguard knows: "
                        f"{', '.join(known)}, auto or none")
+        if spec.engine.metrics is None and spec.probe.http is None:
+            raise fail("engine", f"engine {name!r} needs `metrics: URL` (its probe has no "
+                       "http URL to find /metrics at): else it would never be read")
     return Engine(name, _plain(spec.engine.metrics), spec.engine.timeout)
 
 

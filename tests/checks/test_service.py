@@ -368,7 +368,7 @@ def test_saturated_makes_inference_ok_and_the_engine_saturated(h200, run_rule):
     [inference] = run_rule("service.inference", h200)
     assert inference.status is Status.OK
     assert inference.message == ("a: saturated: no answer in 2.0 s, but the engine made "
-                                 "25,000 tokens since its last read")
+                                 "25,000 tokens in its last 5 s")
     assert policy.outcome([inference], None, {"service.inference"}, None, "a") \
         == ("passed", [])
     [judged] = run_rule("service.engine", h200)
@@ -392,7 +392,7 @@ def test_engine_unreachable_is_unknown_and_no_engine_skipped(h200, run_rule):
 def test_engine_at_capacity_is_ok_and_the_opt_in_rule_warns(h200, run_rule, tmp_path):
     from gpuguard.config.ruleset import load_ruleset
 
-    full = [[float(t), None, 200, 40, 1000.0 + t, 0.97, t] for t in range(0, 905, 5)]
+    full = [[float(t), None, 200, 40, 1000.0 + 200 * t, 0.97, t] for t in range(0, 905, 5)]
     with_services(h200, a=entry([1], engine=engine(full)))
     [judged] = run_rule("service.engine", h200)
     assert judged.status is Status.OK

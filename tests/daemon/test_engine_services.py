@@ -262,3 +262,35 @@ def test_a_cuda_error_in_its_log_with_an_xid_on_its_gpu_fails_over_with_the_xids
     finally:
         daemon.stop()
         _kill([gpu, cpu])
+
+
+def test_a_hung_engine_whose_counter_creeps_is_stuck_and_fails_over(tmp_path: Path,
+                                                                    start_daemon: Any) -> None:
+    """Review 4 #5 (engine_creep_never_fails_over_daemon_test.py): a hung engine whose
+    counter creeps (0.4 token/s with 256 running, under the profile's floor of 0.05 per
+    running request) and whose requests never answer: stuck, the failover, and
+    service.inference never `ok saturated` once the stuck window holds only the creep
+    (before, the window still holds the tokens it made while healthy)."""
+    gpu = _variant(tmp_path, "gpu", free_port(), "vllm-0.11.prom", "vllm")
+    cpu = _variant(tmp_path, "cpu", free_port(), "vllm-0.11.prom", "vllm")
+    daemon = _start(start_daemon, tmp_path, _config(tmp_path, gpu, cpu, {"name": "vllm"}))
+    try:
+        daemon.wait_for(lambda: _per(daemon, "service.engine")[0] == "ok", 20, "engine read")
+        _set(gpu, mode="saturated", slow=100000, rate=0.4)  # never answers, creeps
+        hung, saturated = time.monotonic(), []
+
+        def failed_over() -> bool:
+            status, inf = _per(daemon, "service.inference")
+            if status == "ok" and inf.get("saturated"):
+                saturated.append(time.monotonic() - hung)
+            return "failover_started" in daemon.log.read_text()
+
+        daemon.wait_for(failed_over, 40, "the failover of the creeping engine")
+        started = [json.loads(line) for line in daemon.log.read_text().splitlines()
+                   if "failover_started" in line]
+        assert "service.engine" in started[0]["reason"] and "stuck" in started[0]["reason"]
+        # a cycle's read and judgement may lag the switch by a cycle or two
+        assert all(t < STUCK_AFTER + 4 * INTERVAL for t in saturated), saturated
+    finally:
+        daemon.stop()
+        _kill([gpu, cpu])

@@ -69,7 +69,7 @@ EXPECTED = {
     "sglang-docs.prom": ("sglang", 7557572.0, 162.0, 2826.0, 0.28, "sglang:token_usage"),
     "tgi-3.x.prom": ("tgi", 40306.0, 6.0, 0.0, None, None),
     "triton-24.x.prom": ("triton", 161.0, None, 0.0, None, None),
-    "llamacpp-server.prom": ("llamacpp", 5120.0, 2.0, 0.0, None, None),
+    "llamacpp-server.prom": ("llamacpp", 5302.0, 2.0, 0.0, None, None),
 }
 
 
