@@ -1,23 +1,33 @@
 """A supervised service's own log, read incrementally and with a bound (issue 23): the
 lines written since the last read, for the CUDA errors service.gpu_errors ties to Xids.
 
-- a file (the exec backend's `log_file_gpu` / `log_file_cpu`): from where the last read
-  ended; a file replaced (another inode) or cut shorter (truncated) is read from its start;
+- a file (the exec backend's `log_file_gpu` / `log_file_cpu`): read forward from where the
+  last read ended, in chunks. The file is held open between reads, so a rename rotation
+  (another inode at the path) is first finished through the old descriptor, then the new
+  file is read from its start; a file cut shorter than the offset, or whose bytes just
+  before the offset changed (copytruncate, then grown past the old offset), is read from
+  its start;
 - Docker: the container's logs (stdout and stderr) through the engine's API, as its own
   time-stamped lines, the newest TAIL_LINES each read; a line already seen (its stamp and
-  text) is not taken again, so no cursor on the wall clock is kept;
+  text) is not taken again, so no cursor on the wall clock is kept; a line without
+  Docker's stamp (the first line of a cut) is never taken;
 - the journal (systemd): `journalctl -u UNIT --after-cursor`, the cursor the last read
-  ended at.
+  ended at, one JSON entry a line (each has its own cursor).
 
 The first read of a log only marks where it ends: what it held before gpuguard watched is
-not news. Each read takes at most MAX_BYTES (a file's newest bytes when more came) and
-lines of at most MAX_LINE characters, within its deadline; whatever goes wrong is an error
-of that read (LogError), never the cycle's.
+not news. Each read scans at most MAX_SCAN bytes (every byte up to that, not the newest
+ones), within its deadline; a line is matched whole up to MAX_LINE bytes (a longer one in
+overlapping pieces). What a bound or the deadline leaves unread is skipped and said
+(`skipped`: service.gpu_errors is unknown, never a silent ok). Whatever goes wrong is an
+error of that read (LogError), never the cycle's.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import re
 import stat
 import subprocess
 import time
@@ -25,73 +35,185 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-MAX_BYTES = 1024 * 1024
-MAX_LINE = 2000
-TAIL_LINES = 2000
+MAX_SCAN = 16 * 1024 * 1024  # bytes one read scans; the rest is skipped and said
+CHUNK = 1024 * 1024  # what one read holds in memory at once (file)
+MAX_LINE = 64 * 1024  # a line matched whole; a longer one in pieces overlapping by OVERLAP
+OVERLAP = 4096
+SHOWN = 2000  # characters of a matching line kept, around its match
+TAIL_LINES = 2000  # Docker lines and journal entries one read asks for
+MARK = 64  # bytes before the offset that tell the same file from a rewritten one
+_DOCKER_STAMP = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
 
 class LogError(OSError):
     """The log could not be read this time."""
 
 
+class _Scan:
+    """What one read found: the lines (all, or only those `keep` matches) and how many."""
+
+    def __init__(self, keep: re.Pattern[str] | None) -> None:
+        self.keep = keep
+        self.lines: list[str] = []
+        self.count = 0
+        self.bytes = 0
+
+    def add(self, data: bytes, whole: bool = True) -> None:
+        """Complete lines (`whole`), or one piece of a line longer than MAX_LINE."""
+        self.bytes += len(data)
+        text = data.decode("utf-8", errors="replace")
+        self.count += text.count("\n") if whole else 0
+        if self.keep is None:
+            self.lines += [line[:MAX_LINE] for line in text.splitlines() if line.strip()]
+            return
+        last = -1
+        # one search over the whole chunk: the patterns run at C speed, not per line
+        for match in self.keep.finditer(text):
+            start = text.rfind("\n", 0, match.start()) + 1
+            if start <= last:
+                continue  # a second match on a line already taken
+            end = text.find("\n", match.end())
+            end = len(text) if end < 0 else end
+            last = start
+            self.lines.append(_shown(text[start:end], match.start() - start))
+
+
+def _shown(line: str, at: int) -> str:
+    """At most SHOWN characters of a line, around the match at `at`."""
+    if len(line) <= SHOWN:
+        return line
+    start = max(0, min(at - SHOWN // 4, len(line) - SHOWN))
+    return line[start:start + SHOWN]
+
+
 class FileTail:
     def __init__(self, path: str) -> None:
         self.path = path
+        self._file: io.FileIO | None = None  # held between reads: a rotation is finished
         self._inode: tuple[int, int] | None = None
         self._offset = 0
+        self._mark = b""  # the MARK bytes before _offset
+        self._mid_line = False  # after a skip: the bytes at _offset end a line not read
         self._started = False
+        self.skipped: str | None = None  # what the last read could not take
+        self.count = 0  # the lines the last read scanned
 
-    def read(self, deadline_s: float) -> list[str]:
+    def read(self, deadline_s: float, keep: re.Pattern[str] | None = None) -> list[str]:
+        end = time.monotonic() + deadline_s
+        self.skipped, self.count = None, 0
+        scan = _Scan(keep)
+        new = self._open()
+        try:
+            if not self._started:
+                self._started = True
+                if new is not None:  # what it held before gpuguard watched is not news
+                    self._hold(new, os.fstat(new.fileno()).st_size)
+                    new = None
+                return []
+            if self._file is not None and (new is None or _inode(new) != self._inode):
+                # renamed away (rotated) or removed: its unread tail, by the old descriptor
+                self._advance(scan, end)
+                self._file.close()
+                self._file = None
+            if new is not None and self._file is None:
+                self._hold(new, 0)  # a new file, or one made later: from its start
+                new = None
+            elif new is not None and self._rewritten(os.fstat(new.fileno()).st_size):
+                self._offset, self._mark, self._mid_line = 0, b"", False
+            if self._file is not None:
+                self._advance(scan, end)
+        finally:
+            if new is not None:
+                new.close()
+        self.count = scan.count
+        return scan.lines
+
+    def _open(self) -> io.FileIO | None:
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except FileNotFoundError:
             self._started = True  # a file made later is read from its start
-            self._inode = None
-            return []
+            return None
         except OSError as exc:
             raise LogError(f"cannot open {self.path}: {exc}") from exc
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise LogError(f"{self.path} is not a regular file")
-            inode = (info.st_dev, info.st_ino)
-            if not self._started:
-                self._started, self._inode, self._offset = True, inode, info.st_size
-                return []
-            if inode != self._inode or info.st_size < self._offset:
-                self._inode, self._offset = inode, 0  # rotated or truncated
-            start = max(self._offset, info.st_size - MAX_BYTES)
-            data = _pread_all(fd, start, info.st_size - start, time.monotonic() + deadline_s)
-        finally:
-            os.close(fd)
-        # a line not ended yet is left for the next read
-        complete = data.rfind(b"\n") + 1
-        self._offset = start + complete
-        return _lines(data[:complete])
+        file = io.FileIO(fd, "rb", closefd=True)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            file.close()
+            raise LogError(f"{self.path} is not a regular file")
+        return file
+
+    def _hold(self, new: io.FileIO, offset: int) -> None:
+        """Keep `new` as the file read from now on."""
+        self._file, self._inode, self._offset = new, _inode(new), offset
+        self._mid_line = False
+        self._mark = _mark(new.fileno(), offset)
+
+    def _rewritten(self, size: int) -> bool:
+        """Truncated, or the bytes before the offset are not those read (copytruncate and
+        written past the old offset before this read)."""
+        assert self._file is not None
+        return size < self._offset or _mark(self._file.fileno(), self._offset) != self._mark
+
+    def _advance(self, scan: _Scan, end: float) -> None:
+        """Scan forward from the offset: every byte up to MAX_SCAN (this read's) and the
+        deadline; what is left past them is skipped, and said."""
+        assert self._file is not None
+        fd = self._file.fileno()
+        size = os.fstat(fd).st_size
+        stop = min(size, self._offset + max(MAX_SCAN - scan.bytes, 0))
+        pos, carry = self._offset, b""
+        while pos < stop and time.monotonic() < end:
+            chunk = os.pread(fd, min(CHUNK, stop - pos), pos)
+            if not chunk:
+                break
+            pos += len(chunk)
+            buf = carry + chunk
+            if self._mid_line:  # the rest of a line whose start was skipped
+                cut = buf.find(b"\n")
+                self._mid_line = cut < 0
+                buf = b"" if cut < 0 else buf[cut + 1:]
+            cut = buf.rfind(b"\n") + 1
+            scan.add(buf[:cut])
+            carry = buf[cut:]
+            while len(carry) > MAX_LINE:
+                scan.add(carry[:MAX_LINE], whole=False)
+                carry = carry[MAX_LINE - OVERLAP:]
+        done = pos - len(carry)  # a line not ended yet is left for the next read
+        if pos < size:  # cut by MAX_SCAN or the deadline (a partial last line is not)
+            self.skipped = _said(self.skipped, f"{size - done} bytes of {self.path} not "
+                                 f"read (more than {MAX_SCAN} bytes in one read, or past "
+                                 "its deadline)")
+            done = size
+            self._mid_line = _mark(fd, size)[-1:] != b"\n"
+        self._offset, self._mark = done, _mark(fd, done)
 
 
-def _pread_all(fd: int, offset: int, size: int, end: float) -> bytes:
-    chunks: list[bytes] = []
-    while size > 0:
-        if time.monotonic() > end:
-            raise LogError("the log was not read before the deadline")
-        chunk = os.pread(fd, min(size, 256 * 1024), offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        offset += len(chunk)
-        size -= len(chunk)
-    return b"".join(chunks)
+def _inode(file: io.FileIO) -> tuple[int, int]:
+    info = os.fstat(file.fileno())
+    return info.st_dev, info.st_ino
+
+
+def _mark(fd: int, offset: int) -> bytes:
+    start = max(0, offset - MARK)
+    return os.pread(fd, offset - start, start)
+
+
+def _said(before: str | None, what: str) -> str:
+    return what if before is None else f"{before}; {what}"
 
 
 class DockerTail:
     def __init__(self, container: str) -> None:
         self.container = container
-        self._seen: deque[bytes] = deque(maxlen=TAIL_LINES * 2)
-        self._seen_set: set[bytes] = set()
+        # hashes of the lines seen (stamp and text): memory bounded whatever a line holds
+        self._seen: deque[int] = deque(maxlen=TAIL_LINES * 2)
+        self._seen_set: set[int] = set()
+        self._last: int | None = None  # the newest line of the last read
         self._id: str | None = None
+        self.skipped: str | None = None
+        self.count = 0
 
-    def read(self, deadline_s: float) -> list[str]:
+    def read(self, deadline_s: float, keep: re.Pattern[str] | None = None) -> list[str]:
         import docker
 
         client = None
@@ -107,24 +229,45 @@ class DockerTail:
                 client.close()
         first = self._id != container.id
         if first:
-            self._id = container.id
+            self._id, self._last = container.id, None
             self._seen.clear()
             self._seen_set.clear()
-        new = []
-        for line in raw[-MAX_BYTES:].splitlines():
-            if line in self._seen_set:
-                continue
-            self._remember(line)
-            if not first:
-                # "2026-08-20T10:00:00.123456789Z text": the stamp is Docker's, only a key
-                new.append(line.split(b" ", 1)[-1])
-        return _lines(b"\n".join(new))
+        self.skipped = None
+        if len(raw) > MAX_SCAN:
+            self.skipped = (f"{len(raw) - MAX_SCAN} bytes of the container's newest "
+                            f"{TAIL_LINES} lines not read (more than {MAX_SCAN} bytes)")
+            raw = raw[-MAX_SCAN:]
+        return self._new_lines(raw.splitlines(), first, keep)
 
-    def _remember(self, line: bytes) -> None:
+    def _new_lines(self, lines: list[bytes], first: bool, keep: re.Pattern[str] | None
+                   ) -> list[str]:
+        # "2026-08-20T10:00:00.123456789Z text": the stamp is Docker's, only a key; a line
+        # without one is the rest of a line cut before it, never taken as new
+        stamped = [line for line in lines if _DOCKER_STAMP.match(line.split(b" ", 1)[0])]
+        keys = [hash(line) for line in stamped]
+        if not first and self._last is not None and len(lines) >= TAIL_LINES \
+                and self._last not in keys:
+            self.skipped = _said(self.skipped, f"more than {TAIL_LINES} lines of the "
+                                 "container's log since the last read: the older not read")
+        new = []
+        for line, key in zip(stamped, keys, strict=True):
+            if key in self._seen_set:
+                continue
+            self._remember(key)
+            if not first:
+                new.append(line.split(b" ", 1)[-1])
+        if keys:
+            self._last = keys[-1]
+        scan = _Scan(keep)
+        scan.add(b"".join(line + b"\n" for line in new))
+        self.count = scan.count
+        return scan.lines
+
+    def _remember(self, key: int) -> None:
         if len(self._seen) == self._seen.maxlen:
             self._seen_set.discard(self._seen[0])
-        self._seen.append(line)
-        self._seen_set.add(line)
+        self._seen.append(key)
+        self._seen_set.add(key)
 
 
 class JournalTail:
@@ -133,14 +276,17 @@ class JournalTail:
         self._cursor: str | None = None
         # the first read found the unit's journal empty: the next takes all it holds
         self._empty = False
+        self.skipped: str | None = None
+        self.count = 0
 
-    def read(self, deadline_s: float) -> list[str]:
-        args = ["journalctl", "--no-pager", "--quiet", "-o", "cat", "--show-cursor",
+    def read(self, deadline_s: float, keep: re.Pattern[str] | None = None) -> list[str]:
+        # one more entry than taken: when it comes, entries before the newest were missed
+        args = ["journalctl", "--no-pager", "--quiet", "-o", "json", "--show-cursor",
                 "-u", self.unit]
         if self._cursor is not None:
-            args += ["--after-cursor", self._cursor, "-n", str(TAIL_LINES)]
+            args += ["--after-cursor", self._cursor, "-n", str(TAIL_LINES + 1)]
         else:
-            args += ["-n", str(TAIL_LINES) if self._empty else "0"]
+            args += ["-n", str(TAIL_LINES + 1) if self._empty else "0"]
         try:
             proc = subprocess.run(args, capture_output=True, timeout=deadline_s, check=False,
                                   stdin=subprocess.DEVNULL)
@@ -149,19 +295,56 @@ class JournalTail:
         if proc.returncode != 0:
             raise LogError(f"journalctl exited {proc.returncode}: "
                            f"{proc.stderr.decode(errors='replace')[-200:]}")
-        out = proc.stdout[-MAX_BYTES:]
-        body, _, last = out.rstrip(b"\n").rpartition(b"\n")
-        if last.startswith(b"-- cursor: "):
-            first = self._cursor is None and not self._empty
-            self._cursor = last[len(b"-- cursor: "):].decode(errors="replace")
-            return [] if first else _lines(body)
-        self._empty = self._cursor is None
-        return _lines(out)
+        self.skipped, self.count = None, 0
+        entries, cursor = _journal_entries(proc.stdout)
+        first = self._cursor is None and not self._empty
+        if cursor is None:
+            self._empty = self._cursor is None
+        else:
+            self._cursor = cursor
+        if first:
+            return []
+        if len(entries) > TAIL_LINES:
+            self.skipped = (f"more than {TAIL_LINES} entries of the journal of {self.unit} "
+                            "since the last read: the older not read")
+            entries = entries[-TAIL_LINES:]
+        scan = _Scan(keep)
+        data = b"".join(entry + b"\n" for entry in entries)
+        if len(data) > MAX_SCAN:
+            self.skipped = _said(self.skipped, f"{len(data) - MAX_SCAN} bytes of the journal "
+                                 f"of {self.unit} not read (more than {MAX_SCAN} bytes)")
+            data = data[data.find(b"\n", len(data) - MAX_SCAN) + 1:]
+        scan.add(data)
+        self.count = scan.count
+        return scan.lines
 
 
-def _lines(data: bytes) -> list[str]:
-    return [line.decode("utf-8", errors="replace")[:MAX_LINE]
-            for line in data.splitlines() if line.strip()]
+def _journal_entries(out: bytes) -> tuple[list[bytes], str | None]:
+    """The MESSAGE of each entry (`-o json`, one a line) and the cursor after the last."""
+    entries: list[bytes] = []
+    cursor = None
+    for line in out.splitlines():
+        if line.startswith(b"-- cursor: "):
+            cursor = line[len(b"-- cursor: "):].decode(errors="replace")
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        message = entry.get("MESSAGE")
+        if isinstance(message, list):  # not UTF-8: journalctl gives its bytes
+            message = bytes(b & 0xFF for b in message if isinstance(b, int))
+        elif isinstance(message, str):
+            message = message.encode()
+        else:
+            message = b""
+        # a message of several lines is one entry: each of its lines is matched
+        entries.append(message.rstrip(b"\n"))
+        if isinstance(entry.get("__CURSOR"), str):
+            cursor = entry["__CURSOR"]
+    return entries, cursor
 
 
 def tail_for(backend: str, config: dict[str, Any], variant: str) -> Any:

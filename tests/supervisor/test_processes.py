@@ -128,7 +128,6 @@ def test_docker_tree_is_the_containers_host_pids(tmp_path: Path, docker_host: st
         client.close()
 
 
-
 def test_exec_identity_stays_through_a_wall_clock_step(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A wall-clock step moves /proc/stat's btime (and psutil's create_time, btime +
