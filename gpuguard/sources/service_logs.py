@@ -10,9 +10,11 @@ lines written since the last read, for the CUDA errors service.gpu_errors ties t
 - Docker: the container's logs (stdout and stderr) through the engine's API, as its own
   time-stamped lines, the newest TAIL_LINES each read; a line already seen (its stamp and
   text) is not taken again, so no cursor on the wall clock is kept; a line without
-  Docker's stamp (the first line of a cut) is never taken;
+  Docker's stamp (the first line of a cut) is never taken; a container recreated under
+  the name is read from its first line;
 - the journal (systemd): `journalctl -u UNIT --after-cursor`, the cursor the last read
-  ended at, one JSON entry a line (each has its own cursor).
+  ended at, one JSON entry a line (each has its own cursor): the first TAIL_LINES entries
+  after it, the rest at the next read (a backlog, never skipped).
 
 The first read of a log only marks where it ends: what it held before gpuguard watched is
 not news. Each read scans at most MAX_SCAN bytes (every byte up to that, not the newest
@@ -227,8 +229,10 @@ class DockerTail:
         finally:
             if client is not None:
                 client.close()
-        first = self._id != container.id
-        if first:
+        # the tail's first read marks the end; another container later (recreated under
+        # the name) is a new run: every line it holds is its own, none is old news
+        first = self._id is None
+        if self._id != container.id:
             self._id, self._last = container.id, None
             self._seen.clear()
             self._seen_set.clear()
@@ -271,6 +275,12 @@ class DockerTail:
 
 
 class JournalTail:
+    """journalctl with a cursor shows the FIRST entries after it (`-n` counts from the
+    cursor; only without one does it count back from the end): a read takes at most
+    TAIL_LINES entries and MAX_SCAN bytes, and the next continues after the last taken,
+    so a burst is read over a few cycles, never skipped (journald's default rate limit,
+    10,000 a unit in 30 s, keeps a unit below 2,000 entries in a 5 s cycle)."""
+
     def __init__(self, unit: str) -> None:
         self.unit = unit
         self._cursor: str | None = None
@@ -280,12 +290,13 @@ class JournalTail:
         self.count = 0
 
     def read(self, deadline_s: float, keep: re.Pattern[str] | None = None) -> list[str]:
-        # one more entry than taken: when it comes, entries before the newest were missed
-        args = ["journalctl", "--no-pager", "--quiet", "-o", "json", "--show-cursor",
-                "-u", self.unit]
+        # --all: without it `-o json` gives a field over 4096 bytes as null (a long line's
+        # error lost); MESSAGE only (and the cursor, always there): less to move and parse
+        args = ["journalctl", "--no-pager", "--quiet", "-o", "json", "--all",
+                "--output-fields=MESSAGE", "--show-cursor", "-u", self.unit]
         if self._cursor is not None:
-            args += ["--after-cursor", self._cursor, "-n", str(TAIL_LINES + 1)]
-        else:
+            args += ["--after-cursor", self._cursor, "-n", str(TAIL_LINES)]
+        else:  # the newest entries (one more: when it comes, older ones were not read)
             args += ["-n", str(TAIL_LINES + 1) if self._empty else "0"]
         try:
             proc = subprocess.run(args, capture_output=True, timeout=deadline_s, check=False,
@@ -296,36 +307,40 @@ class JournalTail:
             raise LogError(f"journalctl exited {proc.returncode}: "
                            f"{proc.stderr.decode(errors='replace')[-200:]}")
         self.skipped, self.count = None, 0
-        entries, cursor = _journal_entries(proc.stdout)
+        entries, end = _journal_entries(proc.stdout)
         first = self._cursor is None and not self._empty
-        if cursor is None:
+        if self._cursor is None and len(entries) > TAIL_LINES:
+            self.skipped = (f"more than {TAIL_LINES} entries of the journal of {self.unit} "
+                            "since the first read: the older not read")
+            entries = entries[-TAIL_LINES:]
+        taken, size = 0, 0
+        for message, _ in entries:  # within MAX_SCAN; the rest at the next read
+            size += len(message) + 1
+            if size > MAX_SCAN and taken:
+                break
+            taken += 1
+        if taken < len(entries):
+            end = entries[taken - 1][1] or end
+        if end is None:
             self._empty = self._cursor is None
         else:
-            self._cursor = cursor
+            self._cursor = end
         if first:
             return []
-        if len(entries) > TAIL_LINES:
-            self.skipped = (f"more than {TAIL_LINES} entries of the journal of {self.unit} "
-                            "since the last read: the older not read")
-            entries = entries[-TAIL_LINES:]
         scan = _Scan(keep)
-        data = b"".join(entry + b"\n" for entry in entries)
-        if len(data) > MAX_SCAN:
-            self.skipped = _said(self.skipped, f"{len(data) - MAX_SCAN} bytes of the journal "
-                                 f"of {self.unit} not read (more than {MAX_SCAN} bytes)")
-            data = data[data.find(b"\n", len(data) - MAX_SCAN) + 1:]
-        scan.add(data)
+        scan.add(b"".join(message + b"\n" for message, _ in entries[:taken]))
         self.count = scan.count
         return scan.lines
 
 
-def _journal_entries(out: bytes) -> tuple[list[bytes], str | None]:
-    """The MESSAGE of each entry (`-o json`, one a line) and the cursor after the last."""
-    entries: list[bytes] = []
-    cursor = None
+def _journal_entries(out: bytes) -> tuple[list[tuple[bytes, str | None]], str | None]:
+    """Each entry's MESSAGE and cursor (`-o json`, one a line), and the cursor after the
+    last (`--show-cursor`)."""
+    entries: list[tuple[bytes, str | None]] = []
+    end = None
     for line in out.splitlines():
         if line.startswith(b"-- cursor: "):
-            cursor = line[len(b"-- cursor: "):].decode(errors="replace")
+            end = line[len(b"-- cursor: "):].decode(errors="replace")
             continue
         try:
             entry = json.loads(line)
@@ -340,11 +355,11 @@ def _journal_entries(out: bytes) -> tuple[list[bytes], str | None]:
             message = message.encode()
         else:
             message = b""
+        cursor = entry.get("__CURSOR")
         # a message of several lines is one entry: each of its lines is matched
-        entries.append(message.rstrip(b"\n"))
-        if isinstance(entry.get("__CURSOR"), str):
-            cursor = entry["__CURSOR"]
-    return entries, cursor
+        entries.append((message.rstrip(b"\n"), cursor if isinstance(cursor, str) else None))
+        end = entries[-1][1] or end
+    return entries, end
 
 
 def tail_for(backend: str, config: dict[str, Any], variant: str) -> Any:

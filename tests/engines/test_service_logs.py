@@ -229,6 +229,12 @@ def test_docker_an_old_error_is_never_new_after_a_restart(docker_host, busybox_i
             seen += tail.read(5.0)
         assert kinds(seen) == []
         assert seen and all(line.startswith("INFO request ok") for line in seen)
+        # recreated under its name (a new run): what it logged before the read is its own
+        container.remove(force=True)
+        container = client.containers.run(busybox_image, ["sh", "-c", f"echo '{ERR}'"],
+                                          name=tail.container, detach=True)
+        assert container.wait(timeout=60)["StatusCode"] == 0
+        assert tail.read(5.0) == [ERR]
     finally:
         container.remove(force=True)
         client.close()

@@ -248,6 +248,14 @@ told("an ordinary line")
 out["second"] = tail.read(5.0)
 out["third"] = tail.read(5.0)
 out["found"] = matches(out["second"], load_catalog().error_kind)
+# review 4, item 9: an error after 5000 characters (-o json gives a field over 4096 bytes
+# as null without --all), then more entries in one cycle than a read takes: the first
+# 2000 after the cursor, the rest at the next read, none skipped
+told("x" * 5000 + " CUDA error: an illegal memory access was encountered")
+out["long"] = [kind for kind, _ in matches(tail.read(5.0), load_catalog().error_kind)]
+told("\n".join(f"flood {i}" for i in range(2100)))
+out["flood"] = [[len(x), x[0], x[-1], getattr(tail, "skipped", None)]
+                for x in (tail.read(5.0), tail.read(5.0))]
 print(json.dumps(out))
 '''
 
@@ -268,5 +276,8 @@ def test_the_journal_of_a_unit_is_read_incrementally(machine: Machine) -> None:
                                   "an ordinary line"], seen
         assert seen["third"] == [], seen
         assert seen["found"] == [["launch_failure", "CUDA error: unspecified launch failure"]]
+        assert seen["long"] == ["illegal_memory_access"], seen["long"]
+        assert seen["flood"] == [[2000, "flood 0", "flood 1999", None],
+                                 [100, "flood 2000", "flood 2099", None]], seen["flood"]
     finally:
         machine.run("systemctl", "stop", "llm-journal.service")
