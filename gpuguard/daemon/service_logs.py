@@ -94,12 +94,11 @@ class LogWatch:
         return out
 
 
-def any_of(catalog: EngineCatalog) -> re.Pattern[str] | None:
+def any_of(catalog: EngineCatalog) -> service_logs.Patterns | None:
     """The catalog's error patterns as one expression (case-insensitive, as each is); None
     where they do not combine (the tail then gives every line, matched one by one)."""
     try:
-        return re.compile("|".join(f"(?:{e.pattern.pattern})" for e in catalog.log_errors)
-                          or "(?!)", re.IGNORECASE)
+        return service_logs.Patterns([e.pattern.pattern for e in catalog.log_errors])
     except re.error:
         return None
 

@@ -37,55 +37,17 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-MAX_SCAN = 16 * 1024 * 1024  # bytes one read scans; the rest is skipped and said
+from gpuguard.sources.log_scan import MAX_LINE, SHOWN, LogError, Patterns, Scan
+
+__all__ = ["MAX_LINE", "SHOWN", "DockerTail", "FileTail", "JournalTail", "LogError",
+           "Patterns", "matches", "tail_for"]
+
+MAX_SCAN = 8 * 1024 * 1024  # bytes one read scans (0.3 s on one core); the rest is said
 CHUNK = 1024 * 1024  # what one read holds in memory at once (file)
-MAX_LINE = 64 * 1024  # a line matched whole; a longer one in pieces overlapping by OVERLAP
-OVERLAP = 4096
-SHOWN = 2000  # characters of a matching line kept, around its match
+OVERLAP = 4096  # bytes two pieces of a line longer than MAX_LINE share
 TAIL_LINES = 2000  # Docker lines and journal entries one read asks for
 MARK = 64  # bytes before the offset that tell the same file from a rewritten one
 _DOCKER_STAMP = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
-
-
-class LogError(OSError):
-    """The log could not be read this time."""
-
-
-class _Scan:
-    """What one read found: the lines (all, or only those `keep` matches) and how many."""
-
-    def __init__(self, keep: re.Pattern[str] | None) -> None:
-        self.keep = keep
-        self.lines: list[str] = []
-        self.count = 0
-        self.bytes = 0
-
-    def add(self, data: bytes, whole: bool = True) -> None:
-        """Complete lines (`whole`), or one piece of a line longer than MAX_LINE."""
-        self.bytes += len(data)
-        text = data.decode("utf-8", errors="replace")
-        self.count += text.count("\n") if whole else 0
-        if self.keep is None:
-            self.lines += [line[:MAX_LINE] for line in text.splitlines() if line.strip()]
-            return
-        last = -1
-        # one search over the whole chunk: the patterns run at C speed, not per line
-        for match in self.keep.finditer(text):
-            start = text.rfind("\n", 0, match.start()) + 1
-            if start <= last:
-                continue  # a second match on a line already taken
-            end = text.find("\n", match.end())
-            end = len(text) if end < 0 else end
-            last = start
-            self.lines.append(_shown(text[start:end], match.start() - start))
-
-
-def _shown(line: str, at: int) -> str:
-    """At most SHOWN characters of a line, around the match at `at`."""
-    if len(line) <= SHOWN:
-        return line
-    start = max(0, min(at - SHOWN // 4, len(line) - SHOWN))
-    return line[start:start + SHOWN]
 
 
 class FileTail:
@@ -100,10 +62,10 @@ class FileTail:
         self.skipped: str | None = None  # what the last read could not take
         self.count = 0  # the lines the last read scanned
 
-    def read(self, deadline_s: float, keep: re.Pattern[str] | None = None) -> list[str]:
+    def read(self, deadline_s: float, keep: Patterns | None = None) -> list[str]:
         end = time.monotonic() + deadline_s
         self.skipped, self.count = None, 0
-        scan = _Scan(keep)
+        scan = Scan(keep)
         new = self._open()
         try:
             if not self._started:
@@ -156,7 +118,7 @@ class FileTail:
         assert self._file is not None
         return size < self._offset or _mark(self._file.fileno(), self._offset) != self._mark
 
-    def _advance(self, scan: _Scan, end: float) -> None:
+    def _advance(self, scan: Scan, end: float) -> None:
         """Scan forward from the offset: every byte up to MAX_SCAN (this read's) and the
         deadline; what is left past them is skipped, and said."""
         assert self._file is not None
@@ -215,7 +177,7 @@ class DockerTail:
         self.skipped: str | None = None
         self.count = 0
 
-    def read(self, deadline_s: float, keep: re.Pattern[str] | None = None) -> list[str]:
+    def read(self, deadline_s: float, keep: Patterns | None = None) -> list[str]:
         import docker
 
         client = None
@@ -243,7 +205,7 @@ class DockerTail:
             raw = raw[-MAX_SCAN:]
         return self._new_lines(raw.splitlines(), first, keep)
 
-    def _new_lines(self, lines: list[bytes], first: bool, keep: re.Pattern[str] | None
+    def _new_lines(self, lines: list[bytes], first: bool, keep: Patterns | None
                    ) -> list[str]:
         # "2026-08-20T10:00:00.123456789Z text": the stamp is Docker's, only a key; a line
         # without one is the rest of a line cut before it, never taken as new
@@ -262,7 +224,7 @@ class DockerTail:
                 new.append(line.split(b" ", 1)[-1])
         if keys:
             self._last = keys[-1]
-        scan = _Scan(keep)
+        scan = Scan(keep)
         scan.add(b"".join(line + b"\n" for line in new))
         self.count = scan.count
         return scan.lines
@@ -289,7 +251,7 @@ class JournalTail:
         self.skipped: str | None = None
         self.count = 0
 
-    def read(self, deadline_s: float, keep: re.Pattern[str] | None = None) -> list[str]:
+    def read(self, deadline_s: float, keep: Patterns | None = None) -> list[str]:
         # --all: without it `-o json` gives a field over 4096 bytes as null (a long line's
         # error lost); MESSAGE only (and the cursor, always there): less to move and parse
         args = ["journalctl", "--no-pager", "--quiet", "-o", "json", "--all",
@@ -313,12 +275,7 @@ class JournalTail:
             self.skipped = (f"more than {TAIL_LINES} entries of the journal of {self.unit} "
                             "since the first read: the older not read")
             entries = entries[-TAIL_LINES:]
-        taken, size = 0, 0
-        for message, _ in entries:  # within MAX_SCAN; the rest at the next read
-            size += len(message) + 1
-            if size > MAX_SCAN and taken:
-                break
-            taken += 1
+        taken = _within_bound(entries)
         if taken < len(entries):
             end = entries[taken - 1][1] or end
         if end is None:
@@ -327,10 +284,22 @@ class JournalTail:
             self._cursor = end
         if first:
             return []
-        scan = _Scan(keep)
+        scan = Scan(keep)
         scan.add(b"".join(message + b"\n" for message, _ in entries[:taken]))
         self.count = scan.count
         return scan.lines
+
+
+def _within_bound(entries: list[tuple[bytes, str | None]]) -> int:
+    """How many of the entries fit in MAX_SCAN bytes (one at least): the rest are read
+    at the next read, after the last one taken."""
+    taken, size = 0, 0
+    for message, _ in entries:
+        size += len(message) + 1
+        if size > MAX_SCAN and taken:
+            break
+        taken += 1
+    return taken
 
 
 def _journal_entries(out: bytes) -> tuple[list[tuple[bytes, str | None]], str | None]:

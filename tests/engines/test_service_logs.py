@@ -238,3 +238,22 @@ def test_docker_an_old_error_is_never_new_after_a_restart(docker_host, busybox_i
     finally:
         container.remove(force=True)
         client.close()
+
+
+def test_the_patterns_as_one_expression_match_as_each_does(tmp_path):
+    """Patterns lowers the chunk (bytes: every offset kept) where the expression allows
+    it, else matches with re.IGNORECASE; either way a read keeps the lines error_kind
+    knows, as they were written."""
+    fast = any_of(load_catalog())
+    assert fast is not None and fast.lowered
+    escaped = service_logs.Patterns([r"CUDA\s+error:\s+\w+ launch failure"])
+    assert not escaped.lowered
+    lines = ["ok", "cuda ERROR: Unspecified Launch Failure here", "ü " + ERR.upper(),
+             "CUDA out of memory"]
+    log = tmp_path / "llm.log"
+    log.write_text("")
+    for keep, kept in ((fast, lines[1:3]), (escaped, lines[1:2])):
+        tail = started(log)
+        with log.open("a") as out:
+            out.write("\n".join(lines) + "\n")
+        assert tail.read(2.0, keep) == kept and tail.count == 4
