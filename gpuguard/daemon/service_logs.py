@@ -52,7 +52,11 @@ class LogWatch:
         variant = supervisor.view().state.active
         log = self._logs.get(service.name)
         if log is None or log.variant != variant:
-            tail = service_logs.tail_for(service.backend, service.backend_config, variant)
+            # another variant than the one watched: the daemon saw it start (a failover),
+            # so its lines from its run's start are news; at the first sight of the
+            # service (the daemon started) what the log held is not
+            tail = service_logs.tail_for(service.backend, service.backend_config, variant,
+                                         from_start=log is not None)
             if tail is None:
                 self._logs.pop(service.name, None)
                 return None

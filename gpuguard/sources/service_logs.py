@@ -11,14 +11,17 @@ lines written since the last read, for the CUDA errors service.gpu_errors ties t
   time-stamped lines, the newest TAIL_LINES each read; a line already seen (its stamp and
   text) is not taken again, so no cursor on the wall clock is kept; a line without
   Docker's stamp (the first line of a cut) is never taken; a container recreated under
-  the name is read from its first line;
-- the journal (systemd): `journalctl -u UNIT --after-cursor`, the cursor the last read
-  ended at, one JSON entry a line (each has its own cursor): the first TAIL_LINES entries
-  after it, the rest at the next read (a backlog, never skipped).
+  the name is read from its first line; a variant seen to start, from after its
+  previous run's end;
+- the journal (systemd): gpuguard/sources/journal_tail.py, after the last cursor: the
+  first TAIL_LINES entries after it, the rest at the next read (a backlog, never skipped).
 
 The first read of a log only marks where it ends: what it held before gpuguard watched is
-not news. Each read scans at most MAX_SCAN bytes (every byte up to that, not the newest
-ones), within its deadline; a line is matched whole up to MAX_LINE bytes (a longer one in
+not news. A variant the daemon saw start (`from_start`, a failover) is read from its run's
+start where the backend can tell it (Docker, the journal).
+
+Each read scans at most MAX_SCAN bytes (every byte up to that, not the newest ones),
+within its deadline; a line is matched whole up to MAX_LINE bytes (a longer one in
 overlapping pieces). What a bound or the deadline leaves unread is skipped and said
 (`skipped`: service.gpu_errors is unknown, never a silent ok). Whatever goes wrong is an
 error of that read (LogError), never the cycle's.
@@ -27,25 +30,31 @@ error of that read (LogError), never the cycle's.
 from __future__ import annotations
 
 import io
-import json
 import os
 import re
 import stat
-import subprocess
 import time
 from collections import deque
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
-from gpuguard.sources.log_scan import MAX_LINE, SHOWN, LogError, Patterns, Scan
+from gpuguard.sources.journal_tail import JournalTail
+from gpuguard.sources.log_scan import (
+    MAX_LINE,
+    MAX_SCAN,
+    SHOWN,
+    TAIL_LINES,
+    LogError,
+    Patterns,
+    Scan,
+)
 
-__all__ = ["MAX_LINE", "SHOWN", "DockerTail", "FileTail", "JournalTail", "LogError",
-           "Patterns", "matches", "tail_for"]
+__all__ = ["MAX_LINE", "MAX_SCAN", "SHOWN", "TAIL_LINES", "DockerTail", "FileTail",
+           "JournalTail", "LogError", "Patterns", "matches", "tail_for"]
 
-MAX_SCAN = 8 * 1024 * 1024  # bytes one read scans (0.3 s on one core); the rest is said
 CHUNK = 1024 * 1024  # what one read holds in memory at once (file)
 OVERLAP = 4096  # bytes two pieces of a line longer than MAX_LINE share
-TAIL_LINES = 2000  # Docker lines and journal entries one read asks for
 MARK = 64  # bytes before the offset that tell the same file from a rewritten one
 _DOCKER_STAMP = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
@@ -167,8 +176,11 @@ def _said(before: str | None, what: str) -> str:
 
 
 class DockerTail:
-    def __init__(self, container: str) -> None:
+    def __init__(self, container: str, from_start: bool = False) -> None:
         self.container = container
+        # a variant the daemon saw start (a failover): its first read takes the lines of
+        # the container's current run (_run_start), not none
+        self.from_start = from_start
         # hashes of the lines seen (stamp and text): memory bounded whatever a line holds
         self._seen: deque[int] = deque(maxlen=TAIL_LINES * 2)
         self._seen_set: set[int] = set()
@@ -194,6 +206,9 @@ class DockerTail:
         # the tail's first read marks the end; another container later (recreated under
         # the name) is a new run: every line it holds is its own, none is old news
         first = self._id is None
+        start_ns = None
+        if first and self.from_start and container.status == "running":
+            start_ns = _run_start(container.attrs.get("State") or {})
         if self._id != container.id:
             self._id, self._last = container.id, None
             self._seen.clear()
@@ -203,10 +218,10 @@ class DockerTail:
             self.skipped = (f"{len(raw) - MAX_SCAN} bytes of the container's newest "
                             f"{TAIL_LINES} lines not read (more than {MAX_SCAN} bytes)")
             raw = raw[-MAX_SCAN:]
-        return self._new_lines(raw.splitlines(), first, keep)
+        return self._new_lines(raw.splitlines(), first and start_ns is None, keep, start_ns)
 
-    def _new_lines(self, lines: list[bytes], first: bool, keep: Patterns | None
-                   ) -> list[str]:
+    def _new_lines(self, lines: list[bytes], first: bool, keep: Patterns | None,
+                   start_ns: int | None = None) -> list[str]:
         # "2026-08-20T10:00:00.123456789Z text": the stamp is Docker's, only a key; a line
         # without one is the rest of a line cut before it, never taken as new
         stamped = [line for line in lines if _DOCKER_STAMP.match(line.split(b" ", 1)[0])]
@@ -220,8 +235,9 @@ class DockerTail:
             if key in self._seen_set:
                 continue
             self._remember(key)
-            if not first:
-                new.append(line.split(b" ", 1)[-1])
+            stamp, _, text = line.partition(b" ")
+            if not first and _in_run(stamp, start_ns):
+                new.append(text)  # not before gpuguard watched, nor the previous run's
         if keys:
             self._last = keys[-1]
         scan = Scan(keep)
@@ -236,110 +252,50 @@ class DockerTail:
         self._seen_set.add(key)
 
 
-class JournalTail:
-    """journalctl with a cursor shows the FIRST entries after it (`-n` counts from the
-    cursor; only without one does it count back from the end): a read takes at most
-    TAIL_LINES entries and MAX_SCAN bytes, and the next continues after the last taken,
-    so a burst is read over a few cycles, never skipped (journald's default rate limit,
-    10,000 a unit in 30 s, keeps a unit below 2,000 entries in a 5 s cycle)."""
-
-    def __init__(self, unit: str) -> None:
-        self.unit = unit
-        self._cursor: str | None = None
-        # the first read found the unit's journal empty: the next takes all it holds
-        self._empty = False
-        self.skipped: str | None = None
-        self.count = 0
-
-    def read(self, deadline_s: float, keep: Patterns | None = None) -> list[str]:
-        # --all: without it `-o json` gives a field over 4096 bytes as null (a long line's
-        # error lost); MESSAGE only (and the cursor, always there): less to move and parse
-        args = ["journalctl", "--no-pager", "--quiet", "-o", "json", "--all",
-                "--output-fields=MESSAGE", "--show-cursor", "-u", self.unit]
-        if self._cursor is not None:
-            args += ["--after-cursor", self._cursor, "-n", str(TAIL_LINES)]
-        else:  # the newest entries (one more: when it comes, older ones were not read)
-            args += ["-n", str(TAIL_LINES + 1) if self._empty else "0"]
-        try:
-            proc = subprocess.run(args, capture_output=True, timeout=deadline_s, check=False,
-                                  stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise LogError(f"journalctl: {exc}") from exc
-        if proc.returncode != 0:
-            raise LogError(f"journalctl exited {proc.returncode}: "
-                           f"{proc.stderr.decode(errors='replace')[-200:]}")
-        self.skipped, self.count = None, 0
-        entries, end = _journal_entries(proc.stdout)
-        first = self._cursor is None and not self._empty
-        if self._cursor is None and len(entries) > TAIL_LINES:
-            self.skipped = (f"more than {TAIL_LINES} entries of the journal of {self.unit} "
-                            "since the first read: the older not read")
-            entries = entries[-TAIL_LINES:]
-        taken = _within_bound(entries)
-        if taken < len(entries):
-            end = entries[taken - 1][1] or end
-        if end is None:
-            self._empty = self._cursor is None
-        else:
-            self._cursor = end
-        if first:
-            return []
-        scan = Scan(keep)
-        scan.add(b"".join(message + b"\n" for message, _ in entries[:taken]))
-        self.count = scan.count
-        return scan.lines
+def _run_start(state: dict[str, Any]) -> int | None:
+    """Where the container's current run begins in its log: after its previous run's end
+    (State.FinishedAt, kept while it runs again; Docker sets it once that run's output
+    was copied), 0 for a first run (every line is its own). Not StartedAt: the process
+    writes before Docker stamps its start (a first line 'before' it, measured)."""
+    started = _stamp_ns(str(state.get("StartedAt", "")))
+    finished = _stamp_ns(str(state.get("FinishedAt", "")))
+    if finished is None or started is None:
+        return started
+    return finished if 0 < finished <= started else 0
 
 
-def _within_bound(entries: list[tuple[bytes, str | None]]) -> int:
-    """How many of the entries fit in MAX_SCAN bytes (one at least): the rest are read
-    at the next read, after the last one taken."""
-    taken, size = 0, 0
-    for message, _ in entries:
-        size += len(message) + 1
-        if size > MAX_SCAN and taken:
-            break
-        taken += 1
-    return taken
+def _in_run(stamp: bytes, start_ns: int | None) -> bool:
+    """Whether a line stamped `stamp` is of the run started at `start_ns` (None: any)."""
+    return start_ns is None or (_stamp_ns(stamp.decode(errors="replace")) or 0) >= start_ns
 
 
-def _journal_entries(out: bytes) -> tuple[list[tuple[bytes, str | None]], str | None]:
-    """Each entry's MESSAGE and cursor (`-o json`, one a line), and the cursor after the
-    last (`--show-cursor`)."""
-    entries: list[tuple[bytes, str | None]] = []
-    end = None
-    for line in out.splitlines():
-        if line.startswith(b"-- cursor: "):
-            end = line[len(b"-- cursor: "):].decode(errors="replace")
-            continue
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict):
-            continue
-        message = entry.get("MESSAGE")
-        if isinstance(message, list):  # not UTF-8: journalctl gives its bytes
-            message = bytes(b & 0xFF for b in message if isinstance(b, int))
-        elif isinstance(message, str):
-            message = message.encode()
-        else:
-            message = b""
-        cursor = entry.get("__CURSOR")
-        # a message of several lines is one entry: each of its lines is matched
-        entries.append((message.rstrip(b"\n"), cursor if isinstance(cursor, str) else None))
-        end = entries[-1][1] or end
-    return entries, end
+def _stamp_ns(text: str) -> int | None:
+    """Docker's RFC 3339 time in UTC (`Z`; nanoseconds, fixed in log stamps, trimmed in
+    State.StartedAt) as nanoseconds since the epoch; None when unreadable."""
+    match = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z$", text)
+    if match is None:
+        return None
+    try:
+        seconds = datetime.fromisoformat(match.group(1) + "+00:00").timestamp()
+    except ValueError:
+        return None
+    return int(seconds) * 10**9 + int((match.group(2) or "0").ljust(9, "0"))
 
 
-def tail_for(backend: str, config: dict[str, Any], variant: str) -> Any:
-    """The tail of a variant's log, or None where the backend names none."""
+def tail_for(backend: str, config: dict[str, Any], variant: str, from_start: bool = False
+             ) -> Any:
+    """The tail of a variant's log, or None where the backend names none. `from_start`:
+    the daemon saw the variant start (a failover), so its first read takes the lines of
+    the variant's current run where the backend can tell them (Docker: stamped after the
+    container's previous run ended; the journal: the unit's InvocationID); a file cannot,
+    and its first read marks the end."""
     if backend == "exec":
         path = config.get(f"log_file_{variant}")
         return FileTail(str(path)) if path else None
     if backend == "docker":
-        return DockerTail(str(config[variant]["name"]))
+        return DockerTail(str(config[variant]["name"]), from_start)
     if backend == "systemd":
-        return JournalTail(str(config[variant]))
+        return JournalTail(str(config[variant]), from_start)
     return None
 
 

@@ -243,6 +243,8 @@ def told(line):
 tail = JournalTail("llm-journal.service")
 told("before gpuguard watched: CUDA error: an illegal memory access was encountered")
 out = {"first": tail.read(5.0)}
+# review 4, item 20: a variant the daemon saw start is read from its run's start
+out["from_start"] = JournalTail("llm-journal.service", from_start=True).read(5.0)
 told("CUDA error: unspecified launch failure")
 told("an ordinary line")
 out["second"] = tail.read(5.0)
@@ -272,6 +274,8 @@ def test_the_journal_of_a_unit_is_read_incrementally(machine: Machine) -> None:
     try:
         seen = json.loads(machine.ok("/opt/gpuguard/venv/bin/python", "-c", JOURNAL_READ))
         assert seen["first"] == [], seen
+        assert seen["from_start"] == [
+            "before gpuguard watched: CUDA error: an illegal memory access was encountered"]
         assert seen["second"] == ["CUDA error: unspecified launch failure",
                                   "an ordinary line"], seen
         assert seen["third"] == [], seen
