@@ -186,6 +186,7 @@ class DockerTail:
         self._seen_set: set[int] = set()
         self._last: int | None = None  # the newest line of the last read
         self._id: str | None = None
+        self._seen_before_cut = False
         self.skipped: str | None = None
         self.count = 0
 
@@ -214,11 +215,13 @@ class DockerTail:
             self._seen.clear()
             self._seen_set.clear()
         self.skipped = None
-        if len(raw) > MAX_SCAN:
-            self.skipped = (f"{len(raw) - MAX_SCAN} bytes of the container's newest "
-                            f"{TAIL_LINES} lines not read (more than {MAX_SCAN} bytes)")
-            raw = raw[-MAX_SCAN:]
-        return self._new_lines(raw.splitlines(), first and start_ns is None, keep, start_ns)
+        cut = max(len(raw) - MAX_SCAN, 0)
+        lines = self._new_lines(raw[cut:].splitlines(), first and start_ns is None, keep,
+                                start_ns)
+        if cut and not self._seen_before_cut:
+            self.skipped = _said(self.skipped, f"{cut} bytes of the container's newest "
+                                 f"{TAIL_LINES} lines not read (more than {MAX_SCAN} bytes)")
+        return lines
 
     def _new_lines(self, lines: list[bytes], first: bool, keep: Patterns | None,
                    start_ns: int | None = None) -> list[str]:
@@ -226,6 +229,8 @@ class DockerTail:
         # without one is the rest of a line cut before it, never taken as new
         stamped = [line for line in lines if _DOCKER_STAMP.match(line.split(b" ", 1)[0])]
         keys = [hash(line) for line in stamped]
+        # the last read's newest line still here: what a byte cut left out came before it
+        self._seen_before_cut = first or (self._last is not None and self._last in keys)
         if not first and self._last is not None and len(lines) >= TAIL_LINES \
                 and self._last not in keys:
             self.skipped = _said(self.skipped, f"more than {TAIL_LINES} lines of the "

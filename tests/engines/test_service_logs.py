@@ -261,3 +261,36 @@ def test_the_patterns_as_one_expression_match_as_each_does(tmp_path):
         with log.open("a") as out:
             out.write("\n".join(lines) + "\n")
         assert tail.read(2.0, keep) == kept and tail.count == 4
+
+
+def test_docker_a_cut_of_lines_already_read_is_not_said(docker_host, busybox_image,
+                                                         monkeypatch):
+    """The newest 2000 lines past MAX_SCAN bytes: their oldest bytes are cut. Where the
+    last read's newest line is still in what is kept, the cut held only lines read before:
+    nothing is said (no unknown for ever on a service that logs long lines); a first read
+    from the run's start did not read them: said."""
+    import docker
+
+    monkeypatch.setenv("DOCKER_HOST", docker_host)
+    client = docker.from_env()
+    script = ('p=$(busybox printf "%4500s" "" | busybox tr " " p); i=0; '
+              f'while [ $i -lt 2000 ]; do echo "$i $p {ERR}"; i=$((i+1)); done; '
+              'i=0; while true; do echo "INFO request ok $i"; i=$((i+1)); sleep 0.2; done')
+    container = client.containers.run(busybox_image, ["sh", "-c", script],
+                                      name=f"gg-cut-{os.getpid()}", detach=True)
+    try:
+        tail = DockerTail(container.name)
+        deadline = time.monotonic() + 60
+        while b"INFO request ok" not in container.logs(tail=1):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        tail.read(5.0)  # the first read marks the end
+        for _ in range(3):
+            time.sleep(0.3)
+            assert kinds(tail.read(5.0)) == [] and tail.skipped is None
+        fresh = DockerTail(container.name, from_start=True)
+        assert kinds(fresh.read(5.0)) and fresh.skipped is not None
+        assert fresh.skipped.endswith(f"lines not read (more than {service_logs.MAX_SCAN} bytes)")
+    finally:
+        container.remove(force=True)
+        client.close()
