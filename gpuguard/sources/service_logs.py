@@ -229,12 +229,7 @@ class DockerTail:
         # without one is the rest of a line cut before it, never taken as new
         stamped = [line for line in lines if _DOCKER_STAMP.match(line.split(b" ", 1)[0])]
         keys = [hash(line) for line in stamped]
-        # the last read's newest line still here: what a byte cut left out came before it
-        self._seen_before_cut = first or (self._last is not None and self._last in keys)
-        if not first and self._last is not None and len(lines) >= TAIL_LINES \
-                and self._last not in keys:
-            self.skipped = _said(self.skipped, f"more than {TAIL_LINES} lines of the "
-                                 "container's log since the last read: the older not read")
+        self._note_gap(first, len(lines), keys)
         new = []
         for line, key in zip(stamped, keys, strict=True):
             if key in self._seen_set:
@@ -249,6 +244,15 @@ class DockerTail:
         scan.add(b"".join(line + b"\n" for line in new))
         self.count = scan.count
         return scan.lines
+
+    def _note_gap(self, first: bool, count: int, keys: list[int]) -> None:
+        """Whether lines were left out: the last read's newest line not among the newest
+        TAIL_LINES. Still there, a byte cut left out only lines read before it."""
+        kept = self._last is not None and self._last in keys
+        self._seen_before_cut = first or kept
+        if not first and self._last is not None and count >= TAIL_LINES and not kept:
+            self.skipped = _said(self.skipped, f"more than {TAIL_LINES} lines of the "
+                                 "container's log since the last read: the older not read")
 
     def _remember(self, key: int) -> None:
         if len(self._seen) == self._seen.maxlen:
