@@ -3,6 +3,9 @@ service.gpu_errors): a CUDA error its own log showed (gpuguard/daemon/service_lo
 within `within` seconds, either side, of an Xid on one of its GPUs takes that Xid's action
 (the catalog's, of_xid); without such an Xid it is the application's (restart_app).
 
+Bytes of the log a read skipped (gpuguard/sources/service_logs.py's bound) make it unknown
+for `window` seconds, like an error would have made it failed: never a silent ok.
+
 Times: an error's age is counted from when the daemon read it (its monotonic clock; the
 line was written within the cycle before), an Xid's from the kernel log's own stamp at
 its read in the same cycle."""
@@ -35,10 +38,7 @@ def judge(name: str, entry: dict[str, Any], snapshot: Snapshot,
     now = float(log.get("now") or 0.0)
     recent = [e for e in log.get("errors") or [] if now - float(e["seen"]) <= window]
     if not recent:
-        if log.get("error"):
-            return Verdict("unknown", f"its log ({log.get('source')}) could not be read: "
-                           f"{log['error']}")
-        return Verdict("ok", f"no GPU error in its log ({log.get('source')})")
+        return _without_errors(log, now, window)
     xids = xids_of(snapshot, gpus_of(snapshot, entry), catalog)
     pairs = [(e, tied(now - float(e["seen"]), xids, within)) for e in recent]
     # an error not tied to the GPU, read in a run that has since restarted: mended
@@ -62,6 +62,21 @@ def judge(name: str, entry: dict[str, Any], snapshot: Snapshot,
                    f"Xid's action, {xid['action']}: {line!r}",
                    {"suggested": xid["action"], "why": why, "errors": recent, "xid": xid,
                     NAMES: [f"{name}: {error['kind']} with Xid {xid['xid']}"]})
+
+
+def _without_errors(log: dict[str, Any], now: float, window: float) -> Verdict:
+    """No error read within the window: ok only where the log was read, every byte."""
+    if log.get("error"):
+        return Verdict("unknown", f"its log ({log.get('source')}) could not be read: "
+                       f"{log['error']}")
+    # bytes a read skipped (a flood past its bound) may have held an error: not an ok
+    skips = [s for s in log.get("skips") or [] if now - float(s["seen"]) <= window]
+    if skips:
+        last = skips[-1]
+        return Verdict("unknown", f"part of its log ({log.get('source')}) was not read "
+                       f"{now - float(last['seen']):.0f} s ago: {last['what']}",
+                       {"skips": skips})
+    return Verdict("ok", f"no GPU error in its log ({log.get('source')})")
 
 
 def xids_of(snapshot: Snapshot, gpus: set[int] | None, catalog: dict[int, XidEntry]

@@ -7,7 +7,9 @@
   `cgroup.procs`; its identity is the unit's InvocationID (new at every start).
 - exec: the main PID from the variant's pid file (`exec.pid_file_gpu` / `pid_file_cpu`:
   the user's start command backgrounds the service, so gpuguard has no child of its own)
-  and its descendants (psutil); its identity is that PID and its start time.
+  and its descendants (psutil); its identity is that PID and its start in clock ticks
+  since boot (field 22 of /proc/PID/stat): the boot clock, so a wall-clock step (which
+  moves psutil's create_time, boot time + ticks) invents no restart.
 
 Every read is bounded: files through boundedio, commands and the Docker API with a
 timeout. psutil is imported here, on the daemon's path only.
@@ -71,9 +73,23 @@ def _exec_tree(pid_file: str | None, variant: str, deadline_s: float) -> Tree:
         main = psutil.Process(int(text))
         started = main.create_time()
         pids = [main.pid, *(child.pid for child in main.children(recursive=True))]
-    except psutil.Error as exc:
+        ticks = start_ticks(main.pid, deadline_s)
+    except (psutil.Error, OSError) as exc:
         raise TreeError(f"PID {text} from {pid_file} is not running ({exc})") from exc
-    return Tree(f"pid {main.pid} started {started:.2f}", started, sorted(pids))
+    return Tree(f"pid {main.pid} start ticks {ticks}", started, sorted(pids))
+
+
+def start_ticks(pid: int, deadline_s: float) -> int:
+    """When the process started, in clock ticks since boot (field 22 of /proc/PID/stat):
+    unlike wall time it never moves for a process that did not restart."""
+    import psutil
+
+    text = boundedio.read_text(f"{psutil.PROCFS_PATH}/{pid}/stat", 4096, deadline_s)
+    # the name (field 2) may hold spaces and parentheses: the fields after its last ')'
+    fields = text[text.rfind(")") + 1:].split()
+    if len(fields) < 20 or not fields[19].isdigit():
+        raise OSError(f"/proc/{pid}/stat has no start time")
+    return int(fields[19])
 
 
 def _systemd_tree(unit: str, deadline_s: float, cgroupfs: str) -> Tree:

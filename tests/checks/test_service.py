@@ -490,3 +490,21 @@ def test_gpu_errors_ages_out_and_an_unread_log_is_unknown(h200, run_rule):
     with_services(snap, llm=entry([1]))
     [result] = run_rule("service.gpu_errors", snap)
     assert result.status is Status.SKIPPED and "names no log" in result.message
+
+
+def test_gpu_errors_bytes_a_read_skipped_are_unknown_for_the_window(h200, run_rule):
+    """Review 4, item 9: a flood past a read's bound (gpuguard/sources/service_logs.py
+    MAX_SCAN) may have hidden an error: unknown for window_s, never a silent ok; an error
+    read beside it is still the failure."""
+    snap = with_xids(h200)
+    skipped = {"what": "123 bytes of /var/log/llm.log not read", "seen": 900.0}
+    log = {"source": "file /var/log/llm.log", "now": 1000.0, "errors": [],
+           "skips": [skipped]}
+    with_services(snap, llm=entry([1], log=log))
+    [result] = run_rule("service.gpu_errors", snap)
+    assert result.status is Status.UNKNOWN
+    assert "was not read 100 s ago: 123 bytes of /var/log/llm.log not read" in result.message
+    with_services(snap, llm=entry([1], log={**log, "now": 1201.0}))  # window_s 300
+    assert run_rule("service.gpu_errors", snap)[0].status is Status.OK
+    with_services(snap, llm=entry([1], gpus=[1], log={**logged(10.0), "skips": [skipped]}))
+    assert run_rule("service.gpu_errors", snap)[0].status is Status.CRITICAL

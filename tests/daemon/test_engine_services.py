@@ -294,3 +294,30 @@ def test_a_hung_engine_whose_counter_creeps_is_stuck_and_fails_over(tmp_path: Pa
     finally:
         daemon.stop()
         _kill([gpu, cpu])
+
+
+def test_a_log_flood_past_the_bound_is_unknown_never_ok(tmp_path: Path, start_daemon: Any
+                                                        ) -> None:
+    """Review 4, item 9: more than a read's bound (sources/service_logs.py MAX_SCAN) in one
+    cycle: what the read skipped is said, service.gpu_errors unknown ("N bytes ... not
+    read"), never a silent ok."""
+    from gpuguard.sources.service_logs import MAX_SCAN
+
+    log = tmp_path / "llm-gpu.log"
+    gpu = _variant(tmp_path, "gpu", free_port(), "vllm-0.11.prom", "vllm", log)
+    cpu = _variant(tmp_path, "cpu", free_port(), "vllm-0.11.prom", "vllm")
+    config = _config(tmp_path, gpu, cpu, {"name": "vllm"}, gpus=[1],
+                     rules=["service.gpu_errors"], exec_extra={"log_file_gpu": str(log)})
+    daemon = _start(start_daemon, tmp_path, config)
+    try:
+        daemon.wait_for(lambda: _per(daemon, "service.gpu_errors")[0] == "ok", 20,
+                        "the log to be read")
+        with log.open("a") as out:
+            out.write(("request aborted " + "x" * 1007 + "\n") * (MAX_SCAN // 1024 + 64))
+        daemon.wait_for(lambda: _per(daemon, "service.gpu_errors")[0] == "unknown", 15,
+                        "the skipped bytes said")
+        result = daemon.result("service.gpu_errors")
+        assert re.search(r"\d+ bytes of \S+llm-gpu.log not read", result["message"]), result
+    finally:
+        daemon.stop()
+        _kill([gpu, cpu])

@@ -127,3 +127,30 @@ def test_docker_tree_is_the_containers_host_pids(tmp_path: Path, docker_host: st
         container.remove(force=True)
         client.close()
 
+
+def test_exec_identity_stays_through_a_wall_clock_step(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wall-clock step moves /proc/stat's btime (and psutil's create_time, btime +
+    ticks): the same process is the same run, so the identity is its start ticks."""
+    main = subprocess.Popen(["sleep", "60"])
+    try:
+        pid_file = tmp_path / "s.pid"
+        pid_file.write_text(f"{main.pid}\n")
+        service = exec_service(tmp_path, pid_file)
+        before = processes.tree(service, "gpu", 2.0)
+        stepped = tmp_path / "proc"
+        stepped.mkdir()
+        with open("/proc/stat") as real:  # the kernel's view after `date -s +1 hour`
+            (stepped / "stat").write_text("".join(
+                f"btime {int(line.split()[1]) + 3600}\n" if line.startswith("btime ")
+                else line for line in real))
+        (stepped / str(main.pid)).symlink_to(f"/proc/{main.pid}")
+        monkeypatch.setattr(psutil, "PROCFS_PATH", str(stepped))
+        after = processes.tree(service, "gpu", 2.0)
+        assert after.started_at is not None and before.started_at is not None
+        assert after.started_at - before.started_at == pytest.approx(3600, abs=2)
+        assert after.identity == before.identity
+        assert processes.start_ticks(main.pid, 2.0) > 0
+    finally:
+        main.kill()
+        main.wait()

@@ -243,11 +243,21 @@ def told(line):
 tail = JournalTail("llm-journal.service")
 told("before gpuguard watched: CUDA error: an illegal memory access was encountered")
 out = {"first": tail.read(5.0)}
+# review 4, item 20: a variant the daemon saw start is read from its run's start
+out["from_start"] = JournalTail("llm-journal.service", from_start=True).read(5.0)
 told("CUDA error: unspecified launch failure")
 told("an ordinary line")
 out["second"] = tail.read(5.0)
 out["third"] = tail.read(5.0)
 out["found"] = matches(out["second"], load_catalog().error_kind)
+# review 4, item 9: an error after 5000 characters (-o json gives a field over 4096 bytes
+# as null without --all), then more entries in one cycle than a read takes: the first
+# 2000 after the cursor, the rest at the next read, none skipped
+told("x" * 5000 + " CUDA error: an illegal memory access was encountered")
+out["long"] = [kind for kind, _ in matches(tail.read(5.0), load_catalog().error_kind)]
+told("\n".join(f"flood {i}" for i in range(2100)))
+out["flood"] = [[len(x), x[0], x[-1], getattr(tail, "skipped", None)]
+                for x in (tail.read(5.0), tail.read(5.0))]
 print(json.dumps(out))
 '''
 
@@ -264,9 +274,14 @@ def test_the_journal_of_a_unit_is_read_incrementally(machine: Machine) -> None:
     try:
         seen = json.loads(machine.ok("/opt/gpuguard/venv/bin/python", "-c", JOURNAL_READ))
         assert seen["first"] == [], seen
+        assert seen["from_start"] == [
+            "before gpuguard watched: CUDA error: an illegal memory access was encountered"]
         assert seen["second"] == ["CUDA error: unspecified launch failure",
                                   "an ordinary line"], seen
         assert seen["third"] == [], seen
         assert seen["found"] == [["launch_failure", "CUDA error: unspecified launch failure"]]
+        assert seen["long"] == ["illegal_memory_access"], seen["long"]
+        assert seen["flood"] == [[2000, "flood 0", "flood 1999", None],
+                                 [100, "flood 2000", "flood 2099", None]], seen["flood"]
     finally:
         machine.run("systemctl", "stop", "llm-journal.service")
