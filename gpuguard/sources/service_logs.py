@@ -18,7 +18,7 @@ lines written since the last read, for the CUDA errors service.gpu_errors ties t
 
 The first read of a log only marks where it ends: what it held before gpuguard watched is
 not news. A variant the daemon saw start (`from_start`, a failover) is read from its run's
-start where the backend can tell it (Docker, the journal).
+start where the backend can tell it exactly (the journal; not Docker: tail_for).
 
 Each read scans at most MAX_SCAN bytes (every byte up to that, not the newest ones),
 within its deadline; a line is matched whole up to MAX_LINE bytes (a longer one in
@@ -178,8 +178,9 @@ def _said(before: str | None, what: str) -> str:
 class DockerTail:
     def __init__(self, container: str, from_start: bool = False) -> None:
         self.container = container
-        # a variant the daemon saw start (a failover): its first read takes the lines of
-        # the container's current run (_run_start), not none
+        # the first read takes the lines of the container's current run (_run_start), not
+        # none: exact for a container's first run only, so the daemon does not ask for it
+        # (tail_for: a restarted run's lines are not told apart by Docker's stamps)
         self.from_start = from_start
         # hashes of the lines seen (stamp and text): memory bounded whatever a line holds
         self._seen: deque[int] = deque(maxlen=TAIL_LINES * 2)
@@ -295,14 +296,15 @@ def tail_for(backend: str, config: dict[str, Any], variant: str, from_start: boo
              ) -> Any:
     """The tail of a variant's log, or None where the backend names none. `from_start`:
     the daemon saw the variant start (a failover), so its first read takes the lines of
-    the variant's current run where the backend can tell them (Docker: stamped after the
-    container's previous run ended; the journal: the unit's InvocationID); a file cannot,
-    and its first read marks the end."""
+    the variant's current run where the backend can tell them exactly (the journal: the
+    unit's InvocationID). Docker cannot: it stamps a line when its copier reads it, which
+    under load comes after the run's FinishedAt, so the crashed run's error came back as
+    new (a false failover; CI saw it): its first read marks the end, as a file's does."""
     if backend == "exec":
         path = config.get(f"log_file_{variant}")
         return FileTail(str(path)) if path else None
     if backend == "docker":
-        return DockerTail(str(config[variant]["name"]), from_start)
+        return DockerTail(str(config[variant]["name"]))
     if backend == "systemd":
         return JournalTail(str(config[variant]), from_start)
     return None

@@ -107,8 +107,12 @@ def test_slurmd_runs_health_a_fault_drains_and_its_repair_resumes(slurm: Cluster
     assert runs <= 2, f"{runs} health runs before the drain"
     print(f"fault -> drained in {took:.1f} s, {runs} health run(s) "
           f"(HealthCheckInterval {HEALTH_INTERVAL} s)")
-    metrics = (c.root / "metrics.prom").read_text()
-    assert f'gpuguard_slurm_drained{{node="{c.node}"}} 1' in metrics
+    # health writes its metrics file after the scontrol that drained: wait for that run
+    metrics_file, end = c.root / "metrics.prom", time.monotonic() + 30
+    drained = f'gpuguard_slurm_drained{{node="{c.node}"}} 1'
+    while not (metrics_file.exists() and drained in metrics_file.read_text()):
+        assert time.monotonic() < end, "health wrote no metrics file after the drain"
+        time.sleep(0.2)
     replayed(c, False, {(1, "temperature_tlimit_margin_c"):
                         {"state": "error", "error": "GPU is lost"}})
     runs_after(c, 2)
