@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import os
 import shutil
@@ -49,6 +50,21 @@ if "boot_id=" not in _switch:
 os.environ[FORBID_ENV] = _switch
 atexit.register(shutil.rmtree, _OWN, True)
 
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mnt: Path, options: str, read_only: bool = False) -> Iterator[Path]:
+    """A tmpfs of the test's own at `mnt` (made here; `options` such as "size=1m"),
+    unmounted whatever happens: the host keeps no mount (scripts/hostguard.py checks)."""
+    mnt.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "gpuguard-test", str(mnt)],
+                   check=True)
+    try:
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 def own_host(root: Path, boot_id: str = TEST_BOOT_ID, kmsg: str = "") -> list[str]:
     """A host of the test's own for a live `check` or `daemon` (NVML is the fake): a procfs

@@ -4,14 +4,13 @@ reads, and a locked, read-only or missing store leaves cycles and metrics workin
 import json
 import re
 import sqlite3
-import subprocess
 import time
 
 import pytest
 
 from gpuguard.events.store import Event
 from gpuguard.events.writer import EventWriter
-from tests.conftest import FIXTURES, gpuguard
+from tests.conftest import FIXTURES, gpuguard, mounted_tmpfs
 from tests.daemon.conftest import host_snapshot, metric_lines, write_snapshot
 
 EMPTY_KMSG = FIXTURES / "kmsg" / "dmesg.log"
@@ -91,15 +90,8 @@ def read_only_state(tmp_path):
 
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a tmpfs")
-    mnt = tmp_path / "state"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "gpuguard-test", str(mnt)],
-                   check=True)
-    try:
-        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+    with mounted_tmpfs(tmp_path / "state", "size=1m", read_only=True) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_read_only_state_dir_leaves_cycles_and_metrics_working(start_daemon, tmp_path,

@@ -4,13 +4,12 @@ host.disk's line between two slow cycles, and what /metrics and /status say."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, mounted_tmpfs
 from tests.daemon.conftest import host_snapshot, metric_lines, write_snapshot
 
 
@@ -18,14 +17,8 @@ from tests.daemon.conftest import host_snapshot, metric_lines, write_snapshot
 def rootfs(tmp_path: Path) -> Iterator[Path]:
     """A host root whose /models is an 8 MiB tmpfs, always unmounted."""
     root = tmp_path / "rootfs"
-    models = root / "models"
-    models.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(models)],
-                   check=True)
-    try:
+    with mounted_tmpfs(root / "models", "size=8m"):
         yield root
-    finally:
-        subprocess.run(["umount", "-l", str(models)], check=False)
 
 
 def value(text: str, name: str, labels: str = "") -> float | None:

@@ -15,7 +15,7 @@ from gpuguard.events import corrupt_store
 from gpuguard.events import store as eventstore
 from gpuguard.events.store import Event, StoreUnreadable
 from gpuguard.events.writer import EventWriter
-from tests.conftest import REPO
+from tests.conftest import REPO, mounted_tmpfs
 
 ROOT = os.geteuid() == 0
 
@@ -200,14 +200,8 @@ def small_mount(tmp_path):
     """A 1 MiB tmpfs of our own, removed whatever happens."""
     if not ROOT:
         pytest.skip("needs root to mount a tmpfs")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "gpuguard-test", str(mnt)],
-                   check=True)
-    try:
+    with mounted_tmpfs(tmp_path / "mnt", "size=1m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_full_disk_drops_events_counted_and_the_writer_goes_on(small_mount):

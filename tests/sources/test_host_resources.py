@@ -5,7 +5,6 @@ that never returns held to its deadline."""
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from gpuguard.model.results import Status
 from gpuguard.model.snapshot import Snapshot
 from gpuguard.sources import host_memory
 from gpuguard.sources.host import HostOptions, collect_host
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, mounted_tmpfs
 
 MEMINFO_FIXTURE = FIXTURES / "procfs-meminfo"
 
@@ -77,14 +76,8 @@ def _paths(**roots: Path):
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """An 8 MiB tmpfs mounted under tmp_path, always unmounted."""
-    mount = tmp_path / "models"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=400", "tmpfs",
-                    str(mount)], check=True)
-    try:
+    with mounted_tmpfs(tmp_path / "models", "size=8m,nr_inodes=400") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _fill(mount: Path, mib: int) -> None:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpuguard.supervisor import state
+from tests.conftest import mounted_tmpfs
 from tests.daemon.conftest import metric_lines
 from tests.daemon.test_clock_steps import exec_service
 
@@ -23,14 +23,8 @@ def small_state_dir(tmp_path: Path) -> Iterator[Path]:
     """tmp_path/state (the daemon's --state-dir) as a 256 KiB tmpfs, always unmounted."""
     if os.geteuid() != 0:
         pytest.fail("mounting a tmpfs needs root (./scripts/test.sh runs as root)")
-    mnt = tmp_path / "state"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "gpuguard-test", str(mnt)],
-                   check=True)
-    try:
+    with mounted_tmpfs(tmp_path / "state", "size=256k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def fill(directory: Path) -> Path:
