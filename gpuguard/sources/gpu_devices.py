@@ -68,10 +68,10 @@ def stuck_processes(procfs: Path, end: float) -> dict[str, Any]:
             return {"error": f"the scan of {procfs} stopped after {scanned} processes "
                              "(deadline or size bound): not every process was seen"}
         scanned += 1
-        stuck_task = _stuck_task(procfs / name, end)
+        state, comm = _state(procfs / name / "stat")
+        stuck_task = procfs / name if state == "D" else _stuck_thread(procfs / name, end)
         if stuck_task is None:
             continue
-        comm = _state(procfs / name / "stat")[1]
         off_cpu_s = _off_cpu_s(stuck_task / "sched", now_ms)
         devices = _nvidia_fds(procfs / name / "fd")
         entry = {"pid": int(name), "comm": comm, "off_cpu_s": off_cpu_s}
@@ -86,13 +86,11 @@ def stuck_processes(procfs: Path, end: float) -> dict[str, Any]:
             "scanned": scanned}
 
 
-def _stuck_task(proc: Path, end: float) -> Path | None:
-    """The process's folder when its main thread is in D, else its first thread in D
-    (a PyTorch process waits in the driver on a worker thread while its main thread
-    sleeps interruptibly: the process is just as unkillable), else None. At most
-    MAX_TASKS threads of one process, within the scan's deadline."""
-    if _state(proc / "stat")[0] == "D":
-        return proc
+def _stuck_thread(proc: Path, end: float) -> Path | None:
+    """The folder of the process's first thread in D, its main thread not being in D (a
+    PyTorch process waits in the driver on a worker thread while its main thread sleeps
+    interruptibly: the process is just as unkillable), else None. At most MAX_TASKS
+    threads of one process, within the scan's deadline."""
     try:
         tasks = os.listdir(proc / "task")
     except OSError:
