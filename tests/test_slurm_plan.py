@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from gpuguard.integrations import slurm, slurm_brake, slurm_ctl
-from gpuguard.integrations.slurm_ctl import SEP, NodeInfo
+from gpuguard.integrations.slurm import brake as slurm_brake
+from gpuguard.integrations.slurm import ctl as slurm_ctl
+from gpuguard.integrations.slurm import plan as slurm
+from gpuguard.integrations.slurm.ctl import SEP, NodeInfo
 
 if TYPE_CHECKING:
-    from gpuguard.integrations.slurm_resume import DrainRecord
+    from gpuguard.integrations.slurm.resume import DrainRecord
 
 
 def board(i: int, bus: int | None = None) -> dict[str, Any]:
@@ -31,7 +33,7 @@ def result(rule: str, status: str, action: str = "none", gpu: int | None = 0,
 
 def drained_for(findings: list[dict[str, Any]], gpus: int = 8) -> DrainRecord:
     """health's record of a drain for these findings on a host of `gpus` GPUs."""
-    from gpuguard.integrations import slurm_resume
+    from gpuguard.integrations.slurm import resume as slurm_resume
 
     every = [result("thermal.margin", "ok", gpu=i) for i in range(gpus)]
     return slurm_resume.record_of(slurm.reason_for(findings), findings, every + findings, None)
@@ -152,7 +154,7 @@ def test_resume_follows_the_board_not_the_nvml_index() -> None:
     eight = seven + [result(r, "ok", gpu=7, bus=3) for r in ("memory.row_remap", "thermal.margin")]
     assert slurm.plan(eight, set(), ours, None, record=record).do == "resume"
     # a rewritten reason keeps every GPU present at the first drain
-    from gpuguard.integrations import slurm_resume
+    from gpuguard.integrations.slurm import resume as slurm_resume
 
     again = slurm_resume.record_of("r", [], seven, record)
     assert slurm.plan(seven, set(), ours, None, record=again).do == "keep"
@@ -281,7 +283,7 @@ def test_an_ok_on_a_wrapped_kernel_log_is_no_evidence_for_a_resume() -> None:
 
 def test_a_drain_record_naming_no_finding_is_no_record() -> None:
     """Review 4: a record with empty findings and GPUs let any verdict resume the node."""
-    from gpuguard.integrations.slurm_resume import DrainRecord
+    from gpuguard.integrations.slurm.resume import DrainRecord
 
     assert DrainRecord.from_json({"reason": "gpuguard: reboot: x", "findings": [],
                                   "gpus": []}) is None

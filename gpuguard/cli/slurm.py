@@ -1,6 +1,6 @@
 """`gpuguard slurm health|prolog|epilog`: Slurm acting on gpuguard's verdict (docs/slurm.md).
-The decisions are integrations/slurm*.py's; the runs cli/slurm_health.py's and
-cli/slurm_jobs.py's. slurmd runs each with an almost empty environment and no arguments:
+The decisions are integrations/slurm/'s; the runs integrations/slurm/health.py's and
+integrations/slurm/jobs.py's. slurmd runs each with an almost empty environment and no arguments:
 a wrapper script (packaging/slurm/) holds the options."""
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def slurm_options(fn: Any) -> Any:
 
 def settings_of(kw: dict[str, Any], jitter: float = 0.0) -> tuple[Any, Any]:
     """(SlurmSettings, BrakeSettings) from slurm_options' values (taken out of kw)."""
-    from gpuguard.integrations.slurm_brake import BrakeSettings
-    from gpuguard.integrations.slurm_ctl import SlurmSettings
+    from gpuguard.integrations.slurm.brake import BrakeSettings
+    from gpuguard.integrations.slurm.ctl import SlurmSettings
 
     ctl = SlurmSettings(kw.pop("slurm_bin"), kw.pop("slurm_conf"), kw.pop("slurm_timeout"))
     brake = BrakeSettings(kw.pop("brake_percent"), kw.pop("brake_window"),
@@ -70,7 +70,7 @@ def settings_of(kw: dict[str, Any], jitter: float = 0.0) -> tuple[Any, Any]:
 
 
 def inputs_of(kw: dict[str, Any]) -> Any:
-    from gpuguard.cli.slurm_verdict import Inputs
+    from gpuguard.integrations.slurm.verdict import Inputs
     from gpuguard.io.paths import state_dir_or_default
 
     return Inputs(kw["input_path"], kw["kmsg_file"], kw["profile_path"], kw["rules_dirs"],
@@ -102,15 +102,15 @@ def health(socket_path: str | None, no_daemon: bool, brake_jitter: float,
            metrics_file: Path | None, probe_budget: float, **kw: Any) -> None:
     """slurmd's HealthCheckProgram: drain on a critical hardware finding, resume when it is
     gone; exit 0, 2 when the fleet brake held, 3 when Slurm did not answer."""
-    from gpuguard.cli import status_client
-    from gpuguard.cli.slurm_health import HealthRun, run_health
-    from gpuguard.cli.slurm_jobs import node_name
+    from gpuguard.daemon import socket_client
+    from gpuguard.integrations.slurm.health import HealthRun, run_health
+    from gpuguard.integrations.slurm.jobs import node_name
 
     ctl, brake = settings_of(kw, brake_jitter)
     inputs = inputs_of(kw)
     cold = no_daemon or inputs.input_path is not None
     run = HealthRun(node_name(kw["node"]), ctl, brake, inputs, inputs.state_dir,
-                    None if cold else socket_path or status_client.default_socket(),
+                    None if cold else socket_path or socket_client.default_socket(),
                     metrics_file, probe_budget)
     code = run_health(run)
     click.echo("\n".join(f"gpuguard slurm health: {line}" for line in run.lines))
@@ -126,8 +126,8 @@ def prolog(budget: float, **kw: Any) -> None:
     """slurmd's Prolog: the active probe on the job's GPUs (SLURM_JOB_GPUS); exit 1 when
     one fails it (Slurm drains the node and requeues the job), unless the fleet brake
     holds."""
-    from gpuguard.cli.slurm_jobs import Job, node_name
-    from gpuguard.cli.slurm_jobs import prolog as run
+    from gpuguard.integrations.slurm.jobs import Job, node_name
+    from gpuguard.integrations.slurm.jobs import prolog as run
 
     ctl, brake = settings_of(kw)
     inputs = inputs_of(kw)
@@ -145,8 +145,8 @@ def epilog(**kw: Any) -> None:
     """slurmd's Epilog: exit 1 on a hardware finding during the job (an Xid whose catalog
     action is reset_gpu or worse, uncorrectable ECC growth); application Xids are only
     recorded with the job id."""
-    from gpuguard.cli.slurm_jobs import Job, node_name
-    from gpuguard.cli.slurm_jobs import epilog as run
+    from gpuguard.integrations.slurm.jobs import Job, node_name
+    from gpuguard.integrations.slurm.jobs import epilog as run
 
     ctl, brake = settings_of(kw)
     inputs = inputs_of(kw)

@@ -41,13 +41,14 @@ def status(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str
     A result older than two cycles of its cadence is unknown, naming its age. No daemon
     answering is exit 3 (or, with --cold, a cold check)."""
     from gpuguard.cli import status_client
+    from gpuguard.daemon import socket_client
 
     opts: dict[str, Any] = {"fmt": fmt, "only": list(only), "skip": list(skip), "fail_on": fail_on,
             "quiet": quiet, "output": None if output is None else str(output)}
-    path = socket_path or status_client.default_socket()
+    path = socket_path or socket_client.default_socket()
     try:
-        reply = status_client.ask(path, status_client.request_of(opts), timeout)
-    except status_client.NoDaemon as exc:
+        reply = socket_client.ask(path, status_client.request_of(opts), timeout)
+    except socket_client.NoDaemon as exc:
         if not cold:
             click.echo(f"gpuguard: {exc}; nothing was checked (`gpuguard status --cold` "
                        "checks this host itself)", err=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from gpuguard.cli import status_client
+from gpuguard.daemon import socket_client
 from gpuguard.daemon.verdict_view import DaemonView, Request, answer, fresh_results
 from gpuguard.model.results import Result, Status
 from tests.conftest import REPO, gpuguard
@@ -156,9 +156,9 @@ def _ask_as(sock: Path, groups: list[int]) -> int:
             os.setgroups(groups)
             os.setgid(NOBODY)
             os.setuid(NOBODY)
-            reply = status_client.ask(str(sock), {"want": "results"}, 5.0)
+            reply = socket_client.ask(str(sock), {"want": "results"}, 5.0)
             code = 0 if "results" in reply else 1
-        except status_client.NoDaemon as exc:
+        except socket_client.NoDaemon as exc:
             code = 13 if "permission denied" in str(exc) else 1
         except BaseException:
             code = 1
@@ -251,6 +251,7 @@ def test_status_imports_no_nvml_click_or_rules(tmp_path: Path) -> None:
     ours = {m for m in imported if m.startswith("gpuguard")}
     assert ours <= {"gpuguard", "gpuguard.cli", "gpuguard.cli.entry", "gpuguard.cli.timing",
                     "gpuguard.io", "gpuguard.io.guard", "gpuguard.cli.status_client",
+                    "gpuguard.daemon", "gpuguard.daemon.socket_client",
                     "gpuguard.__main__"}, ours
     assert not {"click", "pynvml", "msgspec", "yaml", "prometheus_client"} & imported
 

@@ -106,7 +106,7 @@ def test_a_stale_failure_record_never_claims_another_prologs_drain(fleet: Fleet)
     """gpuguard's epilog failed a day ago (the admin resumed the node by hand); today the
     site's other prolog fails and Slurm drains "Prolog error": not gpuguard's, left as it
     is. Seen not drained, the old record is dropped."""
-    from gpuguard.integrations import slurm_state
+    from gpuguard.integrations.slurm import state as slurm_state
 
     state = fleet.root / "state"
     slurm_state.record_failure(state, "epilog", "n1", "1001", [

@@ -1,7 +1,7 @@
 """When `gpuguard slurm health` may resume a node it drained: judged on the whole verdict,
 never on the one rule and GPU index its reason names (docs/slurm.md#resuming).
 
-At the drain, health keeps a record in the state dir (integrations/slurm_state.py): the
+At the drain, health keeps a record in the state dir (integrations/slurm/state.py): the
 findings it drained for and the GPUs present then, each by identity (UUID and bus id),
 since an NVML index names another board after a GPU falls off the bus. It resumes only
 when all of these hold; when it cannot tell, it does not resume:

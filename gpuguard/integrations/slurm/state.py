@@ -2,7 +2,7 @@
 (the kernel log's position and the GPUs' ECC counts, for its epilog), and the last prolog
 or epilog failure (job, time, findings, GPUs), which makes Slurm's "Prolog error" or
 "Epilog error" drain gpuguard's own, and health's record of its drain (what it drained
-for and the GPUs present, by identity: integrations/slurm_resume.py). Small JSON files
+for and the GPUs present, by identity: integrations/slurm/resume.py). Small JSON files
 written atomically; a bad or foreign one reads as absent, never as a finding (a drain
 record that reads as absent keeps the node drained)."""
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuguard.integrations.slurm_resume import DrainRecord
+from gpuguard.integrations.slurm.resume import DrainRecord
 from gpuguard.io.atomic import write_text
 from gpuguard.io.bounded import BoundedReadError, read_text
 

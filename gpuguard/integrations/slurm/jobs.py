@@ -1,7 +1,7 @@
 """`gpuguard slurm prolog` and `epilog`: no scontrol from either (Slurm's docs warn against
 it at scale). A failure is a non-zero exit: Slurm requeues the job and drains the node
 itself ("Prolog error", "Epilog error"); gpuguard records the failure in the state dir,
-which makes that drain its own for the next health run (cli/slurm_health.py).
+which makes that drain its own for the next health run (integrations/slurm/health.py).
 
 The prolog probes the job's GPUs only, within its budget, and notes where the kernel log
 and the ECC counters stood. The epilog compares: an Xid that appeared during the job and
@@ -9,7 +9,7 @@ whose catalog action (rules/xid.yaml, read through judge.actions.of_xid) is rese
 worse, or uncorrectable ECC errors that grew, fail it; an application Xid (restart_app,
 ignore) only goes to the event store with the job id.
 
-Before failing, either consults the fleet brake (integrations/slurm_brake.py) as health
+Before failing, either consults the fleet brake (integrations/slurm/brake.py) as health
 does: a failure is a drain, and a bad driver push fails every job's prolog at once. When
 the brake holds it passes and says so. A state dir that cannot be written never fails a
 job: the note for the epilog is skipped (the epilog then says unknown) and said.
@@ -23,10 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuguard.cli import slurm_verdict
-from gpuguard.cli.slurm_gpus import JobGpus, job_gpus
-from gpuguard.integrations import slurm_brake, slurm_ctl, slurm_state
-from gpuguard.integrations.slurm import BRAKE_RULE
+from gpuguard.integrations.slurm import brake as slurm_brake
+from gpuguard.integrations.slurm import ctl as slurm_ctl
+from gpuguard.integrations.slurm import state as slurm_state
+from gpuguard.integrations.slurm import verdict as slurm_verdict
+from gpuguard.integrations.slurm.gpus import JobGpus, job_gpus
+from gpuguard.integrations.slurm.plan import BRAKE_RULE
 from gpuguard.judge.actions import Action, of_xid
 
 if TYPE_CHECKING:
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 class Job:
     node: str
     job_id: str
-    env: dict[str, str]  # the job's variables: its GPUs (cli/slurm_gpus.py)
+    env: dict[str, str]  # the job's variables: its GPUs (integrations/slurm/gpus.py)
     state_dir: Path
     inputs: slurm_verdict.Inputs
     # how to read Slurm for the brake (None: never asked, the failure goes through)

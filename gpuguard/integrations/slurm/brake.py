@@ -23,8 +23,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from gpuguard.integrations.slurm import SLURM_SCRIPT_REASONS, ours
-from gpuguard.integrations.slurm_ctl import NodeInfo
+from gpuguard.integrations.slurm.ctl import NodeInfo
+from gpuguard.integrations.slurm.plan import SLURM_SCRIPT_REASONS, ours
 
 
 @dataclass

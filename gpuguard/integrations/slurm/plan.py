@@ -10,7 +10,7 @@
   ends: an administrator's "gpuguard: ... RMA-4711 keep out" is theirs), or Slurm's own
   "Prolog error"/"Epilog error" drain set close after a failure gpuguard recorded, is ever
   rewritten or resumed. Anything else is left as it is, whatever gpuguard sees.
-- Resume only on the whole verdict (integrations/slurm_resume.py): nothing that would
+- Resume only on the whole verdict (integrations/slurm/resume.py): nothing that would
   drain, no drain-capable rule unknown or missing on any GPU, every GPU present at the
   drain still there (by UUID or bus id), and each finding drained for ok on its board.
 """
@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gpuguard.integrations.slurm_ctl import NodeInfo
-from gpuguard.integrations.slurm_resume import DrainRecord, may_resume
+from gpuguard.integrations.slurm.ctl import NodeInfo
+from gpuguard.integrations.slurm.resume import DrainRecord, may_resume
 from gpuguard.judge.actions import Action
 
 PREFIX = "gpuguard:"
@@ -114,7 +114,7 @@ def plan(results: list[dict[str, Any]], failover_rules: set[str], node: NodeInfo
          record: DrainRecord | None = None) -> Plan:
     """What to do with the node. `taken_over`: the reason to give a Prolog/Epilog error
     drain of gpuguard's (its recorded finding); `record`: what gpuguard drained for
-    (the state dir's, integrations/slurm_resume.py), without which it never resumes."""
+    (the state dir's, integrations/slurm/resume.py), without which it never resumes."""
     findings = drain_worthy(results, failover_rules)
     wanted = reason_for(findings) if findings else None
     if node.drained and not owned(node, script_failure_time):

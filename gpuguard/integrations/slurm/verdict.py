@@ -46,11 +46,11 @@ class Verdict:
 
 def from_daemon(socket_path: str, timeout: float) -> Verdict | None:
     """The daemon's results, or None when no daemon answers (or it has none yet)."""
-    from gpuguard.cli import status_client
+    from gpuguard.daemon import socket_client
 
     try:
-        reply = status_client.ask(socket_path, {"want": "results"}, timeout)
-    except status_client.NoDaemon:
+        reply = socket_client.ask(socket_path, {"want": "results"}, timeout)
+    except socket_client.NoDaemon:
         return None
     results = reply.get("results")
     if not isinstance(results, list) or not all(isinstance(r, dict) for r in results):

@@ -1,5 +1,5 @@
-"""`gpuguard slurm health`'s run: the verdict, the node, the plan (integrations/slurm.py),
-the fleet brake with its jittered recount (integrations/slurm_brake.py), then at most one
+"""`gpuguard slurm health`'s run: the verdict, the node, the plan (integrations/slurm/plan.py),
+the fleet brake with its jittered recount (integrations/slurm/brake.py), then at most one
 scontrol call. Slurm not answering is unknown (exit 3) and changes nothing."""
 
 from __future__ import annotations
@@ -10,8 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuguard.cli import slurm_verdict
-from gpuguard.integrations import slurm, slurm_brake, slurm_ctl, slurm_resume, slurm_state
+from gpuguard.integrations.slurm import brake as slurm_brake
+from gpuguard.integrations.slurm import ctl as slurm_ctl
+from gpuguard.integrations.slurm import plan as slurm
+from gpuguard.integrations.slurm import resume as slurm_resume
+from gpuguard.integrations.slurm import state as slurm_state
+from gpuguard.integrations.slurm import verdict as slurm_verdict
 
 EXIT_BRAKE = 2
 EXIT_UNKNOWN = 3
