@@ -18,6 +18,7 @@ LAYERS = (
     "sources",       # NVML, replays, the kernel log, sysfs, procfs, toolkit, Docker
     "checks",        # one module per rule family
     "events",        # the event store, recording, escalation
+    "assess",        # judge this host once: inputs, collection, rules, history, GPUs seen
     "outputs",       # table, JSON, Prometheus
     "supervisor",    # failover to CPU and back
     "daemon",        # cycles, HTTP, metrics, the recorder thread

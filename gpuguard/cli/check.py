@@ -14,24 +14,19 @@ from typing import TYPE_CHECKING
 
 import click
 
+from gpuguard.assess.inputs import HostInputs, InputProblem
+from gpuguard.assess.once import Judgement
 from gpuguard.cli import timing
 from gpuguard.cli.options import (
     ConfigProblem,
     emit,
-    host_options,
     host_source_options,
-    load_rules,
     path_options,
-    paths_from,
     rule_options,
-    start_collection,
 )
 
 if TYPE_CHECKING:
-    from gpuguard.io.paths import Paths
     from gpuguard.model.profile import Profile
-    from gpuguard.model.results import Result
-    from gpuguard.model.rule import RuleSet
     from gpuguard.model.snapshot import Snapshot
     from gpuguard.model.workload import Workload
     from gpuguard.sources.active.workers import EarlyStart
@@ -93,49 +88,25 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
           path_procfs: Path | None, path_rootfs: Path | None) -> None:
     """Check this host (or a saved dump) and exit 0 ok, 1 warning, 2 critical, 3 unknown."""
     started = time.monotonic()
-    if record and input_path is not None:
-        # A replay is another moment, often another host: its Xids and transitions under
-        # this host's boot, aged from now, would feed this host's escalation.
-        raise ConfigProblem("--record writes this host's history; it cannot record a "
-                            "replayed --input (check it without --record)")
-    paths = paths_from(path_sysfs, path_procfs, path_rootfs)
-    host_opts = host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
-                             docker, "auto", None, host_resources is True)
-    host_opts.workloads = _workloads(images, python_envs)
-    # The NVML worker runs already (cli/entry.py), the host sources start now, and the
-    # configuration is loaded meanwhile; the sources that need the profile's settings
-    # (Docker's `required`, the disk paths) get them when it is (it is read once, here).
-    # check never judges the NVLink error counters (the daemon does, by growth): left out
-    collection = start_collection(host_opts, input_path, timeout, link_counters=False,
-                                  profile_later=True)
-    early = _early_probe(paths.procfs) if active is not None and input_path is None else None
-    try:
-        profile, ruleset = _configuration(profile_path, rules_dirs, only, skip, xid_window,
-                                          active is not None and input_path is not None)
-    except click.ClickException:
-        collection.abandon()  # no worker is left behind
-        if early is not None:
-            early.abandon()
-        raise
-    collection.tell(profile.docker_required, tuple(profile.disk_paths))
+    inputs = HostInputs(input_path, path_sysfs, path_procfs, path_rootfs, kmsg_file,
+                        state_dir, profile_path, rules_dirs, timeout, probe_image, docker,
+                        "auto", host_resources is True, _workloads(images, python_envs))
+    judgement, early = _start(inputs, record, active is not None, only, skip)
+    profile, _ = judgement.configure()
+    if xid_window is not None:
+        profile.xid_window_s = _window(xid_window, judgement, early)
 
     # Everything imported from here to the result overlaps with the NVML worker.
-    from gpuguard.judge.engine import evaluate
-    from gpuguard.model.results import Verdict
     from gpuguard.outputs.render import renderer
 
     render = renderer(fmt)
     waiting = time.monotonic()
-    snapshot = collection.result()
+    snapshot = judgement.snapshot()
     if active is not None:
-        from gpuguard.io.paths import state_dir_or_default
-
         _active_probe(snapshot, profile, active == "force", active_deadline,
-                      active_buffer_mib, active_pattern_mib, early, state_dir_or_default(state_dir))
+                      active_buffer_mib, active_pattern_mib, early, judgement.state_dir())
     gathered = time.monotonic()
-    results = evaluate(snapshot, ruleset, profile, only, skip)
-    results, notes = _history(results, snapshot, ruleset, paths, input_path, state_dir, record)
-    verdict = Verdict(results, fail_on, tuple(notes))
+    verdict = judgement.verdict(fail_on, only, skip, record)
     if fmt == "table" and quiet and verdict.nagios_code == 0:
         text = ""
     else:
@@ -152,48 +123,6 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     os._exit(verdict.code)
 
 
-def _configuration(profile_path: Path | None, rules_dirs: tuple[Path, ...],
-                   only: tuple[str, ...], skip: tuple[str, ...], xid_window: str | None,
-                   active_on_replay: bool) -> tuple[Profile, RuleSet]:
-    """The profile and rules, with the command line's filters and window checked; a bad
-    one is exit 3 (ConfigProblem)."""
-    profile, ruleset = load_rules(profile_path, rules_dirs)
-    _check_filters(only, skip, list(ruleset.rules))
-    if xid_window is not None:
-        profile.xid_window_s = _window(xid_window)
-    if active_on_replay:
-        raise ConfigProblem("--active probes this host's GPUs; it cannot check a saved "
-                            "--input (a snapshot saved after a probe keeps its results)")
-    return profile, ruleset
-
-
-def _history(results: list[Result], snapshot: Snapshot, ruleset: RuleSet, paths: Paths,
-             input_path: Path | None, state_dir: Path | None,
-             record: bool) -> tuple[list[Result], list[str]]:
-    """The results with this host's history applied (and this run recorded, --record),
-    and the notes the output carries."""
-    if input_path is None:
-        from gpuguard.io.paths import state_dir_or_default
-
-        state = state_dir_or_default(state_dir)
-        if record or (state / "events.db").is_file():
-            from gpuguard.events.commands import with_history
-
-            results = with_history(results, snapshot, ruleset, state, paths, record)
-        return results, []
-    if state_dir is None:
-        return results, []
-    # A replay is judged as it was: this host's acks do not apply to it. Said only when
-    # the state dir was named (a replay reads no host path it was not given).
-    from gpuguard.events.commands import acks_in_force
-
-    acks = acks_in_force(state_dir)
-    if not acks:
-        return results, []
-    return results, [f"{acks} ack(s) in {state_dir} do not apply to a replayed --input: "
-                     "its actions are shown unacknowledged"]
-
-
 @click.command()
 @click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here (atomically).")
 @click.option("--input", "input_path", type=click.Path(path_type=Path),
@@ -208,15 +137,40 @@ def snapshot(output: Path | None, input_path: Path | None, timeout: float,
     """Record this host's snapshot as JSON (replay it with `check --input`)."""
     import json
 
-    paths = paths_from(path_sysfs, path_procfs, path_rootfs)
-    profile, _ = load_rules(None, ())  # the site's profile says which disk paths to read
-    host_opts = host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
-                             docker, "on", profile, host_resources is not False)
-    snap = start_collection(host_opts, input_path, timeout).result()
+    inputs = HostInputs(input_path, path_sysfs, path_procfs, path_rootfs, kmsg_file,
+                        state_dir, None, (), timeout, probe_image, docker, "on",
+                        host_resources is not False, link_counters=True)
+    # the site's profile says which disk paths to read; a snapshot is not judged
+    snap = Judgement(inputs).snapshot()
     emit(json.dumps(snap.to_json(), indent=2) + "\n", output)
 
 
 # --- helpers -----------------------------------------------------------------------
+
+
+def _start(inputs: HostInputs, record: bool, active: bool, only: tuple[str, ...],
+           skip: tuple[str, ...]) -> tuple[Judgement, EarlyStart | None]:
+    """The judgement started: the NVML worker runs already (cli/entry.py), the host sources
+    start now, and the configuration is loaded meanwhile (the sources that need the
+    profile's settings get them when it is). Bad options or configuration are exit 3,
+    with no worker left behind."""
+    if record and inputs.input_path is not None:
+        # A replay is another moment, often another host: its Xids and transitions under
+        # this host's boot, aged from now, would feed this host's escalation.
+        raise ConfigProblem("--record writes this host's history; it cannot record a "
+                            "replayed --input (check it without --record)")
+    if active and inputs.input_path is not None:
+        raise ConfigProblem("--active probes this host's GPUs; it cannot check a saved "
+                            "--input (a snapshot saved after a probe keeps its results)")
+    judgement = Judgement(inputs)
+    early = _early_probe(inputs.paths().procfs) if active else None
+    try:
+        judgement.configure(only, skip)
+    except InputProblem:
+        if early is not None:
+            early.abandon()
+        raise
+    return judgement, early
 
 
 def _print_timing(waiting: float, gathered: float, snapshot: Snapshot) -> None:
@@ -258,18 +212,13 @@ def _workloads(images: tuple[str, ...], python_envs: tuple[Path, ...]) -> tuple[
             *(Workload("python", str(path)) for path in python_envs))
 
 
-def _check_filters(only: tuple[str, ...], skip: tuple[str, ...], rule_ids: list[str]) -> None:
-    from gpuguard.model.rule_filter import filter_problem
-
-    problem = filter_problem(only, skip, rule_ids)
-    if problem is not None:
-        raise ConfigProblem(problem)
-
-
-def _window(text: str) -> float | None:
+def _window(text: str, judgement: Judgement, early: EarlyStart | None) -> float | None:
     from gpuguard.config.profile import parse_window
 
     try:
         return parse_window(text)
     except ValueError as exc:
+        judgement.abandon()  # no worker is left behind
+        if early is not None:
+            early.abandon()
         raise click.BadParameter(str(exc), param_hint="--xid-window") from exc

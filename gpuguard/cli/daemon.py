@@ -7,13 +7,7 @@ from pathlib import Path
 
 import click
 
-from gpuguard.cli.options import (
-    host_options,
-    host_source_options,
-    path_options,
-    paths_from,
-    rule_options,
-)
+from gpuguard.cli.options import host_source_options, path_options, rule_options
 
 
 @click.command()
@@ -69,6 +63,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
            probe_image: str | None, path_sysfs: Path | None,
            path_procfs: Path | None, path_rootfs: Path | None) -> None:
     """Run the checks on a schedule and serve them to Prometheus (systemd Type=notify)."""
+    from gpuguard.assess.inputs import HostInputs
     from gpuguard.daemon.app import Daemon
     from gpuguard.daemon.settings import DaemonConfig
     from gpuguard.io.paths import (
@@ -82,15 +77,14 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
         from gpuguard.io.paths import HostPathForbidden
 
         raise HostPathForbidden("udev")
-    paths = paths_from(path_sysfs, path_procfs, path_rootfs)
-    profile_path = profile_or_default(profile_path)
-    dirs = rules_dirs_or_default(rules_dirs)
+    # the defaults looked up now: under the tests' guard a refused one stops the start
+    inputs = HostInputs(input_path, path_sysfs, path_procfs, path_rootfs, kmsg_file,
+                        state_dir, profile_or_default(profile_path),
+                        tuple(rules_dirs_or_default(rules_dirs)), timeout, probe_image, docker,
+                        "on", host_resources is not False)
     cfg = DaemonConfig(
         listen=listen, fast_interval=fast_interval, slow_interval=slow_interval,
-        timeout=timeout, input_path=input_path,
-        host=host_options(input_path, paths, kmsg_file, state_dir, probe_image, timeout,
-                           docker, "on", None, host_resources is not False),
-        profile_path=profile_path, rules_dirs=dirs, udev=udev, events_file=events_file,
+        inputs=inputs, udev=udev, events_file=events_file,
         log_format=log_format, dry_run=dry_run, active_probe_interval=active_probe_interval,
         event_store=event_store, status_socket=status_socket, status_group=status_group,
         npd_dir=npd_dir,

@@ -75,6 +75,7 @@ def _run() -> None:
     _start_worker_early(args)
     import click
 
+    from gpuguard.assess.inputs import InputProblem
     from gpuguard.cli.main import main as cli_main
 
     # click exits 2 on a usage error, which a Nagios-style caller reads as CRITICAL;
@@ -89,3 +90,6 @@ def _run() -> None:
         sys.exit(exc.exit_code)
     except click.Abort:
         sys.exit(3)
+    except InputProblem as exc:  # a bad --input, profile or rule file: nothing was judged
+        print(f"gpuguard: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

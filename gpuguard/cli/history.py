@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
+from gpuguard.assess.inputs import load_configuration
 from gpuguard.cli.options import (
     ConfigProblem,
     kmsg_device_option,
-    load_rules,
     paths_from,
     rule_options,
     span_option,
@@ -116,7 +116,7 @@ def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Pa
     from gpuguard.events.ack_command import AckRefused, record_ack
     from gpuguard.events.acks import ACK_MAX_S
 
-    _, ruleset = load_rules(profile_path, rules_dirs)
+    _, ruleset = load_configuration(profile_path, rules_dirs)
     if rule_id not in ruleset.rules:
         raise ConfigProblem(f"no rule {rule_id!r}; see `gpuguard rules list`")
     scope = ruleset.rules[rule_id].scope

@@ -1,6 +1,6 @@
 """What the commands share: their options (the host's roots, the state dir, the profile
-and rules), building the host options from them, loading the configuration, writing the
-output, and the usage error every command gives (exit 3, `gpuguard: ...`)."""
+and rules), writing the output, and the usage error every command gives (exit 3,
+`gpuguard: ...`). What the options mean to a judgement is gpuguard/assess/inputs.py's."""
 
 from __future__ import annotations
 
@@ -13,10 +13,6 @@ import click
 
 if TYPE_CHECKING:
     from gpuguard.io.paths import Paths
-    from gpuguard.model.profile import Profile
-    from gpuguard.model.rule import RuleSet
-    from gpuguard.sources.collect import Collection
-    from gpuguard.sources.host import HostOptions
 
 EXIT_UNKNOWN = 3
 
@@ -83,38 +79,6 @@ def rule_options(fn: Any) -> Any:
     return fn
 
 
-def host_options(input_path: Path | None, paths: Paths, kmsg_file: Path | None,
-                  state_dir: Path | None, probe_image: str | None, timeout: float,
-                  docker: bool | None, docker_default: str,
-                  profile: Profile | None, host_resources: bool = False) -> HostOptions:
-    from gpuguard.sources.host import HostOptions
-
-    mode = docker_default if docker is None else ("on" if docker else "off")
-    opts = HostOptions(paths=paths, kmsg_file=kmsg_file, state_dir=state_dir,
-                       probe_image=probe_image, probe_timeout=max(timeout, 5.0),
-                       read_timeout=min(5.0, 0.75 * timeout), docker=mode,
-                       host_resources=host_resources)
-    if profile is not None:  # loaded by the command: the sources never read it again
-        opts.docker_required = profile.docker_required
-        opts.disk_paths = tuple(profile.disk_paths)
-    if input_path is not None:
-        # A replay reads only the host sources the user pointed at.
-        given = given_options()
-        opts.kernel_log = kmsg_file is not None
-        opts.procfs = "path_procfs" in given
-        opts.sysfs = "path_sysfs" in given
-        opts.rootfs = "path_rootfs" in given or probe_image is not None
-    return opts
-
-
-def given_options() -> set[str]:
-    from click.core import ParameterSource
-
-    ctx = click.get_current_context()
-    return {name for name in ctx.params
-            if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE}
-
-
 def span_option(text: str, option: str) -> float:
     from gpuguard.config.profile import parse_window
 
@@ -132,32 +96,6 @@ def paths_from(sysfs: Path | None, procfs: Path | None, rootfs: Path | None) -> 
     from gpuguard.io.paths import Paths
 
     return Paths(sysfs=sysfs, procfs=procfs, rootfs=rootfs)
-
-
-def load_rules(profile_path: Path | None,
-                 rules_dirs: tuple[Path, ...]) -> tuple[Profile, RuleSet]:
-    from gpuguard.config.ruleset import load_config
-    from gpuguard.config.yamlfile import ConfigError
-    from gpuguard.io.paths import profile_or_default, rules_dirs_or_default
-
-    try:
-        return load_config(profile_or_default(profile_path), rules_dirs_or_default(rules_dirs))
-    except ConfigError as exc:
-        raise ConfigProblem(str(exc)) from exc
-
-
-def start_collection(opts: HostOptions, input_path: Path | None, timeout: float,
-                     link_counters: bool = True, profile_later: bool = False) -> Collection:
-    from gpuguard.sources.collect import Collection
-
-    if input_path is None:
-        return Collection(opts, input_path, timeout, link_counters, profile_later)
-    from gpuguard.sources.replay import InputError  # the replay's error: only with --input
-
-    try:
-        return Collection(opts, input_path, timeout, link_counters, profile_later)
-    except InputError as exc:
-        raise ConfigProblem(str(exc)) from exc
 
 
 def emit(text: str, output: Path | None) -> None:

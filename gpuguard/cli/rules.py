@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from gpuguard.cli.options import ConfigProblem, load_rules, rule_options
+from gpuguard.assess.inputs import load_configuration
+from gpuguard.cli.options import ConfigProblem, rule_options
 
 
 @click.group()
@@ -18,7 +19,7 @@ def rules() -> None:
 @rule_options
 def rules_list(profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
     """List every rule with its scope, severity and whether it is enabled."""
-    _, ruleset = load_rules(profile_path, rules_dirs)
+    _, ruleset = load_configuration(profile_path, rules_dirs)
     rows = ruleset.ordered()
     width = max(len(r.id) for r in rows)
     click.echo(f"{'RULE':<{width}}  SCOPE  SEVERITY  ENABLED  SUMMARY")
@@ -32,7 +33,7 @@ def rules_list(profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
 @rule_options
 def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
     """What RULE_ID checks, the thresholds in force, and what to do when it fails."""
-    _, ruleset = load_rules(profile_path, rules_dirs)
+    _, ruleset = load_configuration(profile_path, rules_dirs)
     rule = ruleset.rules.get(rule_id)
     if rule is None:
         raise ConfigProblem(f"no rule {rule_id!r}; see `gpuguard rules list`")

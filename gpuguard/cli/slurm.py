@@ -70,12 +70,20 @@ def settings_of(kw: dict[str, Any], jitter: float = 0.0) -> tuple[Any, Any]:
 
 
 def inputs_of(kw: dict[str, Any]) -> Any:
-    from gpuguard.integrations.slurm.verdict import Inputs
+    """What the judgement reads (gpuguard/assess/inputs.py): check's own options, Docker
+    and the host's memory and disks left out (health's deadline is slurmd's)."""
+    from gpuguard.assess.inputs import HostInputs
+
+    return HostInputs(kw["input_path"], kw["path_sysfs"], kw["path_procfs"],
+                      kw["path_rootfs"], kw["kmsg_file"], kw["state_dir"], kw["profile_path"],
+                      kw["rules_dirs"], kw["timeout"], docker_default="off")
+
+
+def state_dir_of(kw: dict[str, Any]) -> Path:
+    """Where the Slurm scripts keep their records: --state-dir, else the host's."""
     from gpuguard.io.paths import state_dir_or_default
 
-    return Inputs(kw["input_path"], kw["kmsg_file"], kw["profile_path"], kw["rules_dirs"],
-                  state_dir_or_default(kw["state_dir"]), kw["timeout"], kw["path_sysfs"],
-                  kw["path_procfs"], kw["path_rootfs"])
+    return state_dir_or_default(kw["state_dir"])
 
 
 @click.group()
@@ -109,7 +117,7 @@ def health(socket_path: str | None, no_daemon: bool, brake_jitter: float,
     ctl, brake = settings_of(kw, brake_jitter)
     inputs = inputs_of(kw)
     cold = no_daemon or inputs.input_path is not None
-    run = HealthRun(node_name(kw["node"]), ctl, brake, inputs, inputs.state_dir,
+    run = HealthRun(node_name(kw["node"]), ctl, brake, inputs, state_dir_of(kw),
                     None if cold else socket_path or socket_client.default_socket(),
                     metrics_file, probe_budget)
     code = run_health(run)
@@ -132,7 +140,7 @@ def prolog(budget: float, **kw: Any) -> None:
     ctl, brake = settings_of(kw)
     inputs = inputs_of(kw)
     job = Job(node_name(kw["node"]), os.environ.get("SLURM_JOB_ID", "unknown"),
-              dict(os.environ), inputs.state_dir, inputs, ctl, brake)
+              dict(os.environ), state_dir_of(kw), inputs, ctl, brake)
     code, lines = run(job, budget)
     click.echo("\n".join(f"gpuguard slurm prolog: {line}" for line in lines), err=code != 0)
     sys.exit(code)
@@ -151,7 +159,7 @@ def epilog(**kw: Any) -> None:
     ctl, brake = settings_of(kw)
     inputs = inputs_of(kw)
     job = Job(node_name(kw["node"]), os.environ.get("SLURM_JOB_ID", "unknown"),
-              dict(os.environ), inputs.state_dir, inputs, ctl, brake)
+              dict(os.environ), state_dir_of(kw), inputs, ctl, brake)
     code, lines = run(job)
     click.echo("\n".join(f"gpuguard slurm epilog: {line}" for line in lines), err=code != 0)
     sys.exit(code)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from gpuguard.model.snapshot import Reading, Snapshot
 from gpuguard.sources.active import workers
-from gpuguard.sources.active.plan import FIELDS, LOCK_FILE, options
+from gpuguard.sources.active.plan import FIELDS, LOCK_FILE, PROBE_RULES, options
 from gpuguard.sources.active.workers import ActiveProbe
 
 if TYPE_CHECKING:
@@ -29,10 +29,6 @@ PROBE_LOCK = threading.Lock()
 # ... and one per host: a `gpuguard check --active` (or slurm health) run beside the daemon
 # takes the same lock file in the state dir (sources/active/host_lock.py); set at start.
 HOST_LOCK: dict[str, Path | None] = {"state_dir": None}
-# The rules the probe's readings feed: a failback needs each of them ok on every GPU of
-# the service (skipped only where there is nothing to judge: no peer to copy with).
-PROBE_RULES = ("gpu.compute", "memory.pattern", "memory.bandwidth", "pcie.bandwidth",
-               "nvlink.bandwidth")
 
 
 def probe(snapshot: Snapshot, profile: Profile, gpus: list[int] | None = None) -> Snapshot:
@@ -89,13 +85,13 @@ def passes(snapshot: Snapshot, profile: Profile, ruleset: RuleSet,
            gpus: list[int] | None) -> tuple[bool, str]:
     """A fresh probe of `gpus` (every GPU: None): whether every probe rule is ok on
     each (nvlink.bandwidth may be skipped: no pair), and what stopped it if not."""
-    from gpuguard.judge.engine import evaluate
+    from gpuguard.assess.once import judge
     from gpuguard.model.results import Status
 
     probed = probe(snapshot, profile, gpus)
     if not probed.gpus:
         return False, "none of the service's GPUs is in the last sweep"
-    results = evaluate(probed, ruleset, profile, only=PROBE_RULES)
+    results = judge(probed, profile, ruleset, only=PROBE_RULES)
     bad = [r for r in results if r.status is not Status.OK and not (
         r.rule == "nvlink.bandwidth" and r.status is Status.SKIPPED)]
     if bad:

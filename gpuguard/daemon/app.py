@@ -20,11 +20,12 @@ from typing import Any
 import structlog
 from prometheus_client import CollectorRegistry
 
-from gpuguard.config.ruleset import load_config
+from gpuguard.assess.gpus_seen import SeenGpus
+from gpuguard.assess.inputs import InputProblem, load_configuration
+from gpuguard.assess.once import judge
 from gpuguard.config.yamlfile import ConfigError
 from gpuguard.daemon import active, http, logs, main_loop, notify, status, triggers
 from gpuguard.daemon.active import ProbeKeeper
-from gpuguard.daemon.gpus_seen import SeenGpus
 from gpuguard.daemon.latest import LatestResults
 from gpuguard.daemon.metrics import DaemonCollector, DaemonStats
 from gpuguard.daemon.recorder import EventRecorder, supervisor_event
@@ -36,7 +37,6 @@ from gpuguard.daemon.verdict_publish import VerdictPublisher
 from gpuguard.daemon.xid_counter import XidCounter
 from gpuguard.events import store as eventstore
 from gpuguard.io.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden
-from gpuguard.judge.engine import evaluate
 from gpuguard.model.pci import normalise_pci
 from gpuguard.model.profile import Profile
 from gpuguard.model.rule import RuleSet
@@ -87,13 +87,17 @@ class Daemon:
     # --- configuration -------------------------------------------------------------
 
     def load_config(self) -> tuple[Profile, RuleSet]:
-        return load_config(self.cfg.profile_path, self.cfg.rules_dirs)
+        """The profile and rules; ConfigError (its file and line) when one is bad."""
+        try:
+            return load_configuration(self.cfg.profile_path, self.cfg.rules_dirs)
+        except InputProblem as exc:
+            raise exc.__cause__ if isinstance(exc.__cause__, ConfigError) else exc from None
 
     def _use_config(self, config: tuple[Profile, RuleSet]) -> None:
         self._config = config
         self._fit_history(config[1])
         # host.disk watches the paths of the profile in use (a bad reload keeps the last)
-        self.cfg.host.disk_paths = tuple(config[0].disk_paths)
+        self.cfg.sources.disk_paths = tuple(config[0].disk_paths)
 
     def _fit_history(self, ruleset: RuleSet) -> None:
         self.samples.keep_s, self.service_watch.keep_s = sample_spans(ruleset)
@@ -192,11 +196,8 @@ class Daemon:
         profile, ruleset = self._config
         snap = self._collect_nvml()
         # The slow cycle's host facts, and the kernel log read now (Xids cannot wait a minute).
-        host_sources.collect_host(self._slow_facts, self.cfg.host, only=FAST_SOURCES)
-        collect.finish(snap, self._slow_facts, self.cfg.host)
-        seen = self.gpus_seen.reading(snap)
-        if seen is not None:
-            snap.host.gpus_missing = seen
+        host_sources.collect_host(self._slow_facts, self.cfg.sources, only=FAST_SOURCES)
+        collect.finish(snap, self._slow_facts, self.cfg.sources)
         # The probe's age and the samples' windows on the monotonic clock: a step of the
         # wall clock neither ages a result into stale nor empties a window.
         now = time.monotonic()
@@ -209,10 +210,10 @@ class Daemon:
         self.samples.add(snap, now)
         self.service_watch.sample(snap, now)
         self.xids.remember(snap)  # the kernel log's lines read before a wrap (review 3)
-        results = evaluate(snap, ruleset, profile, cadence="fast", samples=self.samples)
-        if self.recorder is not None:
-            results = self.recorder.on_cycle(results, snap.gpu_ids(), ruleset)
-            self.gpus_seen.forget_acknowledged(results)
+        # the one judgement (gpuguard/assess/once.py), with this daemon's history and the
+        # GPUs it has seen since boot
+        results = judge(snap, profile, ruleset, cadence="fast", samples=self.samples,
+                        history=self.recorder, seen=self.gpus_seen)
         self.xids.count_kernel_log(snap, ruleset)
         self._last, self._last_at = snap, time.monotonic()
         self.store.update(results, "fast", source_failed=status.source_failure(snap))
@@ -224,7 +225,7 @@ class Daemon:
         assert self._config is not None
         profile, ruleset = self._config
         facts = Snapshot()
-        host_sources.collect_host(facts, self.cfg.host, skip=FAST_SOURCES)
+        host_sources.collect_host(facts, self.cfg.sources, skip=FAST_SOURCES)
         self._slow_facts = facts
         # the last sweep, unless fast cycles stopped ending: slow results judged on an old
         # sweep would be stored as fresh
@@ -232,9 +233,7 @@ class Daemon:
         base = self._last if self._last is not None and fresh else self._collect_nvml()
         snap = Snapshot(host=copy.copy(base.host), nvml=base.nvml, gpus=base.gpus)
         host_sources.merge(snap, facts)
-        results = evaluate(snap, ruleset, profile, cadence="slow")
-        if self.recorder is not None:
-            results = self.recorder.on_cycle(results, snap.gpu_ids(), ruleset)
+        results = judge(snap, profile, ruleset, cadence="slow", history=self.recorder)
         self.store.update(results, "slow")
 
     def probe_cycle(self) -> None:
@@ -334,8 +333,8 @@ class Daemon:
 
     def _start_parts(self, ruleset: RuleSet, services: list[Any], state_dir: Path | None,
                      boot: str | None, procfs: str) -> None:
-        tagged = {r.id for r in ruleset.rules.values() if "failover" in r.tags}
-        self.cfg.host.workloads = of_services(services)  # image.cuda, every slow cycle
+        tagged = ruleset.failover_rules()
+        self.cfg.sources.workloads = of_services(services)  # image.cuda, every slow cycle
         self.supervisors = [Supervisor(s, state_dir, tagged, self.cfg.dry_run,
                                        active_check=self.active_probe_passes, boot_id=boot)
                             for s in services if state_dir is not None]
@@ -352,7 +351,7 @@ class Daemon:
             self.stats.last_reload_time = time.time()
         if self.cfg.input_path is None:
             self.sampler = NvmlSampler(procfs, self.on_nvml_xid)
-        self.gpus_seen = SeenGpus(state_dir, boot)
+        self.gpus_seen = SeenGpus(state_dir, boot, log)
         active.HOST_LOCK["state_dir"] = state_dir
 
     def _registry(self) -> CollectorRegistry:

@@ -29,6 +29,7 @@ from gpuguard.judge.actions import FAILING
 from gpuguard.model.identity import GpuId, finding_key
 from gpuguard.model.results import Result
 from gpuguard.model.rule import RuleSet
+from gpuguard.model.snapshot import Snapshot
 
 log = structlog.get_logger("gpuguard.events")
 
@@ -38,7 +39,9 @@ FLUSH_EVERY_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
-class Verdict:
+class Overlay:
+    """History's word on one finding, worked out by the thread for the last cycle."""
+
     finding: Finding  # the status and names it was worked out for
     action: str
     reason: str | None
@@ -57,7 +60,7 @@ class EventRecorder:
         self.flush_every_s = flush_every_s
         self.cycles_dropped = 0
         self._cycles: deque[tuple[list[Result], dict[int, GpuId], RuleSet, float]] = deque()
-        self._overlay: dict[tuple[str, str], Verdict] = {}
+        self._overlay: dict[tuple[str, str], Overlay] = {}
         self._last: dict[tuple[str, str], Finding] | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -67,6 +70,12 @@ class EventRecorder:
         self.before_flush: Callable[[], None] | None = None
 
     # --- in the cycle: memory only ----------------------------------------------------
+
+    def apply(self, results: list[Result], snapshot: Snapshot,
+              ruleset: RuleSet) -> list[Result]:
+        """The daemon's history step (gpuguard/assess/history.History), called by the one
+        judgement (gpuguard/assess/once.judge) of each cycle."""
+        return self.on_cycle(results, snapshot.gpu_ids(), ruleset)
 
     def on_cycle(self, results: list[Result], known: dict[int, GpuId],
                  ruleset: RuleSet) -> list[Result]:
@@ -158,7 +167,7 @@ class EventRecorder:
                     continue
                 extra = {k: v for k, v in after.observed.items()
                          if before.observed.get(k) != v}
-                overlay[key] = Verdict(finding_of(after), after.action, after.action_reason,
+                overlay[key] = Overlay(finding_of(after), after.action, after.action_reason,
                                        extra)
             self._overlay = overlay
         return applied

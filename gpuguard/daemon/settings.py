@@ -3,11 +3,12 @@ keeps its samples for the rules it runs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
+from gpuguard.assess.inputs import HostInputs
 from gpuguard.io.paths import state_dir_or_default
 from gpuguard.model.rule import RuleSet
 from gpuguard.sources import boot_state
@@ -21,16 +22,22 @@ DEFAULT_LISTEN = "127.0.0.1:9412"
 FAST_SOURCES = frozenset({"kernel_log", "host_memory"})
 
 
+# The daemon's input options: every source (Docker, host memory and disks) unless turned
+# off; `timeout` is the NVML deadline of one sweep.
+DAEMON_INPUTS = HostInputs(timeout=4.0, docker_default="on", host_resources=True)
+
+
 @dataclass
 class DaemonConfig:
     listen: str = DEFAULT_LISTEN
     fast_interval: float = 5.0
     slow_interval: float = 60.0
-    timeout: float = 4.0  # NVML deadline of one sweep
-    input_path: Path | None = None  # a replayed snapshot, read again every cycle
-    host: host_sources.HostOptions = field(default_factory=host_sources.HostOptions)
-    profile_path: Path | None = None
-    rules_dirs: list[Path] = field(default_factory=list)
+    # What the daemon judges (one object for every consumer: gpuguard/assess/inputs.py):
+    # the replayed --input (read again every cycle), the roots, the profile and rules.
+    inputs: HostInputs = DAEMON_INPUTS
+    # The host sources' options, built from `inputs` (the daemon sets the profile's disk
+    # paths and the services' workloads on it as they change).
+    host: host_sources.HostOptions | None = None
     udev: bool = True
     events_file: Path | None = None
     log_format: str = "auto"
@@ -43,6 +50,31 @@ class DaemonConfig:
     status_socket: Path | None = None
     status_group: str | None = "gpuguard"  # who besides root may read it
     npd_dir: Path | None = None  # node-problem-detector's condition files (verdict_files.py)
+
+    def __post_init__(self) -> None:
+        if self.host is None:
+            self.host = self.inputs.host_options()
+
+    @property
+    def sources(self) -> host_sources.HostOptions:
+        assert self.host is not None  # set in __post_init__
+        return self.host
+
+    @property
+    def input_path(self) -> Path | None:
+        return self.inputs.input_path
+
+    @property
+    def timeout(self) -> float:
+        return self.inputs.timeout
+
+    @property
+    def profile_path(self) -> Path | None:
+        return self.inputs.profile_path
+
+    @property
+    def rules_dirs(self) -> tuple[Path, ...]:
+        return self.inputs.rules_dirs
 
 
 def sample_spans(ruleset: RuleSet) -> tuple[float, float]:
@@ -64,16 +96,16 @@ def host_paths(cfg: DaemonConfig, services: bool) -> tuple[Path | None, str | No
     start (HostPathForbidden, exit 4)."""
     # A replay records history only into a state dir it was given: never into this
     # host's own (the replayed facts are not this host's).
-    if cfg.input_path is not None and cfg.host.state_dir is None:
+    if cfg.input_path is not None and cfg.sources.state_dir is None:
         if cfg.event_store:
             log.info("event_store_off", why="a replayed --input without --state-dir")
         cfg.event_store = False
-    cfg.host.look_up_host_paths()
+    cfg.sources.look_up_host_paths()
     # looked up only where something is kept there (a replay without services and
     # without a store keeps nothing)
-    state_dir = state_dir_or_default(cfg.host.state_dir) \
+    state_dir = state_dir_or_default(cfg.sources.state_dir) \
         if cfg.event_store or services else None
     # the store's events and the supervisors' time on CPU are of this boot
-    boot = boot_state.boot_id(cfg.host.paths) if cfg.event_store or services else None
-    procfs = str(cfg.host.paths.procfs) if cfg.input_path is None else ""
+    boot = boot_state.boot_id(cfg.sources.paths) if cfg.event_store or services else None
+    procfs = str(cfg.sources.paths.procfs) if cfg.input_path is None else ""
     return state_dir, boot, procfs

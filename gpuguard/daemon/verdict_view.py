@@ -122,11 +122,10 @@ def answer(view: DaemonView, req: Request) -> dict[str, Any]:
     results = [r for r in results if selected(r.rule, req.only, req.skip)]
     note = "the daemon's verdict (pid {}): {}".format(view.pid, ", ".join(
         f"{c} results {ages[c]:.0f} s old" for c in sorted(ages)))
-    verdict = Verdict(results, req.fail_on, (note,))
+    verdict = Verdict(results, req.fail_on, (note,), source=note,
+                      failover_rules=frozenset(view.failover_rules()))
     if req.want == "results":
-        return {"code": verdict.code, "note": note,
-                "failover_rules": sorted(view.failover_rules()),
-                "results": [r.to_json() for r in results]}
+        return verdict.to_json()
     from gpuguard.outputs.render import renderer
 
     snapshot = view.snapshot() or Snapshot()

@@ -17,7 +17,7 @@ from gpuguard.events import store as eventstore
 from gpuguard.events.ack_command import CLI_WRITE_WAIT_S, flush_within
 from gpuguard.events.escalation import apply_history
 from gpuguard.events.recording import kernel_log_repairs, kernel_log_xids, rule_transitions
-from gpuguard.events.rows import Skipped, a_time, data_of
+from gpuguard.events.rows import Skipped, a_time
 from gpuguard.events.store import Event, StoreUnreadable
 from gpuguard.events.writer import EventWriter
 from gpuguard.io.clock import utc
@@ -148,32 +148,6 @@ def _table_row(e: Event, width: int) -> list[str]:
 def _when(t: object) -> str:
     when = a_time(t)
     return "-" if when is None else utc(when, suffix=False)  # under a column that says UTC
-
-
-def acks_in_force(state_dir: Path) -> int:
-    """How many acks in the store have not run out (of any boot): for the note that they
-    do not apply to a replay. An unreadable store has none to tell of."""
-    path = eventstore.path_in(state_dir)
-    if not path.is_file():
-        return 0
-    try:
-        conn = eventstore.open_reader(path)
-    except StoreUnreadable:
-        return 0
-    now = time.time()
-    try:
-        rows = conn.execute("SELECT data FROM events WHERE kind = 'ack'").fetchall()
-    except sqlite3.Error:
-        return 0
-    finally:
-        conn.close()
-    count = 0
-    for (text,) in rows:
-        data = data_of(text)  # a bad row is none in force
-        until = None if data is None else a_time(data.get("until"))
-        if until is not None and until >= now:
-            count += 1
-    return count
 
 
 def last_transitions(state_dir: Path, limit: int = 10) -> list[str]:

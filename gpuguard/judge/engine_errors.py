@@ -26,14 +26,14 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ErrorJudgement:
     status: str  # ok, unknown or failed
     message: str
     observed: dict[str, Any] = field(default_factory=dict)
 
 
 def judge(name: str, entry: dict[str, Any], snapshot: Snapshot,
-          catalog: dict[int, XidEntry], window: float, within: float) -> Verdict:
+          catalog: dict[int, XidEntry], window: float, within: float) -> ErrorJudgement:
     log = entry["log"]
     now = float(log.get("now") or 0.0)
     recent = [e for e in log.get("errors") or [] if now - float(e["seen"]) <= window]
@@ -45,7 +45,7 @@ def judge(name: str, entry: dict[str, Any], snapshot: Snapshot,
     current = [(e, x) for e, x in pairs
                if x is not None or e.get("run") in (None, entry.get("identity"))]
     if not current:
-        return Verdict("ok", f"{len(recent)} GPU error(s) in its log, none tied to an Xid, "
+        return ErrorJudgement("ok", f"{len(recent)} GPU error(s) in its log, none tied to an Xid, "
                        "and it has restarted since (the application's fault, mended)")
     error, xid = max(current, key=lambda p: (_rank(p[1]), p[0]["seen"]))
     age, line = now - float(error["seen"]), str(error["line"])[:300]
@@ -53,30 +53,30 @@ def judge(name: str, entry: dict[str, Any], snapshot: Snapshot,
         why = ("the kernel log was not read: whether an Xid came with it is not known"
                if xids is None else f"no Xid on its GPUs within {within:g} s: the "
                "application's fault")
-        return Verdict("failed", f"{error['kind']} in its log {age:.0f} s ago ({why}): "
+        return ErrorJudgement("failed", f"{error['kind']} in its log {age:.0f} s ago ({why}): "
                        f"{line!r}", {"suggested": Action.RESTART_APP.value, "why": why,
                                      "errors": recent, NAMES: [f"{name}: {error['kind']}"]})
     why = (f"Xid {xid['xid']} on GPU {xid['gpu']} {abs(xid['apart_s']):.0f} s "
            f"{'before' if xid['apart_s'] >= 0 else 'after'} the engine's {error['kind']}")
-    return Verdict("failed", f"{error['kind']} in its log {age:.0f} s ago with {why}: the "
+    return ErrorJudgement("failed", f"{error['kind']} in its log {age:.0f} s ago with {why}: the "
                    f"Xid's action, {xid['action']}: {line!r}",
                    {"suggested": xid["action"], "why": why, "errors": recent, "xid": xid,
                     NAMES: [f"{name}: {error['kind']} with Xid {xid['xid']}"]})
 
 
-def _without_errors(log: dict[str, Any], now: float, window: float) -> Verdict:
+def _without_errors(log: dict[str, Any], now: float, window: float) -> ErrorJudgement:
     """No error read within the window: ok only where the log was read, every byte."""
     if log.get("error"):
-        return Verdict("unknown", f"its log ({log.get('source')}) could not be read: "
+        return ErrorJudgement("unknown", f"its log ({log.get('source')}) could not be read: "
                        f"{log['error']}")
     # bytes a read skipped (a flood past its bound) may have held an error: not an ok
     skips = [s for s in log.get("skips") or [] if now - float(s["seen"]) <= window]
     if skips:
         last = skips[-1]
-        return Verdict("unknown", f"part of its log ({log.get('source')}) was not read "
+        return ErrorJudgement("unknown", f"part of its log ({log.get('source')}) was not read "
                        f"{now - float(last['seen']):.0f} s ago: {last['what']}",
                        {"skips": skips})
-    return Verdict("ok", f"no GPU error in its log ({log.get('source')})")
+    return ErrorJudgement("ok", f"no GPU error in its log ({log.get('source')})")
 
 
 def xids_of(snapshot: Snapshot, gpus: set[int] | None, catalog: dict[int, XidEntry]

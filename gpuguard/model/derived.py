@@ -60,6 +60,6 @@ def held_by(gpu: GpuSnapshot, pids: set[int]) -> list[Process]:
 
 def missing_gpu_name(gpu: dict[str, Any]) -> str:
     """How a GPU that went missing is named: in gpu.count's message and in the names an
-    ack of it covers (daemon/gpus_seen.py)."""
+    ack of it covers (assess/gpus_seen.py)."""
     return f"GPU {gpu.get('index')} ({gpu.get('uuid') or 'no UUID'}, " \
            f"{gpu.get('pci_bus_id') or 'no bus id'})"

@@ -87,6 +87,32 @@ class Result:
             "action_reason": self.action_reason,
         }
 
+    @classmethod
+    def from_json(cls, raw: object) -> Result:
+        """A result as to_json wrote it (the daemon's socket: `gpuguard slurm` reads it
+        back); ValueError for anything of another shape, never a partial result."""
+        if not isinstance(raw, dict):
+            raise ValueError("a result is not an object")
+        gpu = raw.get("gpu")
+        observed = raw.get("observed", {})
+        texts = [raw.get(k) for k in ("rule", "message", "action")]
+        optional = [raw.get(k) for k in ("remediation", "action_reason")]
+        if not all(isinstance(v, str) for v in texts) or \
+                not all(v is None or isinstance(v, str) for v in optional) or \
+                not isinstance(observed, dict) or not (gpu is None or _gpu_json(gpu)):
+            raise ValueError("a result of the wrong shape")
+        return cls(raw["rule"], Status(str(raw.get("status"))),
+                   Status(str(raw.get("severity"))),
+                   raw["message"], None if gpu is None else GpuId(
+                       gpu["index"], gpu.get("uuid"), gpu.get("pci_bus_id")),
+                   raw.get("remediation"), observed, raw["action"], raw.get("action_reason"))
+
+
+def _gpu_json(gpu: object) -> bool:
+    return isinstance(gpu, dict) and isinstance(gpu.get("index"), int) and \
+        not isinstance(gpu.get("index"), bool) and \
+        all(gpu.get(k) is None or isinstance(gpu.get(k), str) for k in ("uuid", "pci_bus_id"))
+
 
 def exit_code(results: list[Result]) -> int:
     """Nagios-style: 2 any critical, else 1 any warning, else 3 any unknown, else 0.
@@ -108,14 +134,19 @@ _PASSES = {"unknown": frozenset(), "warning": frozenset({3}), "critical": frozen
 
 @dataclass(frozen=True)
 class Verdict:
-    """One check's results and the exit code they give under --fail-on: decided here once;
-    every renderer prints `code` and the process exits with it."""
+    """The one judgement of a host that every consumer acts on (`check`, `status`, the
+    daemon's socket, Slurm, NPD): its results and the exit code they give under --fail-on,
+    decided here once; every renderer prints `code` and the process exits with it."""
 
     results: list[Result]
     fail_on: str = "unknown"
-    # What the reader must know about this run besides the results (a replay that this
-    # host's acks do not apply to); the table prints them under its header.
+    # What the reader must know about this run besides the results (whose verdict it is,
+    # how old); the table prints them under its header.
     notes: tuple[str, ...] = ()
+    # Who judged: "a cold check", "the daemon's verdict (pid N): ..."
+    source: str = ""
+    # The rules tagged `failover` in the rule pack that judged (Slurm drains for them)
+    failover_rules: frozenset[str] = frozenset()
 
     @property
     def nagios_code(self) -> int:
@@ -128,6 +159,24 @@ class Verdict:
 
     def summary(self) -> dict[str, int]:
         return summary(self.results)
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict as the daemon's socket serves it (`want: results`)."""
+        return {"code": self.code, "note": self.source,
+                "failover_rules": sorted(self.failover_rules),
+                "results": [r.to_json() for r in self.results]}
+
+    @classmethod
+    def from_json(cls, raw: object) -> Verdict:
+        """A verdict as to_json wrote it; ValueError for anything of another shape."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("results"), list):
+            raise ValueError("a verdict without results")
+        rules = raw.get("failover_rules")
+        if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+            raise ValueError("a verdict without its failover rules")
+        return cls([Result.from_json(r) for r in raw["results"]],
+                   source=str(raw.get("note") or "the daemon's verdict"),
+                   failover_rules=frozenset(rules))
 
     def describe_exit(self) -> str:
         """The footer's words: the code, and why when --fail-on changed it or nothing ran."""

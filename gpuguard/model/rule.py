@@ -79,5 +79,10 @@ class RuleSet:
     xid_catalog_source: str = ""
     sxid_catalog_source: str = ""
 
+    def failover_rules(self) -> set[str]:
+        """The rules tagged `failover`: the supervisor fails over on them and Slurm
+        drains for them, whatever their action."""
+        return {r.id for r in self.rules.values() if "failover" in r.tags}
+
     def ordered(self) -> list[Rule]:
         return [self.rules[k] for k in sorted(self.rules)]

@@ -205,7 +205,7 @@ class HostInfo(Validated):
     # is configured (the service.* rules are skipped).
     services: Reading[dict[str, Any]] = reading_field(readings.mapping)
     # The GPUs the daemon saw since boot that this sweep does not list (daemon only,
-    # gpuguard/daemon/gpus_seen.py): [{"uuid", "pci_bus_id", "index", "name"}]; absent in
+    # gpuguard/assess/gpus_seen.py): [{"uuid", "pci_bus_id", "index", "name"}]; absent in
     # `check` and when NVML did not answer (which GPUs are there cannot be told then).
     gpus_missing: Reading[list[dict[str, Any]]] = reading_field(readings.mapping_list)
     # The images and Python environments image.cuda judges (sources/workloads.py)

@@ -7,6 +7,7 @@ in the future fails back."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -78,7 +79,8 @@ def test_the_watchdog_is_not_pinged_when_no_cycle_comes(tmp_path, monkeypatch):
     schedule waited on a wall clock set back an hour). The pings stop once no cycle has
     ended for 3 x fast interval + 2 x timeout; between cycles is no excuse."""
     daemon, _ = in_process_daemon(tmp_path, host_snapshot(1))
-    daemon.cfg.fast_interval, daemon.cfg.timeout = 0.2, 0.3  # no cycle for 1.2 s: stuck
+    daemon.cfg.fast_interval = 0.2  # no cycle for 1.2 s: stuck
+    daemon.cfg.inputs = dataclasses.replace(daemon.cfg.inputs, timeout=0.3)
     reader = NotifyReader(tmp_path / "notify.sock")
     monkeypatch.setenv("NOTIFY_SOCKET", str(reader.path))
     monkeypatch.setenv("WATCHDOG_USEC", "100000")  # a ping every 50 ms while all is well

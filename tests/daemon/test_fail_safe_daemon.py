@@ -4,6 +4,7 @@ daemon remembers of the kernel log stays bounded."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuguard.daemon.app import Daemon
 from gpuguard.daemon.metrics import DaemonCollector
-from gpuguard.daemon.settings import DaemonConfig
+from gpuguard.daemon.settings import DAEMON_INPUTS, DaemonConfig
 from gpuguard.daemon.xid_counter import XidMarks
 from gpuguard.model.results import Status
 from gpuguard.sources.host import HostOptions
@@ -31,7 +32,8 @@ def in_process_daemon(tmp_path: Path, snapshot: dict) -> tuple[Daemon, Path]:
     write_snapshot(path, snapshot)
     host = HostOptions(state_dir=tmp_path, kernel_log=False, procfs=False, sysfs=False,
                        rootfs=False)
-    daemon = Daemon(DaemonConfig(input_path=path, host=host, udev=False))
+    daemon = Daemon(DaemonConfig(inputs=dataclasses.replace(DAEMON_INPUTS, input_path=path),
+                                 host=host, udev=False))
     daemon._config = daemon.load_config()
     return daemon, path
 

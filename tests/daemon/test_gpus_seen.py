@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpuguard.daemon.gpus_seen import FILE, SeenGpus
+from gpuguard.assess.gpus_seen import FILE, SeenGpus
 from gpuguard.model.snapshot import GpuSnapshot, Reading, Snapshot
 from tests.conftest import TEST_BOOT_ID, gpuguard
 from tests.daemon.conftest import host_snapshot, write_snapshot

@@ -1,5 +1,6 @@
 """The daemon's parts as plain functions: notify, udev handler, result store, history rules."""
 
+import dataclasses
 import os
 import socket
 
@@ -155,11 +156,12 @@ def test_aer_growth_warns(h200, default_rules):
 
 def test_the_history_is_as_long_as_the_longest_window_a_rule_judges(tmp_path):
     from gpuguard.daemon.app import Daemon
-    from gpuguard.daemon.settings import DaemonConfig
+    from gpuguard.daemon.settings import DAEMON_INPUTS, DaemonConfig
 
     profile = tmp_path / "profile.yaml"
     profile.write_text("rules:\n  nvlink.errors:\n    thresholds: {window_s: 3600}\n")
-    daemon = Daemon(DaemonConfig(profile_path=profile))
+    daemon = Daemon(DaemonConfig(inputs=dataclasses.replace(DAEMON_INPUTS,
+                                                            profile_path=profile)))
     daemon._fit_history(daemon.load_config()[1])
     assert daemon.samples.keep_s == 3660.0
     profile.write_text("")

@@ -151,31 +151,34 @@ def test_a_kernel_log_ack_clears_on_a_new_boot(tmp_path):
     assert read_xid_ack(state, Paths(procfs=proc_b)) is None  # another boot: nothing is hidden
 
 
-def test_a_replay_is_never_recorded_and_this_hosts_acks_do_not_apply(tmp_path, run):
+def test_a_replay_is_never_recorded_and_is_judged_with_the_state_dir_it_names(tmp_path, run):
+    """A replay given --state-dir is judged with that state dir's history, as the daemon
+    replaying it judges it (issue 27: one judgement); without one, nothing of this host
+    is read."""
     state, proc = tmp_path / "state", procfs(tmp_path, BOOT_A)
-    run(state, proc)
+    board = result(run(state, proc), "recovery.action", 0)["gpu"]["uuid"]
     out = gpuguard("ack", "recovery.action", "--gpu", "0", "--reason", "RMA", "--state-dir",
                    str(state), "--path.procfs", str(proc))
     assert out.returncode == 0, out.stderr
     before = events(state)
-    snap = tmp_path / "replay.json"
-    write_snapshot(snap, host_snapshot(2, {(0, "recovery_action"): "gpu_reset"}))
+    snap = tmp_path / "replay.json"  # the same board, recorded
+    write_snapshot(snap, host_snapshot(2, {(0, "recovery_action"): "gpu_reset",
+                                           (0, "uuid"): board}))
     refused = gpuguard("check", "--input", str(snap), "--record", "--state-dir", str(state))
     assert refused.returncode == 3
     assert "cannot record a replayed --input" in refused.stderr
     assert events(state) == before  # bad input changes nothing
-    # replayed with the state dir named: the host's ack is said not to apply
-    table = gpuguard("check", "--input", str(snap), "--state-dir", str(state), "--only",
-                     "recovery.action")
-    assert table.returncode == 2
-    assert "note: 1 ack(s) in" in table.stdout and "do not apply to a replayed" in table.stdout
-    doc = json.loads(gpuguard("check", "--input", str(snap), "--state-dir", str(state),
-                              "--only", "recovery.action", "--format", "json").stdout)
-    assert result(doc, "recovery.action", 0)["action"] == "reset_gpu"  # unacknowledged
-    assert any("do not apply" in note for note in doc["notes"])
-    # without the state dir named, nothing of this host is read (and nothing said)
-    plain = gpuguard("check", "--input", str(snap), "--only", "recovery.action")
-    assert "note:" not in plain.stdout
+    # replayed with the state dir (and its boot) named: the ack given in that boot holds
+    named = ("--input", str(snap), "--state-dir", str(state), "--path.procfs", str(proc),
+             "--only", "recovery.action", "--format", "json")
+    doc = json.loads(gpuguard("check", *named).stdout)
+    assert result(doc, "recovery.action", 0)["action"] == "none"  # acknowledged
+    assert "RMA" in json.dumps(result(doc, "recovery.action", 0)["observed"])
+    assert events(state) == before  # and nothing was written
+    # without the state dir named, nothing of this host is read: unacknowledged
+    plain = json.loads(gpuguard("check", "--input", str(snap), "--only", "recovery.action",
+                                "--format", "json").stdout)
+    assert result(plain, "recovery.action", 0)["action"] == "reset_gpu"
 
 
 def test_events_wraps_its_message_column(tmp_path, run):

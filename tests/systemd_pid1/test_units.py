@@ -43,7 +43,7 @@ def daemon_port(machine: Machine) -> Any:
     yield port
     machine.run("systemctl", "stop", "gpuguard.service")
     # each test's daemon sees other GPUs (the fake NVML's, a replay's): the GPUs the last
-    # one saw in this boot would be "gone" for the next (daemon/gpus_seen.py)
+    # one saw in this boot would be "gone" for the next (assess/gpus_seen.py)
     machine.run("rm", "-rf", "/etc/systemd/system/gpuguard.service.d", TEST_DIR,
                 "/var/lib/gpuguard/gpus-seen.json")
     machine.run("systemctl", "daemon-reload")

@@ -8,14 +8,19 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gpuguard.assess.inputs import HostInputs
 from gpuguard.integrations.slurm import brake as slurm_brake
 from gpuguard.integrations.slurm import ctl as slurm_ctl
 from gpuguard.integrations.slurm import plan as slurm
 from gpuguard.integrations.slurm import resume as slurm_resume
 from gpuguard.integrations.slurm import state as slurm_state
 from gpuguard.integrations.slurm import verdict as slurm_verdict
+
+if TYPE_CHECKING:
+    from gpuguard.assess.once import Judgement
+    from gpuguard.model.results import Verdict
 
 EXIT_BRAKE = 2
 EXIT_UNKNOWN = 3
@@ -30,24 +35,34 @@ class HealthRun:
     node: str
     ctl: slurm_ctl.SlurmSettings
     brake: slurm_brake.BrakeSettings
-    inputs: slurm_verdict.Inputs
-    state_dir: Path
+    inputs: HostInputs
+    state_dir: Path  # the Slurm records' (the inputs' --state-dir, else the host's)
     socket_path: str | None  # None: a cold check
     metrics_file: Path | None = None
     probe_budget_s: float = 3.0
     lines: list[str] = field(default_factory=list)
+    cold: Judgement | None = None  # this host collected, once per run (judgement())
 
     def say(self, text: str) -> None:
         self.lines.append(text)
 
+    def judgement(self) -> Judgement:
+        """This run's cold judgement of the host: one collection and one configuration,
+        shared by the cold verdict and a re-probe."""
+        if self.cold is None:
+            from gpuguard.assess.once import Judgement
 
-def verdict(run: HealthRun) -> slurm_verdict.Verdict:
+            self.cold = Judgement(self.inputs)
+        return self.cold
+
+
+def verdict(run: HealthRun) -> Verdict:
     if run.socket_path is not None:
         found = slurm_verdict.from_daemon(run.socket_path, min(10.0, run.ctl.timeout_s))
         if found is not None:
             return found
         run.say("no daemon answers: a cold check")
-    return slurm_verdict.cold(run.inputs)
+    return run.judgement().verdict(source="a cold check")
 
 
 def _reprobe(run: HealthRun, failure: dict[str, Any],
@@ -56,10 +71,7 @@ def _reprobe(run: HealthRun, failure: dict[str, Any],
     gpus = [g for g in failure.get("gpus") or [] if isinstance(g, int)]
     if failure.get("script") != "prolog" or not gpus:
         return results
-    snapshot = slurm_verdict.snapshot_of(run.inputs)
-    profile, ruleset = slurm_verdict.configuration(run.inputs)
-    probed = slurm_verdict.probe(snapshot, profile, ruleset, gpus, run.probe_budget_s,
-                                 run.state_dir)
+    probed = [r.to_json() for r in run.judgement().probe(gpus, run.probe_budget_s)]
     keys = {(r["rule"], slurm.gpu_of(r)) for r in probed}
     return [r for r in results if (r.get("rule"), slurm.gpu_of(r)) not in keys] + probed
 
@@ -94,16 +106,18 @@ def _run_health(run: HealthRun) -> int:
     if record is not None and not node.drained:  # resumed by hand: a next drain starts anew
         slurm_state.clear_drain(run.state_dir)
         record = None
-    results = found.results if failure is None else _reprobe(run, failure, found.results)
+    judged = [r.to_json() for r in found.results]
+    results = judged if failure is None else _reprobe(run, failure, judged)
     taken_over = None
     if failure is not None and failure.get("findings"):
         taken_over = slurm.reason_for(slurm.drain_worthy(failure["findings"], set())
                                       or failure["findings"])
-    plan = slurm.plan(results, found.failover_rules, node,
+    failover_rules = set(found.failover_rules)
+    plan = slurm.plan(results, failover_rules, node,
                       None if failure is None else float(failure["time"]), taken_over, record)
     run.say(f"node {node.name} ({node.state}, reason {node.reason or 'none'}): "
             f"{plan.do}: {plan.why}")
-    findings = slurm.drain_worthy(results, found.failover_rules) or \
+    findings = slurm.drain_worthy(results, failover_rules) or \
         (failure or {}).get("findings") or []
     try:
         return act(run, node, plan, failure, Drained(findings, results, record))

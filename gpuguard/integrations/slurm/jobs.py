@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuguard.assess.inputs import HostInputs
+from gpuguard.assess.once import Judgement
 from gpuguard.integrations.slurm import brake as slurm_brake
 from gpuguard.integrations.slurm import ctl as slurm_ctl
 from gpuguard.integrations.slurm import state as slurm_state
-from gpuguard.integrations.slurm import verdict as slurm_verdict
 from gpuguard.integrations.slurm.gpus import JobGpus, job_gpus
 from gpuguard.integrations.slurm.plan import BRAKE_RULE
 from gpuguard.judge.actions import Action, of_xid
@@ -42,7 +43,7 @@ class Job:
     job_id: str
     env: dict[str, str]  # the job's variables: its GPUs (integrations/slurm/gpus.py)
     state_dir: Path
-    inputs: slurm_verdict.Inputs
+    inputs: HostInputs
     # how to read Slurm for the brake (None: never asked, the failure goes through)
     ctl: slurm_ctl.SlurmSettings | None = None
     brake: slurm_brake.BrakeSettings = field(default_factory=slurm_brake.BrakeSettings)
@@ -114,7 +115,8 @@ def note_start(job: Job, snapshot: Snapshot) -> list[str]:
 
 
 def prolog(job: Job, budget_s: float) -> tuple[int, list[str]]:
-    snapshot = slurm_verdict.snapshot_of(job.inputs)
+    judgement = Judgement(job.inputs)
+    snapshot = judgement.snapshot()
     notes = note_start(job, snapshot)
     gpus = gpus_of(job, snapshot)
     notes += [f"UNKNOWN job GPU {u}: not probed" for u in gpus.unknown]
@@ -122,9 +124,7 @@ def prolog(job: Job, budget_s: float) -> tuple[int, list[str]]:
         what = "the job's GPU(s) could not be told" if gpus.unknown else \
             "no GPU allocated: nothing to probe"
         return 0, [f"job {job.job_id}: {what}", *notes]
-    profile, ruleset = slurm_verdict.configuration(job.inputs)
-    results = slurm_verdict.probe(snapshot, profile, ruleset, gpus.indexes, budget_s,
-                                  job.state_dir)
+    results = [r.to_json() for r in judgement.probe(gpus.indexes, budget_s)]
     failed = [r for r in results if r.get("status") == "critical"]
     lines = [*notes, *(f"{r['status'].upper()} {r['rule']} GPU "
                        f"{(r.get('gpu') or {}).get('index')}: {r['message']}"
@@ -174,12 +174,13 @@ def ecc_growth(start: dict[str, Any], snapshot: Snapshot) -> list[dict[str, Any]
 
 def epilog(job: Job) -> tuple[int, list[str]]:
     start = slurm_state.job_start(job.state_dir, job.job_id)
-    snapshot = slurm_verdict.snapshot_of(job.inputs)
+    judgement = Judgement(job.inputs)
+    snapshot = judgement.snapshot()
     slurm_state.forget_job(job.state_dir, job.job_id)
     if start is None:
         return 0, [f"job {job.job_id}: no record of its start (no prolog ran): "
                    "what appeared during it is unknown"]
-    _, ruleset = slurm_verdict.configuration(job.inputs)
+    _, ruleset = judgement.configure()
     hardware, application = classify(new_xids(_kernel_log(snapshot), start.get("kmsg_usec")),
                                      snapshot, ruleset)
     hardware += ecc_growth(start, snapshot)

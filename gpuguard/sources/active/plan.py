@@ -30,6 +30,10 @@ MAX_EARLY = 64
 CANNOT_TELL = (2, 46, 805)
 # The lock that keeps one probe per host at a time, in the state dir (host_lock.py).
 LOCK_FILE = "active-probe.lock"
+# The rules the probe's readings feed: a failback needs each of them ok on every GPU of
+# the service (skipped only where there is nothing to judge: no peer to copy with).
+PROBE_RULES = ("gpu.compute", "memory.pattern", "memory.bandwidth", "pcie.bandwidth",
+               "nvlink.bandwidth")
 # The snapshot fields the probe fills for each GPU (gpuguard/model/snapshot.py).
 FIELDS = ("probe_compute", "probe_pattern", "probe_pcie", "probe_memory", "probe_peers")
 

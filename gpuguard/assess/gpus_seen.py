@@ -15,15 +15,17 @@ A file that cannot be read (corrupt, too large, not ours) is doubt, not a fresh 
 gpu.count is unknown, saying so, for the rest of this boot (the doubt is kept in the file)
 unless the profile's gpu_count confirms the count; deleting the file and restarting the
 daemon accepts the GPUs present then.
+
+The daemon keeps the set (it updates the file); every cold path (`check`, `status --cold`,
+`slurm health` when no daemon answers) reads it without writing (keep=False): a GPU the
+daemon saw and NVML no longer lists is missing there too, whichever path judges.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-import structlog
+from typing import Any, Protocol
 
 from gpuguard.io import bounded
 from gpuguard.io.atomic import write_text
@@ -31,7 +33,22 @@ from gpuguard.model.derived import missing_gpu_name
 from gpuguard.model.results import Result, names_of
 from gpuguard.model.snapshot import GpuSnapshot, Reading, Snapshot
 
-log = structlog.get_logger("gpuguard.daemon")
+
+class Log(Protocol):
+    """Where the set's events go (the daemon's structlog logger); a cold path's reading
+    says its doubt in the result itself."""
+
+    def warning(self, event: str, **kw: Any) -> Any: ...
+
+    def info(self, event: str, **kw: Any) -> Any: ...
+
+
+class _Quiet:
+    def warning(self, event: str, **kw: Any) -> None:
+        pass
+
+    def info(self, event: str, **kw: Any) -> None:
+        pass
 
 FILE = "gpus-seen.json"
 RULE = "gpu.count"
@@ -41,9 +58,12 @@ MAX_FILE_BYTES = 1 << 20
 
 
 class SeenGpus:
-    def __init__(self, state_dir: Path | None, boot_id: str | None) -> None:
+    def __init__(self, state_dir: Path | None, boot_id: str | None, log: Log | None = None,
+                 keep: bool = True) -> None:
         self.path = state_dir / FILE if state_dir is not None else None
         self.boot_id = boot_id
+        self.log: Log = log if log is not None else _Quiet()
+        self.keep = keep  # False: read the set, never write it (a cold path)
         # why the set cannot be trusted this boot (an unreadable file), or None
         self.doubt: str | None = None
         self._unsaved = True  # the boot id (or the doubt) is not in the file yet
@@ -68,7 +88,7 @@ class SeenGpus:
         return [{**g, EARLIER: True} for g in raw["gpus"]]
 
     def _doubt(self, why: str) -> list[dict[str, Any]]:
-        log.warning("gpus_seen_unreadable", why=why,
+        self.log.warning("gpus_seen_unreadable", why=why,
                     action="gpu.count unknown this boot (unless the profile's gpu_count "
                            "confirms it)")
         self.doubt = why
@@ -116,7 +136,7 @@ class SeenGpus:
         any more (taken out on purpose)."""
         kept = [g for g in self.gpus if missing_gpu_name(g) not in names]
         if len(kept) != len(self.gpus):
-            log.info("gpus_seen_forgotten", gpus=sorted(names), why="an ack of gpu.count")
+            self.log.info("gpus_seen_forgotten", gpus=sorted(names), why="an ack of gpu.count")
             self.gpus = kept
             self._save()
 
@@ -131,7 +151,7 @@ class SeenGpus:
                 self.forget(set(names_of(r.observed)))
 
     def _save(self) -> None:
-        if self.path is None:
+        if self.path is None or not self.keep:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,7 +160,7 @@ class SeenGpus:
             self._unsaved = False
         except OSError as exc:  # kept in memory; a restart then starts afresh
             if not self._save_failed:  # once, not every cycle it keeps failing
-                log.warning("gpus_seen_not_saved", file=str(self.path), error=str(exc))
+                self.log.warning("gpus_seen_not_saved", file=str(self.path), error=str(exc))
             self._save_failed = True
 
 
