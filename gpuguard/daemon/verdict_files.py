@@ -8,6 +8,10 @@ the rule and GPU), when it was written on CLOCK_BOOTTIME (the plugin compares it
 first field of /proc/uptime: the same clock, monotonic, counting suspend), and how old
 it may get (two fast cycles) before the plugin answers Unknown. A file from before a
 reboot is newer than the clock: Unknown too.
+
+"Worst" here is NPD's order, not `check`'s exit code: critical, then unknown, then
+warning. A condition that holds an unknown is Unknown even beside a warning: NPD's OK
+must mean gpuguard looked and saw nothing that sets the condition.
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ NOT_A_CONDITION: dict[str, str] = {
              "the deploy pipeline (check --image) and the failback gate act on it",
 }
 MESSAGE_MAX = 200  # the plugin prints at most 80 characters; the file keeps a little more
+# NPD's order of badness (Status.rank puts warning above unknown, as `check`'s exit
+# code does: for NPD an unknown beside a warning must not read OK)
+NPD_RANK = {Status.SKIPPED: 0, Status.OK: 1, Status.WARNING: 2, Status.UNKNOWN: 3,
+            Status.CRITICAL: 4}
 
 
 def boottime() -> float:
@@ -47,7 +55,7 @@ def boottime() -> float:
 
 def condition_text(results: list[Result], max_age_s: float, written: float) -> str:
     """The file of one condition: its worst result's status and line."""
-    worst = max(results, key=lambda r: r.status.rank, default=None)
+    worst = max(results, key=lambda r: NPD_RANK[r.status], default=None)
     if worst is None or worst.status is Status.SKIPPED:
         status, line = "ok", "ok: no rule of this condition runs here"
     elif worst.status is Status.OK:
