@@ -1,18 +1,51 @@
 """node-problem-detector never OK on a guess (issue 27, item 8): the real VerdictFiles'
 files read by the real plugin under dash. A condition holding an unknown is Unknown even
-beside a warning."""
+beside a warning; a site's own rule sets a condition (the real daemon, a rules dir as in
+docs/configuration.md); every rule of the pack and a site's lands in a condition or in the
+documented exclusions."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gpuguard.daemon.verdict_files import VerdictFiles
+from gpuguard.config.ruleset import load_ruleset
+from gpuguard.daemon.verdict_files import CONDITIONS, NOT_A_CONDITION, VerdictFiles
 from gpuguard.model.identity import GpuId
 from gpuguard.model.results import Result, Status
+from tests.conftest import REPO
+from tests.daemon.conftest import host_snapshot, start_daemon, write_snapshot
 from tests.test_kubernetes import needs_dash, plugin
+
+__all__ = ["start_daemon"]  # the real daemon's fixture, used below
+
+# the example of docs/configuration.md, graded critical, and without a `condition:` key
+SITE_RULES = """\
+rules:
+  - id: site.memory_hot
+    scope: gpu
+    severity: critical
+    summary: GPU hotter than this site allows
+    when: "temperature_c > 80 and name == 'NVIDIA H200'"
+    message: "$name at $temperature_c C"
+    remediation: Check the rack's inlet temperature.
+  - id: site.gpu_count
+    scope: host
+    severity: critical
+    summary: this site's nodes have 8 GPUs
+    when: "gpu_count < 8"
+    message: "$gpu_count GPUs"
+  - id: host.site_gpus
+    scope: host
+    severity: critical
+    summary: a site rule in the family of the pack's excluded host rules
+    when: "gpu_count < 8"
+    message: "$gpu_count GPUs"
+"""
 
 
 def result(rule: str, status: Status, gpu: int | None = 0) -> Result:
@@ -57,3 +90,56 @@ def test_unknown_is_worse_than_warning_for_npd(tmp_path: Path, statuses: tuple[S
     got, out = run_at(npd / "gpu-hardware", 0.5, tmp_path)
     assert (got, out.startswith(f"gpuguard: {named}")) == (code, True), out
     assert run_at(npd / "gpu-driver", 0.5, tmp_path)[0] == 0  # nothing of it there
+
+
+@needs_dash
+def test_a_site_rules_critical_sets_its_condition(start_daemon: Any, tmp_path: Path) -> None:
+    """A real daemon with the site's rules dir, on a host of 2 GPUs whose GPU 1 runs at
+    85 C: gpuguard-hardware NonOK naming the site's GPU rule, gpu-driver NonOK for the
+    host rules (the site's host.* rule too: only the pack's host rules are left out)."""
+    rules = tmp_path / "rules.d"
+    rules.mkdir()
+    (rules / "site.yaml").write_text(SITE_RULES)
+    snap = tmp_path / "hot.json"
+    write_snapshot(snap, host_snapshot(2, {(1, "temperature_c"): 85}))
+    npd = tmp_path / "npd"
+    daemon = start_daemon("--input", str(snap), "--rules", str(rules), "--npd-dir", str(npd),
+                          "--fast-interval", "1")
+    hardware = npd / "gpu-hardware"
+    daemon.wait_for(lambda: daemon.result("site.memory_hot", 1) and hardware.exists(), 20,
+                    "a fast cycle with the site's rules")
+    before = hardware.read_text()
+    # a file written after that cycle (the daemon rewrites each one every cycle)
+    daemon.wait_for(lambda: hardware.read_text() != before, 20, "the next verdict files")
+    daemon.stop()  # the files as its last cycle left them, read on the tests' clock
+    code, out = run_at(npd / "gpu-hardware", 0.1, tmp_path)
+    assert code == 1 and "site.memory_hot GPU 1" in out, out
+    code, out = run_at(npd / "gpu-driver", 0.1, tmp_path)
+    assert code == 1 and re.search(r"critical: (site\.gpu_count|host\.site_gpus) \(\+1 more\)",
+                                   out), out
+    assert run_at(npd / "gpu-fabric", 0.1, tmp_path)[0] == 0
+
+
+def test_every_rule_of_the_pack_and_a_sites_lands_in_a_condition_or_a_documented_exclusion(
+        tmp_path: Path) -> None:
+    rules = tmp_path / "rules.d"
+    rules.mkdir()
+    (rules / "site.yaml").write_text(SITE_RULES)
+    ruleset = load_ruleset([rules])
+    excluded = []
+    for rule in ruleset.ordered():
+        gpu = 0 if rule.scope == "gpu" else None
+        npd = write(tmp_path, [result(rule.id, Status.CRITICAL, gpu)])
+        critical = [name for name in CONDITIONS
+                    if "status=critical\n" in (npd / name).read_text()]
+        if not critical:
+            excluded.append(rule.id)
+        assert len(critical) <= 1, (rule.id, critical)
+    # only the pack's host and image rules, each family with its reason in the docs
+    assert excluded == ["host.disk", "host.memory", "image.cuda"], excluded
+    docs = (REPO / "docs" / "kubernetes.md").read_text()
+    assert {r.split(".")[0] for r in excluded} == set(NOT_A_CONDITION)
+    assert "`host.*`" in docs and "`image.cuda`" in docs
+    for name, families in CONDITIONS.items():
+        row = next(line for line in docs.splitlines() if line.startswith(f"| `{name}` |"))
+        assert row.split("|")[3].split("(")[0].strip() == ", ".join(families), row

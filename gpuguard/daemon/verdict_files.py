@@ -16,6 +16,7 @@ must mean gpuguard looked and saw nothing that sets the condition.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -23,11 +24,12 @@ import structlog
 
 from gpuguard.daemon.verdict_view import fresh_results
 from gpuguard.io.atomic import write_text
+from gpuguard.judge import registry
 from gpuguard.model.results import Result, Status
 
 log = structlog.get_logger("gpuguard.daemon")
 
-# condition file -> the rule families it reports (gpuguard's own rules only)
+# condition file -> the rule families it reports
 CONDITIONS: dict[str, tuple[str, ...]] = {
     "gpu-hardware": ("gpu", "ecc", "memory", "pcie", "clocks", "power", "thermal", "vbios",
                      "xid", "recovery", "mig", "gsp"),
@@ -35,13 +37,17 @@ CONDITIONS: dict[str, tuple[str, ...]] = {
     "gpu-fabric": ("nvlink", "fabric", "p2p", "sxid"),
     "gpu-service": ("service",),
 }
-# Families in no condition, each with why (a test holds every family of judge/registry.py
-# to one or the other, so a new family cannot go unreported by accident).
+# Families of the pack's rules in no condition, each with why (a test holds every family
+# of judge/registry.py to one or the other, so a new family cannot go unreported by
+# accident). They exclude the pack's own rules only: a site's rule is never left out.
 NOT_A_CONDITION: dict[str, str] = {
     "host": "the node's memory and disks: kubelet reports them as conditions of its own",
     "image": "an image that cannot run here is its workload's problem, not the node's: "
              "the deploy pipeline (check --image) and the failback gate act on it",
 }
+# A site's rule of a family in no condition: by where it looks
+SITE_GPU_CONDITION = "gpu-hardware"
+SITE_HOST_CONDITION = "gpu-driver"
 MESSAGE_MAX = 200  # the plugin prints at most 80 characters; the file keeps a little more
 # NPD's order of badness (Status.rank puts warning above unknown, as `check`'s exit
 # code does: for NPD an unknown beside a warning must not read OK)
@@ -51,6 +57,27 @@ NPD_RANK = {Status.SKIPPED: 0, Status.OK: 1, Status.WARNING: 2, Status.UNKNOWN: 
 
 def boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+@functools.cache
+def pack_rules() -> frozenset[str]:
+    """The ids of the pack's rules of Python logic. The loader gives a site's rule a
+    `when:` and refuses it an id registered here, so this tells the pack's from a site's."""
+    registry.load_all()
+    return frozenset(registry.HOST_CHECKS) | frozenset(registry.GPU_CHECKS)
+
+
+def condition_of(rule_id: str, per_gpu: bool) -> str | None:
+    """The condition file a rule's results go to; None only for a pack rule of a family
+    in NOT_A_CONDITION. `per_gpu`: the result names a GPU (every result of a site's
+    `scope: gpu` rule does)."""
+    family = rule_id.split(".", 1)[0]
+    for name, families in CONDITIONS.items():
+        if family in families:
+            return name
+    if family in NOT_A_CONDITION and rule_id in pack_rules():
+        return None
+    return SITE_GPU_CONDITION if per_gpu else SITE_HOST_CONDITION
 
 
 def condition_text(results: list[Result], max_age_s: float, written: float) -> str:
@@ -84,10 +111,14 @@ class VerdictFiles:
               intervals: dict[str, float]) -> None:
         results, _ = fresh_results(entries, intervals, time.monotonic())
         written = boottime()
+        by_condition: dict[str, list[Result]] = {name: [] for name in CONDITIONS}
+        for result in results:
+            name = condition_of(result.rule, result.gpu is not None)
+            if name is not None:
+                by_condition[name].append(result)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            for name, families in CONDITIONS.items():
-                mine = [r for r in results if r.rule.split(".", 1)[0] in families]
+            for name, mine in by_condition.items():
                 write_text(self.directory / name, condition_text(mine, self.max_age_s, written))
         except OSError as exc:
             # the plugin answers Unknown as the files age: loud on that side, once here
