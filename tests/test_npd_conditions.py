@@ -2,7 +2,8 @@
 files read by the real plugin under dash. A condition holding an unknown is Unknown even
 beside a warning; a site's own rule sets a condition (the real daemon, a rules dir as in
 docs/configuration.md); every rule of the pack and a site's lands in a condition or in the
-documented exclusions."""
+documented exclusions; a file is trusted only while the results in it are fresh by
+`gpuguard status`'s rule (two cycles of their cadence)."""
 
 from __future__ import annotations
 
@@ -143,3 +144,28 @@ def test_every_rule_of_the_pack_and_a_sites_lands_in_a_condition_or_a_documented
     for name, families in CONDITIONS.items():
         row = next(line for line in docs.splitlines() if line.startswith(f"| `{name}` |"))
         assert row.split("|")[3].split("(")[0].strip() == ", ".join(families), row
+
+
+@needs_dash
+@pytest.mark.parametrize(("fast", "age", "fresh_at", "stale_at"), [
+    (4.0, 6.0, 1.0, 2.5),  # written 1.5 fast cycles after the last one: 2 s left
+    (0.5, 0.0, 0.2, 1.2),  # two cycles of 0.5 s are one second, not ten
+])
+def test_a_file_is_trusted_only_while_its_results_are_fresh(
+        tmp_path: Path, fast: float, age: float, fresh_at: float, stale_at: float) -> None:
+    """`gpuguard status` calls a result unknown past two cycles of its cadence; the plugin
+    said OK for two fast cycles after the write (and never under 10 s)."""
+    npd = write(tmp_path, [result("thermal.margin", Status.OK)], fast=fast, age=age)
+    assert run_at(npd / "gpu-hardware", fresh_at, tmp_path)[0] == 0
+    code, out = run_at(npd / "gpu-hardware", stale_at, tmp_path)
+    assert code == 2 and "stale" in out, out
+
+
+@needs_dash
+@pytest.mark.parametrize("keys", ["boottime_cs=soon\nmax_age_cs=150\n", "boottime_cs=100050\n",
+                                  "max_age_cs=-1\nboottime_cs=100050\n"])
+def test_a_malformed_centisecond_key_is_unknown(tmp_path: Path, keys: str) -> None:
+    path = tmp_path / "gpu-hardware"
+    path.write_text(f"status=ok\nmessage=ok: fine\nboottime=1000\nmax_age_s=9\n{keys}")
+    code, out = plugin(path, 1000.6, tmp_path)
+    assert code == 2 and "unreadable verdict" in out, out
