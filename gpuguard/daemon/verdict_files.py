@@ -4,26 +4,34 @@ after every cycle into `--npd-dir`, a host directory NPD's pod mounts.
 
 NPD's container has a POSIX shell and no Python, so a file is `key=value` lines the
 plugin reads with `read`: the condition's worst fresh result (status, one line naming
-the rule and GPU), when it was written on CLOCK_BOOTTIME (the plugin compares it with the
-first field of /proc/uptime: the same clock, monotonic, counting suspend), and how old
-it may get (two fast cycles) before the plugin answers Unknown. A file from before a
-reboot is newer than the clock: Unknown too.
+the rule and GPU), when it was written on CLOCK_BOOTTIME (the plugin compares it with
+/proc/uptime: the same clock, monotonic, counting suspend), and how old it may get before
+the plugin answers Unknown: until the first result the daemon holds would be older than
+two cycles of its cadence, the freshness rule of `gpuguard status` (verdict_view.py). A
+file from before a reboot is newer than the clock: Unknown too.
+
+"Worst" here is NPD's order, not `check`'s exit code: critical, then unknown, then
+warning. A condition that holds an unknown is Unknown even beside a warning: NPD's OK
+must mean gpuguard looked and saw nothing that sets the condition.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 from pathlib import Path
 
 import structlog
 
-from gpuguard.daemon.verdict_view import fresh_results
+from gpuguard.daemon.verdict_view import STALE_AFTER_CYCLES, fresh_results
 from gpuguard.io.atomic import write_text
+from gpuguard.judge import registry
 from gpuguard.model.results import Result, Status
 
 log = structlog.get_logger("gpuguard.daemon")
 
-# condition file -> the rule families it reports (gpuguard's own rules only)
+# condition file -> the rule families it reports
 CONDITIONS: dict[str, tuple[str, ...]] = {
     "gpu-hardware": ("gpu", "ecc", "memory", "pcie", "clocks", "power", "thermal", "vbios",
                      "xid", "recovery", "mig", "gsp"),
@@ -31,56 +39,112 @@ CONDITIONS: dict[str, tuple[str, ...]] = {
     "gpu-fabric": ("nvlink", "fabric", "p2p", "sxid"),
     "gpu-service": ("service",),
 }
-# Families in no condition, each with why (a test holds every family of judge/registry.py
-# to one or the other, so a new family cannot go unreported by accident).
+# Families of the pack's rules in no condition, each with why (a test holds every family
+# of judge/registry.py to one or the other, so a new family cannot go unreported by
+# accident). They exclude the pack's own rules only: a site's rule is never left out.
 NOT_A_CONDITION: dict[str, str] = {
     "host": "the node's memory and disks: kubelet reports them as conditions of its own",
     "image": "an image that cannot run here is its workload's problem, not the node's: "
              "the deploy pipeline (check --image) and the failback gate act on it",
 }
+# A site's rule of a family in no condition: by where it looks
+SITE_GPU_CONDITION = "gpu-hardware"
+SITE_HOST_CONDITION = "gpu-driver"
 MESSAGE_MAX = 200  # the plugin prints at most 80 characters; the file keeps a little more
+# NPD's order of badness (Status.rank puts warning above unknown, as `check`'s exit
+# code does: for NPD an unknown beside a warning must not read OK)
+NPD_RANK = {Status.SKIPPED: 0, Status.OK: 1, Status.WARNING: 2, Status.UNKNOWN: 3,
+            Status.CRITICAL: 4}
 
 
 def boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-def condition_text(results: list[Result], max_age_s: float, written: float) -> str:
-    """The file of one condition: its worst result's status and line."""
-    worst = max(results, key=lambda r: r.status.rank, default=None)
-    if worst is None or worst.status is Status.SKIPPED:
-        status, line = "ok", "ok: no rule of this condition runs here"
-    elif worst.status is Status.OK:
-        status, line = "ok", f"ok: {len(results)} result(s) ok"
+@functools.cache
+def pack_rules() -> frozenset[str]:
+    """The ids of the pack's rules of Python logic. The loader gives a site's rule a
+    `when:` and refuses it an id registered here, so this tells the pack's from a site's."""
+    registry.load_all()
+    return frozenset(registry.HOST_CHECKS) | frozenset(registry.GPU_CHECKS)
+
+
+def condition_of(rule_id: str, per_gpu: bool) -> str | None:
+    """The condition file a rule's results go to; None only for a pack rule of a family
+    in NOT_A_CONDITION. `per_gpu`: the result names a GPU (every result of a site's
+    `scope: gpu` rule does)."""
+    family = rule_id.split(".", 1)[0]
+    for name, families in CONDITIONS.items():
+        if family in families:
+            return name
+    if family in NOT_A_CONDITION and rule_id in pack_rules():
+        return None
+    return SITE_GPU_CONDITION if per_gpu else SITE_HOST_CONDITION
+
+
+def npd_status(results: list[Result]) -> Status | None:
+    """The condition's status in NPD's order; None when no rule of it gave a result."""
+    worst = max(results, key=lambda r: NPD_RANK[r.status], default=None)
+    return None if worst is None else worst.status
+
+
+def fresh_for(ages: dict[str, float], intervals: dict[str, float]) -> float:
+    """Seconds until the first result still fresh now turns stale (fresh_results' rule);
+    two fast cycles when none is fresh (the file says unknown already)."""
+    fast = intervals.get("fast", 5.0)
+    left = [STALE_AFTER_CYCLES * intervals.get(cadence, fast) - age
+            for cadence, age in ages.items()]
+    return min((s for s in left if s >= 0), default=STALE_AFTER_CYCLES * fast)
+
+
+def condition_text(results: list[Result], written: float, fresh_s: float) -> str:
+    """The file of one condition: its worst result's status and line, and its age limit."""
+    status = npd_status(results)
+    if status is None or status is Status.SKIPPED:
+        word, line = "ok", "ok: no rule of this condition runs here"
+    elif status is Status.OK:
+        word, line = "ok", f"ok: {len(results)} result(s) ok"
     else:
-        status = worst.status.value
+        worst = next(r for r in results if r.status is status)
+        word = status.value
         gpu = "" if worst.gpu is None else f" GPU {worst.gpu.index}"
-        more = sum(1 for r in results if r.status is worst.status) - 1
+        more = sum(1 for r in results if r.status is status) - 1
         extra = f" (+{more} more)" if more else ""
-        line = f"{status}: {worst.rule}{gpu}{extra}: {worst.message}"
+        line = f"{word}: {worst.rule}{gpu}{extra}: {worst.message}"
     line = " ".join(line.split())[:MESSAGE_MAX]  # one line, whatever a message holds
-    # whole seconds, rounded down as the plugin reads /proc/uptime: rounding up would
-    # put a fresh file a second in the future, which reads as an earlier boot
-    return (f"status={status}\nmessage={line}\nboottime={int(written)}\n"
-            f"max_age_s={max_age_s:.0f}\n")
+    # Rounded down, as /proc/uptime is printed: rounding up would put a fresh file in
+    # the future, which reads as an earlier boot. The limit is one unit short of the
+    # deadline, since the plugin's clock is rounded down too: a file it calls fresh is.
+    deadline = written + fresh_s
+    max_age_s = max(0, math.floor(deadline) - int(written) - 1)
+    written_cs = math.floor(written * 100)
+    max_age_cs = max(0, math.floor(deadline * 100) - written_cs - 1)
+    # boottime/max_age_s (whole seconds) for a plugin of before issue 27; the plugin
+    # reads the centiseconds, which two cycles of 0.5 s need
+    return (f"status={word}\nmessage={line}\nboottime={int(written)}\n"
+            f"max_age_s={max_age_s}\nboottime_cs={written_cs}\nmax_age_cs={max_age_cs}\n")
 
 
 class VerdictFiles:
     def __init__(self, directory: Path, fast_interval: float) -> None:
         self.directory = directory
-        # two fast cycles, and never under 10 s: the plugin runs every 10-30 s itself
-        self.max_age_s = max(10.0, 2 * fast_interval)
+        self.fast_interval = fast_interval
         self._failed_logged = False
 
     def write(self, entries: list[tuple[Result, str, float]],
               intervals: dict[str, float]) -> None:
-        results, _ = fresh_results(entries, intervals, time.monotonic())
+        results, ages = fresh_results(entries, intervals, time.monotonic())
+        fresh_s = fresh_for(ages, {"fast": self.fast_interval, **intervals})
         written = boottime()
+        by_condition: dict[str, list[Result]] = {name: [] for name in CONDITIONS}
+        for result in results:
+            name = condition_of(result.rule, result.gpu is not None)
+            if name is not None:
+                by_condition[name].append(result)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            for name, families in CONDITIONS.items():
-                mine = [r for r in results if r.rule.split(".", 1)[0] in families]
-                write_text(self.directory / name, condition_text(mine, self.max_age_s, written))
+            for name, mine in by_condition.items():
+                write_text(self.directory / name, condition_text(mine, written, fresh_s))
         except OSError as exc:
             # the plugin answers Unknown as the files age: loud on that side, once here
             if not self._failed_logged:
