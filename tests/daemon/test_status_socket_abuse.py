@@ -30,6 +30,7 @@ from tests.conftest import gpuguard
 from tests.daemon.conftest import host_snapshot, write_snapshot
 
 GROUP = 4242  # a gid no group on the host has: the kernel's check needs no name
+FAKE_SLURM = Path(__file__).parent.parent / "slurm" / "fake_slurm"  # sinfo, scontrol
 SYSTEM_PYTHON = "/usr/bin/python3"  # the checkout's venv may be closed to other uids
 as_root = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(SYSTEM_PYTHON),
                              reason="clients of other uids need root and /usr/bin/python3")
@@ -123,10 +124,11 @@ def test_root_is_answered_by_the_daemon_while_other_uids_renew_idle_connections(
         start_daemon: Any, tmp_path: Path, open_dir: Path, connections: int) -> None:
     """Two group members (uids 65534 and 65533) keep 12 idle connections each and renew
     every one the daemon closes: before, they held all 8 slots and root's `status` and
-    `slurm health` went to their cold path. Now one uid holds at most 6 and one slot is
-    root's: 20 of 20 answered by the daemon, for each. With 300 each, the connections
+    `slurm health` (the real commands; health on the fake Slurm) went to their cold path.
+    Now one uid holds at most 6 and one slot is root's: 20 of 20 answered by the daemon,
+    for each. With 300 each, the connections
     refused at once and renewed fill the daemon's listen queue: the client's connect
-    met EAGAIN (2 in 20 failed so) and now tries again within its deadline."""
+    met EAGAIN (3 or 4 in 20 failed so) and now tries again within its deadline."""
     snap = tmp_path / "snap.json"
     write_snapshot(snap, host_snapshot(1))
     sock = open_dir / "status.sock"
@@ -134,21 +136,30 @@ def test_root_is_answered_by_the_daemon_while_other_uids_renew_idle_connections(
                  str(GROUP))
     first = renewer(sock, 65534, connections, 6)
     second = renewer(sock, 65533, connections, 1)
-    statuses, asked = [], []
+    (tmp_path / "nodes").write_text("n1|idle|Unknown|gpu*|none\n")  # the fake Slurm's
+    health = ["slurm", "health", "--socket", str(sock), "--brake-jitter", "0", "--node", "n1",
+              "--slurm-bin", str(FAKE_SLURM), "--slurm-conf", str(tmp_path / "slurm.conf"),
+              "--state-dir", str(tmp_path / "health-state")]
+    statuses, healths, asked = [], [], []
     try:
         for _ in range(20):  # paced over about 3 of the daemon's 2 s deadlines
             statuses.append(gpuguard("status", "--socket", str(sock), "--format", "json",
                                      timeout=30))
+            healths.append(gpuguard(*health, timeout=60))
             try:  # what `slurm health` asks (integrations/slurm/verdict.py from_daemon)
                 asked.append(socket_client.ask(str(sock), {"want": "results"}, 5.0))
             except socket_client.NoDaemon as exc:
                 asked.append({"error": str(exc)})
-            time.sleep(0.2)
+            time.sleep(0.1)
     finally:
         held = [stop(first), stop(second)]
     from_daemon = [run for run in statuses if run.returncode == 0
                    and "the daemon's verdict" in json.loads(run.stdout)["notes"][0]]
     assert len(from_daemon) == 20, [run.stderr for run in statuses if run.returncode]
+    # its one-line plan names the verdict it acted on; the cold path says "a cold check"
+    warm = [run for run in healths if run.returncode == 0
+            and "verdict: the daemon's verdict" in run.stdout]
+    assert len(warm) == 20, [run.stdout + run.stderr for run in healths if run not in warm]
     answered = [reply for reply in asked if "the daemon's verdict" in reply.get("note", "")]
     assert len(answered) == 20, [reply for reply in asked if "note" not in reply]
     # they did hold slots to the deadline and renew them meanwhile
