@@ -91,9 +91,10 @@ def _check_peer(sock: _socket.socket, path: str) -> None:
 
 
 def _connect(sock: _socket.socket, path: str, end: float) -> None:
-    """Connect, again while the daemon's queue of connections is full (EAGAIN on a Unix
-    socket: clients flooding it with connections it closes at once, daemon/verdict_socket.py
-    counts slots per uid; it drains the queue in microseconds), until the deadline."""
+    """Connect, again while the daemon's queue of connections is full, until the deadline:
+    EAGAIN on a Unix socket, where other clients flood it with connections (the daemon
+    closes those past their uid's share of its slots at once, daemon/verdict_socket.py,
+    and drains its queue in microseconds)."""
     while True:
         try:
             sock.connect(path)

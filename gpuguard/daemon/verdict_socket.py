@@ -290,6 +290,8 @@ class VerdictSocket:
             self.served += 1
         except OSError:
             pass  # a client that went away or never read: its loss
+        except Exception:  # a bug past the answer: logged as one, never a dead thread's
+            self.quota.exception("status_request_failed", uid=uid)  # traceback a request
         finally:
             conn.close()
             self.slots.give(uid)
@@ -315,7 +317,9 @@ class VerdictSocket:
 
 def frame(reply: dict[str, Any]) -> bytes:
     """A rendering as `gpuguard status` reads it without a JSON parser."""
-    body = str(reply["error"] if "error" in reply else reply["text"]).encode()
+    # a lone surrogate (a replayed name, a message) must not make the frame unsendable
+    body = str(reply["error"] if "error" in reply else reply["text"]).encode(
+        "utf-8", "replace")
     word = "error" if "error" in reply else str(int(reply["code"]))
     # the body's length, so that a cut answer is told from a whole one
     return f"GGV1 {word} {len(body)}\n".encode() + body

@@ -329,6 +329,26 @@ def test_a_failing_answer_is_an_error_reply_and_one_traceback_per_interval(
     assert len(failed) == 1, logs
 
 
+def test_a_rendering_holding_a_lone_surrogate_is_still_sent(open_dir: Path) -> None:
+    """A result's message holding a lone surrogate (as a replayed string may): the frame's
+    encoding raised, the connection closed unanswered and the log took a traceback per
+    request; now the frame goes (the character replaced) and nothing is logged."""
+    def odd() -> list[tuple[Result, str, float]]:
+        return [(Result("thermal.margin", Status.OK, Status.CRITICAL, "GPU \ud800 ok"),
+                 "fast", time.monotonic())]
+
+    served = VerdictSocket(open_dir / "status.sock", None, view(odd))
+    served.start()
+    try:
+        with capture_logs() as logs:
+            replies = [socket_client.ask_text(str(served.path), {"fmt": "table"}, 5.0)
+                       for _ in range(20)]
+    finally:
+        served.stop()
+    assert all(reply.get("code") == 0 and "GPU ? ok" in reply["text"] for reply in replies)
+    assert not logs, logs
+
+
 def test_the_log_quota_is_one_line_per_interval_counting_the_rest() -> None:
     from gpuguard.daemon.verdict_socket import LogQuota  # new with this test
 
