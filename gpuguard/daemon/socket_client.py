@@ -90,6 +90,21 @@ def _check_peer(sock: _socket.socket, path: str) -> None:
                        "this user: not gpuguard's daemon")
 
 
+def _connect(sock: _socket.socket, path: str, end: float) -> None:
+    """Connect, again while the daemon's queue of connections is full, until the deadline:
+    EAGAIN on a Unix socket, where other clients flood it with connections (the daemon
+    closes those past their uid's share of its slots at once, daemon/verdict_socket.py,
+    and drains its queue in microseconds)."""
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + 0.005 >= end:
+                raise TimeoutError from None
+            time.sleep(0.005)
+
+
 def exchange(path: str, request: bytes | str, timeout: float) -> bytes:
     """Send one request line, read the reply to its end (at most MAX_REPLY bytes)."""
     data = request.encode() if isinstance(request, str) else request
@@ -99,7 +114,7 @@ def exchange(path: str, request: bytes | str, timeout: float) -> bytes:
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
-        sock.connect(path)
+        _connect(sock, path, end)
         _check_peer(sock, path)
         sock.sendall(data + b"\n")
         chunks, size = [], 0

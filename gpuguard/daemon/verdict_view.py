@@ -11,6 +11,7 @@ cycles, it is unknown, naming its age and what it was: never an old ok.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,24 @@ class Request:
     quiet: bool = False
     colour: bool = False
     width: int = 120
+
+    @classmethod
+    def from_line(cls, line: bytes) -> Request:
+        """A request line as a client sent it: UTF-8 JSON (RFC 8259: no UTF-16 by its byte
+        order mark, as json.loads would take it) holding one object. Whatever else is
+        BadRequest, naming why: nested too deep included, where json.loads raises
+        RecursionError (not a ValueError: it used to escape as a traceback)."""
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadRequest(f"the request is not UTF-8 (byte {exc.start})") from None
+        try:
+            value = json.loads(text)
+        except RecursionError:  # 4 KiB of `[` is 4,000 levels; the parser stops at 1,000
+            raise BadRequest("the request is nested too deep") from None
+        except ValueError as exc:
+            raise BadRequest(f"the request is not JSON: {str(exc)[:100]}") from None
+        return cls.from_json(value)
 
     @classmethod
     def from_json(cls, raw: Any) -> Request:
