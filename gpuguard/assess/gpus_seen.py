@@ -17,8 +17,10 @@ unless the profile's gpu_count confirms the count; deleting the file and restart
 daemon accepts the GPUs present then.
 
 The daemon keeps the set (it updates the file); every cold path (`check`, `status --cold`,
-`slurm health` when no daemon answers) reads it without writing (keep=False): a GPU the
-daemon saw and NVML no longer lists is missing there too, whichever path judges.
+`slurm health` when no daemon answers) reads it without adding to it (keep=False): a GPU
+the daemon saw and NVML no longer lists is missing there too, whichever path judges. An
+ack of gpu.count is the one change a cold path writes: the GPUs it covers are forgotten
+for every path, the daemon's too (taken out on purpose, said by a person).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ RULE = "gpu.count"
 EARLIER = "earlier_boot"  # a GPU seen in an earlier boot, not yet in this one
 ACKED = "acknowledged at"  # an ack's words in observed (events/acks.py), not auto_clear's
 MAX_FILE_BYTES = 1 << 20
+MAX_FORGOTTEN = 256  # the newest kept: a board is forgotten once per ack
 
 
 class SeenGpus:
@@ -68,6 +71,9 @@ class SeenGpus:
         self.doubt: str | None = None
         self._unsaved = True  # the boot id (or the doubt) is not in the file yet
         self._save_failed = False
+        # the GPUs an ack of gpu.count took out (kept across boots: a drain that waited
+        # for one of them waits no more, integrations/slurm/resume.py)
+        self.forgotten: list[dict[str, Any]] = []
         self.gpus: list[dict[str, Any]] = self._load()
 
     def _load(self) -> list[dict[str, Any]]:
@@ -80,6 +86,9 @@ class SeenGpus:
         if not isinstance(raw, dict) or not isinstance(raw.get("gpus"), list) or \
                 not all(_valid(g) for g in raw["gpus"]):
             return self._doubt(f"{self.path} is not a list of GPUs")
+        forgotten = raw.get("forgotten")
+        if isinstance(forgotten, list):
+            self.forgotten = [g for g in forgotten if _valid(g)][:MAX_FORGOTTEN]
         if raw.get("boot_id") == self.boot_id:
             doubt = raw.get("doubt")
             self.doubt = doubt if isinstance(doubt, str) else None
@@ -112,6 +121,8 @@ class SeenGpus:
         matches = [i for i, seen in enumerate(self.gpus) if _same(entry, seen)]
         if not matches:
             self.gpus.append(entry)
+            # back after it was forgotten: missed again if it goes again
+            self.forgotten = [g for g in self.forgotten if not _same(entry, g)]
             return True
         if self.gpus[matches[0]].get(EARLIER):
             self.gpus[matches[0]] = entry  # back after the reboot: seen this boot
@@ -137,8 +148,11 @@ class SeenGpus:
         kept = [g for g in self.gpus if missing_gpu_name(g) not in names]
         if len(kept) != len(self.gpus):
             self.log.info("gpus_seen_forgotten", gpus=sorted(names), why="an ack of gpu.count")
+            gone = [{k: v for k, v in g.items() if k != EARLIER} for g in self.gpus
+                    if missing_gpu_name(g) in names]
+            self.forgotten = [*self.forgotten, *gone][-MAX_FORGOTTEN:]
             self.gpus = kept
-            self._save()
+            self._save(forgetting=True)
 
     def forget_acknowledged(self, results: list[Result]) -> None:
         """The GPUs an ack of gpu.count in force covers (events/acks.py matched exactly the
@@ -150,18 +164,26 @@ class SeenGpus:
                     and r.observed.get("missing"):
                 self.forget(set(names_of(r.observed)))
 
-    def _save(self) -> None:
-        if self.path is None or not self.keep:
+    def _save(self, forgetting: bool = False) -> None:
+        if self.path is None or not (self.keep or forgetting):
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_text(self.path, json.dumps({"boot_id": self.boot_id, "gpus": self.gpus,
-                                              "doubt": self.doubt}))
+                                              "doubt": self.doubt,
+                                              "forgotten": self.forgotten}))
             self._unsaved = False
         except OSError as exc:  # kept in memory; a restart then starts afresh
             if not self._save_failed:  # once, not every cycle it keeps failing
                 self.log.warning("gpus_seen_not_saved", file=str(self.path), error=str(exc))
             self._save_failed = True
+
+
+def forgotten(state_dir: Path) -> list[dict[str, Any]]:
+    """The GPUs an ack of gpu.count took out, read only (none: no file, or a bad one)."""
+    if not (state_dir / FILE).is_file():
+        return []
+    return SeenGpus(state_dir, None, keep=False).forgotten
 
 
 def _entry(gpu: GpuSnapshot) -> dict[str, Any]:

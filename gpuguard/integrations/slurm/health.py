@@ -106,6 +106,7 @@ def _run_health(run: HealthRun) -> int:
     if record is not None and not node.drained:  # resumed by hand: a next drain starts anew
         slurm_state.clear_drain(run.state_dir)
         record = None
+    record = slurm_resume.still_expected(record, forgotten_gpus(run.state_dir))
     judged = [r.to_json() for r in found.results]
     results = judged if failure is None else _reprobe(run, failure, judged)
     taken_over = None
@@ -125,6 +126,16 @@ def _run_health(run: HealthRun) -> int:
         run.say(f"UNKNOWN slurm: {exc}: nothing changed")
         write_metrics(run, unknown=True)
         return EXIT_UNKNOWN
+
+
+def forgotten_gpus(state_dir: Path) -> list[dict[str, Any]]:
+    """The GPUs an ack of gpu.count took out (the GPUs-seen memory's, never fatal)."""
+    from gpuguard.assess.gpus_seen import forgotten
+
+    try:
+        return forgotten(state_dir)
+    except OSError:
+        return []
 
 
 def current_failure(run: HealthRun, node: slurm_ctl.NodeInfo) -> dict[str, Any] | None:

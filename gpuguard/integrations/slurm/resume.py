@@ -7,8 +7,9 @@ since an NVML index names another board after a GPU falls off the bus. It resume
 when all of these hold; when it cannot tell, it does not resume:
 
 - there is a record (none: the state dir was lost or never written; a person resumes);
-- every GPU present at the drain is in the verdict (a cold check without gpu_count in
-  its profile does not see a missing GPU: the record does);
+- every GPU of the drain is in the verdict: those present then and those the GPUs-seen
+  memory (assess/gpus_seen.py) already missed then; one an ack of gpu.count has taken
+  out since (the memory's `forgotten`) is no longer waited for;
 - each finding drained for has results on its board, all ok;
 - no drain-capable rule is unknown, or missing on a GPU where it reports on others;
 - a kernel-log finding drained for is not "ok" only because the ring buffer wrapped
@@ -79,12 +80,27 @@ def gpus_in(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return seen
 
 
+def missing_in(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The GPUs gpu.count names gone (seen since boot, or in an earlier boot, and not
+    listed now), as the record keeps a GPU."""
+    out = []
+    for r in results:
+        missing = (r.get("observed") or {}).get("missing") if r.get("rule") == "gpu.count" \
+            else None
+        for gpu in missing if isinstance(missing, list) else []:
+            kept = identity(gpu)
+            if kept is not None and (kept["uuid"] or kept["pci_bus_id"]):
+                out.append(kept)
+    return out
+
+
 def record_of(reason: str, findings: list[dict[str, Any]], results: list[dict[str, Any]],
               before: DrainRecord | None) -> DrainRecord:
     """The record of a drain (or of a changed reason: a GPU present at the first drain
-    stays in it, so one that fell off since is still missed)."""
+    stays in it, so one that fell off since is still missed), with the GPUs the verdict
+    already misses: a node drained for a vanished GPU waits for it too."""
     gpus = gpus_in(results)
-    for old in before.gpus if before is not None else []:
+    for old in [*missing_in(results), *(before.gpus if before is not None else [])]:
         if not any(same_gpu(old, g) for g in gpus):
             gpus.append(old)
     kept = [{"rule": f.get("rule"), "gpu": identity(f.get("gpu"))} for f in findings]
@@ -107,6 +123,16 @@ def _missing_gpu(record: DrainRecord, now: list[dict[str, Any]]) -> str | None:
         if not any(same_gpu(gpu, g) for g in now):
             return f"{_name(gpu)}, present at the drain, is missing from the verdict"
     return None
+
+
+def still_expected(record: DrainRecord | None,
+                   forgotten: list[dict[str, Any]]) -> DrainRecord | None:
+    """The record without the GPUs an ack of gpu.count has taken out since (the GPUs-seen
+    memory forgot them: the way back with fewer GPUs, docs/slurm.md)."""
+    if record is None or not forgotten:
+        return record
+    kept = [g for g in record.gpus if not any(same_gpu(g, f) for f in forgotten)]
+    return DrainRecord(record.reason, record.findings, kept)
 
 
 def _finding_left(record: DrainRecord, results: list[dict[str, Any]]) -> str | None:
