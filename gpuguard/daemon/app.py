@@ -65,6 +65,7 @@ class Daemon:
         self._last: Snapshot | None = None
         self._last_at = 0.0  # time.monotonic() of the last sweep
         self._slow_facts = Snapshot()
+        self._slow_read = False  # a slow cycle has read the host sources it reads
         self.xids = XidCounter(self.stats)
         self._cycle_ids = itertools.count(1)
         self._stop = threading.Event()
@@ -196,7 +197,10 @@ class Daemon:
         profile, ruleset = self._config
         snap = self._collect_nvml()
         # The slow cycle's host facts, and the kernel log read now (Xids cannot wait a minute).
-        host_sources.collect_host(self._slow_facts, self.cfg.sources, only=FAST_SOURCES)
+        # Before the first slow cycle has read them, every host source is read here: the
+        # first verdict is judged on the whole host, as a cold check's is (issue 27).
+        host_sources.collect_host(self._slow_facts, self.cfg.sources,
+                                  only=FAST_SOURCES if self._slow_read else None)
         collect.finish(snap, self._slow_facts, self.cfg.sources)
         # The probe's age and the samples' windows on the monotonic clock: a step of the
         # wall clock neither ages a result into stale nor empties a window.
@@ -227,6 +231,7 @@ class Daemon:
         facts = Snapshot()
         host_sources.collect_host(facts, self.cfg.sources, skip=FAST_SOURCES)
         self._slow_facts = facts
+        self._slow_read = True
         # the last sweep, unless fast cycles stopped ending: slow results judged on an old
         # sweep would be stored as fresh
         fresh = time.monotonic() - self._last_at <= 2 * self.cfg.fast_interval

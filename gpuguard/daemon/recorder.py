@@ -35,6 +35,11 @@ log = structlog.get_logger("gpuguard.events")
 
 # Cycles waiting for the thread; more are dropped (counted): the disk is that slow.
 CYCLES_QUEUED_MAX = 64
+# A failing finding history has not yet been worked out for (the daemon's first cycle, a
+# new finding): the cycle waits this long for the thread to work it out, so the first
+# verdict already carries its acks and escalations, as a cold check's does (issue 27: one
+# judgement). Once per finding: past the bound (a locked store) it comes a cycle later.
+FIRST_HISTORY_WAIT_S = 1.0
 FLUSH_EVERY_S = 1.0
 
 
@@ -63,6 +68,9 @@ class EventRecorder:
         self._overlay: dict[tuple[str, str], Overlay] = {}
         self._last: dict[tuple[str, str], Finding] | None = None
         self._lock = threading.Lock()
+        self._asked: set[tuple[str, str]] = set()  # findings a cycle waited for once
+        self._worked = threading.Condition(self._lock)  # the thread finished a work()
+        self._works = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -79,7 +87,23 @@ class EventRecorder:
 
     def on_cycle(self, results: list[Result], known: dict[int, GpuId],
                  ruleset: RuleSet) -> list[Result]:
-        """The results with the history's last verdicts applied; queued for recording."""
+        """The results with the history's last verdicts applied; queued for recording. A
+        failing finding met for the first time waits (once, FIRST_HISTORY_WAIT_S at most)
+        for the thread to work out its history."""
+        new = {_key(r) for r in results if r.status in FAILING} - self._asked
+        with self._lock:
+            if len(self._cycles) >= CYCLES_QUEUED_MAX:
+                self._cycles.popleft()
+                self.cycles_dropped += 1
+            self._cycles.append((results, known, ruleset, time.time()))
+            works = self._works
+        self._wake.set()
+        if new and self._thread is not None and self._thread.is_alive():
+            self._asked |= new
+            end = time.monotonic() + FIRST_HISTORY_WAIT_S
+            with self._worked:
+                while self._works == works and time.monotonic() < end:
+                    self._worked.wait(max(0.0, end - time.monotonic()))
         with self._lock:
             overlay = dict(self._overlay)
         out = []
@@ -89,12 +113,6 @@ class EventRecorder:
                 r = dataclasses.replace(r, action=verdict.action, action_reason=verdict.reason,
                                         observed={**r.observed, **verdict.observed})
             out.append(r)
-        with self._lock:
-            if len(self._cycles) >= CYCLES_QUEUED_MAX:
-                self._cycles.popleft()
-                self.cycles_dropped += 1
-            self._cycles.append((results, known, ruleset, time.time()))
-        self._wake.set()
         return out
 
     def record(self, event: Event) -> None:
@@ -141,6 +159,9 @@ class EventRecorder:
             applied = self._history(results, known, ruleset, when)
             self.writer.record_all(rule_transitions(applied, self._last, "daemon",
                                                     when))
+        with self._worked:  # the overlay is this cycle's: a waiting cycle takes it now
+            self._works += 1
+            self._worked.notify_all()
         self.writer.flush()
 
     def _history(self, results: list[Result], known: dict[int, GpuId], ruleset: RuleSet,
