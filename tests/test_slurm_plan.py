@@ -64,7 +64,7 @@ def test_the_reason_names_the_worst_action_and_fits_80_characters() -> None:
             result("ecc.uncorrected", "critical", "reset_gpu", gpu=2)]
     reason = slurm.reason_for(slurm.drain_worthy(many, set()))
     assert reason == "gpuguard: inspect_hardware: pcie.link_width GPU 7 (+2 more)"
-    long = [result("x" * 120, "critical", "reboot")]
+    long = [result("site." + "x" * 120, "critical", "reboot")]
     assert len(slurm.reason_for(long)) == 80
     assert slurm.named_in("gpuguard: reboot: xid.recent GPU 3 (+1 more)") == ("xid.recent", 3)
     assert slurm.named_in("gpuguard: reboot: xid.recent") == ("xid.recent", None)

@@ -3,10 +3,9 @@
 
 - Drain only for a critical result whose rule counts for failover or whose suggested
   action is reset_gpu, reboot or inspect_hardware; never for a warning, an unknown or
-  fleet.brake itself. The reason is `gpuguard: <action>: <rule>[~] [GPU n] [(+k more)]`,
-  at most 80 characters, no paths: a rule id too long is cut and marked `~`, never the
-  GPU part (a cut "GPU 12" would name GPU 1).
-- Ownership: only a drain whose reason is exactly gpuguard's format (anchored at both
+  fleet.brake itself. The reason is gpuguard's grammar (integrations/slurm/reason.py:
+  `gpuguard: <action>: <rule>[~] [GPU n] [(+k more)]`, at most 80 characters).
+- Ownership: only a drain whose reason is exactly gpuguard's grammar (anchored at both
   ends: an administrator's "gpuguard: ... RMA-4711 keep out" is theirs), or Slurm's own
   "Prolog error"/"Epilog error" drain set close after a failure gpuguard recorded, is ever
   rewritten or resumed. Anything else is left as it is, whatever gpuguard sees.
@@ -17,17 +16,17 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from gpuguard.integrations.slurm import reason as grammar
 from gpuguard.integrations.slurm.ctl import NodeInfo
 from gpuguard.integrations.slurm.resume import DrainRecord, may_resume
 from gpuguard.judge.actions import Action
 
-PREFIX = "gpuguard:"
-REASON_MAX = 80
-CUT_MARK = "~"  # not in a rule id (config/shapes.py RULE_ID_PATTERN): a cut is visible
+PREFIX = grammar.PREFIX
+REASON_MAX = grammar.REASON_MAX
+CUT_MARK = grammar.CUT_MARK
 DRAIN_ACTIONS = (Action.RESET_GPU, Action.REBOOT, Action.INSPECT_HARDWARE)
 # Slurm's own reasons when a prolog or epilog exits non-zero (it drains and requeues)
 SLURM_SCRIPT_REASONS = ("Prolog error", "Epilog error")
@@ -36,9 +35,6 @@ SLURM_SCRIPT_REASONS = ("Prolog error", "Epilog error")
 SCRIPT_DRAIN_BEFORE_S = 60.0
 SCRIPT_DRAIN_AFTER_S = 300.0
 BRAKE_RULE = "fleet.brake"
-_REASON = re.compile(r"gpuguard: (?P<action>reset_gpu|reboot|inspect_hardware|failover): "
-                     r"(?P<rule>[a-z0-9_.]+)(?P<cut>~)?(?: GPU (?P<gpu>\d+))?"
-                     r"(?: \(\+[1-9]\d* more\))?")
 
 
 @dataclass
@@ -69,14 +65,9 @@ def reason_for(findings: list[dict[str, Any]]) -> str:
     the rule id is what gives way (cut and marked), never the GPU or the count."""
     first = findings[0]
     action = first.get("action") or "none"
-    action = action if action != "none" else "failover"  # a failover rule without one
-    gpu = gpu_of(first)
-    head, rule = f"{PREFIX} {action}: ", str(first.get("rule"))
-    tail = (f" GPU {gpu}" if gpu is not None else "") + \
-        (f" (+{len(findings) - 1} more)" if len(findings) > 1 else "")
-    if len(head) + len(rule) + len(tail) > REASON_MAX:
-        rule = rule[:max(1, REASON_MAX - len(head) - len(tail) - len(CUT_MARK))] + CUT_MARK
-    return head + rule + tail
+    word = action if action != "none" else grammar.FAILOVER  # a failover rule without one
+    return grammar.Reason.of(str(word), str(first.get("rule")), gpu_of(first),
+                             len(findings) - 1).text()
 
 
 def script_drain_ours(node: NodeInfo, script_failure_time: float | None) -> bool:
@@ -97,16 +88,16 @@ def owned(node: NodeInfo, script_failure_time: float | None) -> bool:
 
 
 def ours(reason: str) -> bool:
-    """Exactly gpuguard's format, nothing before or after it."""
-    return _REASON.fullmatch(reason) is not None
+    """Exactly gpuguard's grammar, nothing before or after it."""
+    return grammar.ours(reason)
 
 
 def named_in(reason: str) -> tuple[str, int | None] | None:
     """The rule (ending in `~` when cut) and GPU a gpuguard reason names."""
-    found = _REASON.fullmatch(reason)
+    found = grammar.parse(reason)
     if found is None:
         return None
-    return found["rule"] + (found["cut"] or ""), int(found["gpu"]) if found["gpu"] else None
+    return found.rule + (CUT_MARK if found.cut else ""), found.gpu
 
 
 def plan(results: list[dict[str, Any]], failover_rules: set[str], node: NodeInfo,
