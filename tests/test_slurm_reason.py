@@ -46,8 +46,8 @@ def finding(action: Action, rule: str, gpu: int | None) -> dict[str, Any]:
 def brake_counts(reason: str) -> bool:
     """Is a node drained with this reason a minute ago one of gpuguard's for the brake?"""
     now = time.time()
-    nodes = {"me": NodeInfo("me", "idle", "", None, ["main"]),
-             "other": NodeInfo("other", "drained", reason, now - 60, ["main"])}
+    nodes = {"me": NodeInfo("me", "IDLE", "", None, ["main"]),
+             "other": NodeInfo("other", "IDLE+DRAIN", reason, now - 60, ["main"])}
     found = slurm_brake.count(nodes, "me", now, 600)
     return found.drained_by_us == ["other"] and found.held_by_us == ["other"]
 

@@ -101,7 +101,7 @@ def _run_health(run: HealthRun) -> int:
                                       or failure["findings"])
     plan = slurm.plan(results, found.failover_rules, node,
                       None if failure is None else float(failure["time"]), taken_over, record)
-    run.say(f"node {node.name} ({node.state}, reason {node.reason or 'none'}): "
+    run.say(f"node {node.name} ({node.word}, reason {node.reason or 'none'}): "
             f"{plan.do}: {plan.why}")
     findings = slurm.drain_worthy(results, found.failover_rules) or \
         (failure or {}).get("findings") or []

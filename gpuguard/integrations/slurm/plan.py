@@ -1,14 +1,15 @@
 """What `gpuguard slurm health` decides for its node (docs/slurm.md), from the verdict
-(the daemon's or a cold check's results, as JSON dicts) and the node as sinfo shows it.
+(the daemon's or a cold check's results, as JSON dicts) and the node as scontrol shows it.
 
 - Drain only for a critical result whose rule counts for failover or whose suggested
   action is reset_gpu, reboot or inspect_hardware; never for a warning, an unknown or
   fleet.brake itself. The reason is gpuguard's grammar (integrations/slurm/reason.py:
   `gpuguard: <action>: <rule>[~] [GPU n] [(+k more)]`, at most 80 characters).
-- Ownership: only a drain whose reason is exactly gpuguard's grammar (anchored at both
-  ends: an administrator's "gpuguard: ... RMA-4711 keep out" is theirs), or Slurm's own
-  "Prolog error"/"Epilog error" drain set close after a failure gpuguard recorded, is ever
-  rewritten or resumed. Anything else is left as it is, whatever gpuguard sees.
+- What it may do is the state table's (integrations/slurm/states.py), by the node's state
+  and flags and who wrote its reason: gpuguard (its grammar, matched whole: an
+  administrator's "gpuguard: ... RMA-4711 keep out" is theirs), or Slurm's own "Prolog
+  error"/"Epilog error" drain set close after a failure gpuguard recorded, or anyone else.
+  A DOWN, FAIL, MAINT, powered-down or someone else's node is left as it is.
 - Resume only on the whole verdict (integrations/slurm/resume.py): nothing that would
   drain, no drain-capable rule unknown or missing on any GPU, every GPU present at the
   drain still there (by UUID or bus id), and each finding drained for ok on its board.
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuguard.integrations.slurm import reason as grammar
+from gpuguard.integrations.slurm import states
 from gpuguard.integrations.slurm.ctl import NodeInfo
 from gpuguard.integrations.slurm.resume import DrainRecord, may_resume
 from gpuguard.judge.actions import Action
@@ -80,11 +82,15 @@ def script_drain_ours(node: NodeInfo, script_failure_time: float | None) -> bool
         <= script_failure_time + SCRIPT_DRAIN_AFTER_S
 
 
-def owned(node: NodeInfo, script_failure_time: float | None) -> bool:
-    """Whether gpuguard wrote this node's drain (see the module's doc)."""
-    if not node.drained:
-        return False
-    return ours(node.reason) or script_drain_ours(node, script_failure_time)
+def owner(node: NodeInfo, script_failure_time: float | None) -> states.Owner:
+    """Who wrote the node's reason (see the module's doc)."""
+    if not node.reason:
+        return states.Owner.NONE
+    if ours(node.reason):
+        return states.Owner.GPUGUARD
+    if script_drain_ours(node, script_failure_time):
+        return states.Owner.SCRIPT
+    return states.Owner.ANYONE
 
 
 def ours(reason: str) -> bool:
@@ -108,14 +114,14 @@ def plan(results: list[dict[str, Any]], failover_rules: set[str], node: NodeInfo
     (the state dir's, integrations/slurm/resume.py), without which it never resumes."""
     findings = drain_worthy(results, failover_rules)
     wanted = reason_for(findings) if findings else None
-    if node.drained and not owned(node, script_failure_time):
-        return Plan("none", None, f"drained by someone else ({node.reason or 'no reason'}): "
-                                  "not gpuguard's to change")
-    if not node.drained:
+    row = states.row_for(states.standing(node), owner(node, script_failure_time))
+    if row.does == states.Does.NOTHING:
+        return Plan("none", None, _untouched(node, row))
+    if row.does == states.Does.DRAIN:
         if wanted is None:
             return Plan("none", None, "nothing to drain for")
         return Plan("drain", wanted, f"{len(findings)} finding(s) drain the node")
-    if not ours(node.reason):  # Slurm's Prolog/Epilog error, after ours
+    if row.does == states.Does.TAKE_OVER:  # Slurm's Prolog/Epilog error, after ours
         reason = wanted or taken_over
         if reason is None:
             return Plan("keep", None, "a prolog or epilog failure without a recorded finding")
@@ -126,3 +132,15 @@ def plan(results: list[dict[str, Any]], failover_rules: set[str], node: NodeInfo
         return Plan("update", wanted, "the finding changed")
     gone, why = may_resume(results, failover_rules, record)
     return Plan("resume" if gone else "keep", None, why)
+
+
+def _untouched(node: NodeInfo, row: states.Row) -> str:
+    """Why the table leaves this node alone (the words health's plan line had before
+    the table, for a drain of someone else's)."""
+    if row.standing == states.Standing.DRAINED:
+        return f"drained by someone else ({node.reason or 'no reason'}): " \
+               "not gpuguard's to change"
+    if row.standing == states.Standing.UP:
+        return f"its reason is someone else's ({node.reason}): not gpuguard's to change"
+    return f"{node.state} ({row.standing}, reason {node.reason or 'none'}): Slurm's or an " \
+           "administrator's, not gpuguard's to change"
