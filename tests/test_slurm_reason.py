@@ -59,7 +59,7 @@ def test_every_pack_rule_and_action_word_is_in_the_grammar() -> None:
     assert RULE_ID_PATTERN.startswith("^") and RULE_ID_PATTERN.endswith("$")
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.sampled_from(list(Action)), rule_ids, gpus, counts)
 @example(Action.RESTART_APP, "service.engine", None, 0)
 @example(Action.UPDATE_SOFTWARE, "service.inference", 3, 0)
@@ -84,7 +84,7 @@ def test_every_reason_gpuguard_writes_reads_back_as_its_own(
     assert slurm.ours(text) and brake_counts(text)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.sampled_from(list(Action)), rule_ids, st.lists(st.integers(0, 15), min_size=1,
                                                         max_size=12))
 def test_health_writes_its_reasons_through_the_grammar(action: Action, rule: str,
@@ -118,7 +118,7 @@ reasons = st.builds(lambda a, r, g, m: grammar.Reason.of(a, r, g, m).text(),
                     st.sampled_from(grammar.WORDS), rule_ids, gpus, counts)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(reasons, st.data())
 def test_a_character_added_or_dropped_is_refused_unless_it_is_another_written_reason(
         text: str, data: st.DataObject) -> None:
@@ -152,7 +152,7 @@ def test_another_action_word_is_refused(word: str, rule: str) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(rule_ids, st.data())
+@given(rule_ids.filter(lambda r: len(r) <= 40), st.data())  # short: refused for the character
 def test_a_rule_id_with_a_character_outside_the_grammar_is_refused(
         rule: str, data: st.DataObject) -> None:
     bad = data.draw(st.characters(codec="utf-8").filter(
@@ -161,6 +161,7 @@ def test_a_rule_id_with_a_character_outside_the_grammar_is_refused(
     odd = rule[:at] + bad + rule[at:]
     for text in (f"gpuguard: reboot: {odd}", f"gpuguard: reboot: {odd} GPU 1"):
         assert grammar.parse(text) is None, text
+    assert grammar.parse(f"gpuguard: reboot: {rule} GPU 1") is not None
     # and the writer never names such a rule: its reason is one of gpuguard's still
     written_for = grammar.Reason.of("reboot", odd, 1, 0).text()
     assert grammar.parse(written_for) is not None and odd not in written_for

@@ -186,7 +186,7 @@ def run_health(c: Cluster, *extra: str, timeout_s: str = "10"
 
 
 def test_slurm_not_answering_changes_nothing(slurm: Cluster) -> None:
-    """slurmctld stopped (SIGSTOP: it accepts, never answers): sinfo passes its deadline,
+    """slurmctld stopped (SIGSTOP: it accepts, never answers): scontrol passes its deadline,
     the run is unknown (exit 3) and nothing is drained; a wrong port the same."""
     c = slurm
     snap = replayed(c, fault=True)
@@ -199,7 +199,7 @@ def test_slurm_not_answering_changes_nothing(slurm: Cluster) -> None:
     finally:
         os.kill(ctld, signal.SIGCONT)
     assert frozen.returncode == 3, frozen.stdout + frozen.stderr
-    assert "UNKNOWN slurm: sinfo did not answer within 2 s: nothing changed" in frozen.stdout
+    assert "UNKNOWN slurm: scontrol did not answer within 2 s: nothing changed" in frozen.stdout
     assert took < 20
     elsewhere = c.root / "elsewhere.conf"
     elsewhere.write_text(c.conf.read_text().replace("SlurmctldPort=", "SlurmctldPort=1"))
