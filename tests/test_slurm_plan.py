@@ -1,4 +1,4 @@
-"""What `gpuguard slurm health` decides (gpuguard/integrations/slurm*.py), on nodes as sinfo
+"""What `gpuguard slurm health` decides (gpuguard/integrations/slurm/), on nodes as scontrol
 prints them: the cases the real cluster's tests (tests/slurm/) do not reach one by one."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from gpuguard.integrations.slurm import brake as slurm_brake
 from gpuguard.integrations.slurm import ctl as slurm_ctl
 from gpuguard.integrations.slurm import plan as slurm
-from gpuguard.integrations.slurm.ctl import SEP, NodeInfo
+from gpuguard.integrations.slurm.ctl import NodeInfo
 
 if TYPE_CHECKING:
     from gpuguard.integrations.slurm.resume import DrainRecord
@@ -39,7 +39,7 @@ def drained_for(findings: list[dict[str, Any]], gpus: int = 8) -> DrainRecord:
     return slurm_resume.record_of(slurm.reason_for(findings), findings, every + findings, None)
 
 
-def node(state: str = "idle", reason: str = "", when: float | None = None) -> NodeInfo:
+def node(state: str = "IDLE", reason: str = "", when: float | None = None) -> NodeInfo:
     return NodeInfo("n1", state, reason, when, ["main"])
 
 
@@ -64,7 +64,7 @@ def test_the_reason_names_the_worst_action_and_fits_80_characters() -> None:
             result("ecc.uncorrected", "critical", "reset_gpu", gpu=2)]
     reason = slurm.reason_for(slurm.drain_worthy(many, set()))
     assert reason == "gpuguard: inspect_hardware: pcie.link_width GPU 7 (+2 more)"
-    long = [result("x" * 120, "critical", "reboot")]
+    long = [result("site." + "x" * 120, "critical", "reboot")]
     assert len(slurm.reason_for(long)) == 80
     assert slurm.named_in("gpuguard: reboot: xid.recent GPU 3 (+1 more)") == ("xid.recent", 3)
     assert slurm.named_in("gpuguard: reboot: xid.recent") == ("xid.recent", None)
@@ -73,11 +73,11 @@ def test_the_reason_names_the_worst_action_and_fits_80_characters() -> None:
 def test_a_drain_gpuguard_did_not_write_is_left_alone_whatever_it_sees() -> None:
     for reason in ("admin: cable swap", "NHC: check_gpu failed", "gpuguard-ish", ""):
         for results in ([HOT], [result("thermal.margin", "ok")]):
-            assert slurm.plan(results, set(), node("drained", reason), None).do == "none"
+            assert slurm.plan(results, set(), node("IDLE+DRAIN", reason), None).do == "none"
     # Slurm's own prolog drain is gpuguard's only when set close after a failure
     # gpuguard recorded: not before it, not a day later, not without a time
     now = time.time()
-    prolog = node("drained", "Prolog error", now)
+    prolog = node("IDLE+DRAIN", "Prolog error", now)
     assert slurm.plan([], set(), prolog, None).do == "none"
     assert slurm.plan([], set(), prolog, now + 3600).do == "none"
     taken = slurm.plan([], set(), prolog, now - 2, "gpuguard: inspect_hardware: gpu.compute GPU 1")
@@ -88,15 +88,15 @@ def test_a_script_drain_is_gpuguards_only_close_after_its_recorded_failure() -> 
     now = time.time()
     findings = "gpuguard: reset_gpu: xid.recent GPU 0"
     for when, failed in ((None, now - 2), (now, now - 86400), (now, now - 400), (now - 90, now)):
-        other = node("drained", "Epilog error", when)
+        other = node("IDLE+DRAIN", "Epilog error", when)
         assert slurm.plan([], set(), other, failed, findings).do == "none", (when, failed)
     for when, failed in ((now, now - 2), (now, now - 250), (now - 30, now)):
-        mine = node("drained", "Epilog error", when)
+        mine = node("IDLE+DRAIN", "Epilog error", when)
         assert slurm.plan([], set(), mine, failed, findings).do == "update", (when, failed)
 
 
 def test_resume_needs_the_named_rule_ok_not_unknown_or_missing() -> None:
-    ours = node("drained", "gpuguard: inspect_hardware: thermal.margin GPU 0")
+    ours = node("IDLE+DRAIN", "gpuguard: inspect_hardware: thermal.margin GPU 0")
     record = drained_for([HOT], gpus=2)
     both_ok = [result("thermal.margin", "ok", gpu=i) for i in (0, 1)]
     assert slurm.plan(both_ok, set(), ours, None, record=record).do == "resume"
@@ -108,7 +108,7 @@ def test_resume_needs_the_named_rule_ok_not_unknown_or_missing() -> None:
     other = result("ecc.uncorrected", "critical", "reset_gpu", gpu=1)
     changed = slurm.plan([other], set(), ours, None, record=record)
     assert (changed.do, changed.reason) == ("update", "gpuguard: reset_gpu: ecc.uncorrected GPU 1")
-    draining = node("draining", "gpuguard: inspect_hardware: thermal.margin GPU 0")
+    draining = node("MIXED+DRAIN", "gpuguard: inspect_hardware: thermal.margin GPU 0")
     assert slurm.plan(both_ok, set(), draining, None, record=record).do == "resume"
     # without the record of what it drained for (a lost state dir) it cannot tell
     assert slurm.plan(both_ok, set(), ours, None).do == "keep"
@@ -119,7 +119,7 @@ def test_resume_judges_the_whole_verdict_not_the_first_finding_named() -> None:
     but GPU 3 cannot be read. Unknown anywhere on a drain-capable rule is no evidence."""
     bad = [result("memory.row_remap", "critical", "inspect_hardware", gpu=g) for g in (0, 3)]
     record = drained_for(bad)
-    ours = node("drained", slurm.reason_for(slurm.drain_worthy(bad, set())))
+    ours = node("IDLE+DRAIN", slurm.reason_for(slurm.drain_worthy(bad, set())))
     assert ours.reason == "gpuguard: inspect_hardware: memory.row_remap GPU 0 (+1 more)"
     healthy = [result("memory.row_remap", "ok", gpu=g) for g in range(8)]
     assert slurm.plan(healthy, set(), ours, None, record=record).do == "resume"
@@ -145,7 +145,7 @@ def test_resume_follows_the_board_not_the_nvml_index() -> None:
     """Drained for GPU 3 (bus 0x48); GPU 3 fell off the bus and NVML renumbered: index 3 is
     now the healthy board of bus 0x58. A cold check sees seven healthy GPUs."""
     record = drained_for([result("memory.row_remap", "critical", "inspect_hardware", gpu=3)])
-    ours = node("drained", "gpuguard: inspect_hardware: memory.row_remap GPU 3")
+    ours = node("IDLE+DRAIN", "gpuguard: inspect_hardware: memory.row_remap GPU 3")
     seven = [result(rule, "ok", gpu=i, bus=i if i < 3 else i + 1)
              for i in range(7) for rule in ("memory.row_remap", "thermal.margin")]
     kept = slurm.plan(seven, set(), ours, None, record=record)
@@ -175,7 +175,7 @@ def test_a_cut_reason_never_names_another_gpu() -> None:
     # and a cut reason does not resume on another GPU's ok (the whole verdict is judged)
     later = [result(rule, "ok", gpu=1), result(rule, "unknown", gpu=12)]
     record = drained_for(finding, gpus=13)
-    assert slurm.plan(later, set(), node("drained", reason), None, record=record).do == "keep"
+    assert slurm.plan(later, set(), node("IDLE+DRAIN", reason), None, record=record).do == "keep"
 
 
 def test_only_gpuguards_exact_reason_is_gpuguards() -> None:
@@ -187,7 +187,7 @@ def test_only_gpuguards_exact_reason_is_gpuguards() -> None:
                    "gpuguard: inspect_hardware: memory.row_remap GPU 3x",
                    "gpuguard: inspect_hardware: Memory.row_remap GPU 3"):
         assert slurm.named_in(reason) is None, reason
-        assert slurm.plan(ok, set(), node("drained", reason), None).do == "none", reason
+        assert slurm.plan(ok, set(), node("IDLE+DRAIN", reason), None).do == "none", reason
     assert slurm.named_in("gpuguard: inspect_hardware: memory.row_remap GPU 3") == \
         ("memory.row_remap", 3)
     assert slurm.named_in("gpuguard: failover: gpu.lost") == ("gpu.lost", None)
@@ -198,7 +198,7 @@ def nodes(n: int, drained: dict[str, tuple[str, float]]) -> dict[str, NodeInfo]:
     for i in range(n):
         name = f"n{i}"
         reason, when = drained.get(name, ("", 0.0))
-        out[name] = NodeInfo(name, "drained" if reason else "idle", reason,
+        out[name] = NodeInfo(name, "IDLE+DRAIN" if reason else "IDLE", reason,
                              when if reason else None, ["main"])
     return out
 
@@ -247,21 +247,44 @@ def test_the_brake_caps_what_gpuguard_holds_drained_whatever_its_age() -> None:
     assert slurm_brake.count(nodes(10, stale), "n1", now, 600).held_by_us == []
 
 
-def test_sinfo_lines_parse_and_odd_ones_are_not_trusted() -> None:
-    text = SEP.join(("n1", "drained", "2026-12-01T17:37:35", "main*", "gpuguard: a: b|c")) + \
-        "\n" + SEP.join(("n1", "drained", "2026-12-01T17:37:35", "gpu", "gpuguard: a: b|c")) + \
-        "\n" + SEP.join(("n2", "idle", "Unknown", "main*", "none")) + "\n"
+def shown(name: str, state: str, rest: str = "", partitions: str = "main") -> str:
+    """A node as `scontrol show node -o` prints it (Slurm 22.05, as on the test cluster)."""
+    return (f"NodeName={name} Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUTot=2 "
+            "Gres=gpu:2 NodeAddr=127.0.0.1 Version=22.05.8 OS=Linux 6.1.0 #1 SMP "
+            f"PREEMPT_DYNAMIC Debian  RealMemory=1000 State={state} ThreadsPerCore=1 "
+            f"Partitions={partitions}  BootTime=None CfgTRES=cpu=2 AllocTRES= "
+            f"ExtSensorsTemp=n/s{rest}")
+
+
+def test_scontrol_lines_parse_and_odd_ones_are_not_trusted() -> None:
+    """The base state and every flag; the reason is the rest of the line, its time the
+    last ` [user@time]`; what the reason says is never read as a field."""
+    hostile = " Reason=admin: x State=IDLE Partitions=evil [a@b] [root@2026-12-01T17:37:35]"
+    text = shown("n1", "DOWN+DRAIN+NOT_RESPONDING", hostile, "main,gpu") + "\n" + \
+        shown("n2", "IDLE") + "\n"
     parsed = slurm_ctl.parse_nodes(text)
-    assert parsed["n1"].partitions == ["main", "gpu"] and parsed["n1"].drained
-    assert parsed["n1"].reason == "gpuguard: a: b|c" and parsed["n1"].reason_time
-    assert parsed["n2"].reason == "" and parsed["n2"].reason_time is None
-    with pytest.raises(slurm_ctl.SlurmUnavailable):
-        slurm_ctl.parse_nodes("n1 idle none\n")
+    one = parsed["n1"]
+    assert (one.base, one.flags, one.partitions) == \
+        ("DOWN", frozenset({"DRAIN", "NOT_RESPONDING"}), ["main", "gpu"]) and one.drained
+    assert one.reason == "admin: x State=IDLE Partitions=evil [a@b]" and one.reason_time
+    assert one.reason_time == time.mktime(time.strptime("2026-12-01T17:37:35",
+                                                        "%Y-%m-%dT%H:%M:%S"))
+    assert (parsed["n2"].reason, parsed["n2"].reason_time, parsed["n2"].word) == \
+        ("", None, "idle")
+    untimed = slurm_ctl.parse_node(shown("n3", "IDLE+DRAIN", " Reason=Prolog error"))
+    assert (untimed.reason, untimed.reason_time, untimed.word) == \
+        ("Prolog error", None, "drained")
+    assert slurm_ctl.parse_node(shown("n4", "ALLOCATED+DRAIN")).word == "draining"
+    assert slurm_ctl.parse_node(shown("n5", "IDLE+FAIL")).word == "idle+fail"
+    for odd in ("n1 idle none", shown("n1", "idle"), shown("n1", "IDLE") + " State=DOWN x",
+                "Node n1 not found"):
+        with pytest.raises(slurm_ctl.SlurmUnavailable):
+            slurm_ctl.parse_nodes(odd)
 
 
 def test_a_missing_tool_is_unavailable_not_a_crash(tmp_path: Any) -> None:
     settings = slurm_ctl.SlurmSettings(bin_dir=tmp_path, timeout_s=1)
-    with pytest.raises(slurm_ctl.SlurmUnavailable, match="sinfo not found"):
+    with pytest.raises(slurm_ctl.SlurmUnavailable, match="scontrol not found"):
         slurm_ctl.node(settings, "n1")
 
 
@@ -270,7 +293,7 @@ def test_an_ok_on_a_wrapped_kernel_log_is_no_evidence_for_a_resume() -> None:
     restarted after it): xid.recent says ok "since [t]", its line simply gone. It resumed
     the node with the GPU never reset (review 4). A repair seen (a reset line) clears it."""
     xid = result("xid.recent", "critical", "reset_gpu")
-    ours = node("drained", "gpuguard: reset_gpu: xid.recent GPU 0")
+    ours = node("IDLE+DRAIN", "gpuguard: reset_gpu: xid.recent GPU 0")
     record = drained_for([xid], gpus=1)
     wrapped = {**result("xid.recent", "ok"), "observed": {"records_lost": 5001, "cleared": 0}}
     kept = slurm.plan([wrapped], set(), ours, None, record=record)
@@ -287,6 +310,27 @@ def test_a_drain_record_naming_no_finding_is_no_record() -> None:
 
     assert DrainRecord.from_json({"reason": "gpuguard: reboot: x", "findings": [],
                                   "gpus": []}) is None
-    ours = node("drained", "gpuguard: inspect_hardware: thermal.margin GPU 0")
+    ours = node("IDLE+DRAIN", "gpuguard: inspect_hardware: thermal.margin GPU 0")
     assert slurm.plan([result("thermal.margin", "ok")], set(), ours, None,
                       record=None).do == "keep"
+
+
+def test_the_fleet_is_the_partitions_nodes_and_an_oversized_answer_is_not_trusted(
+        tmp_path: Any) -> None:
+    """partition_nodes reads every node (scontrol) and keeps the partitions'; an answer
+    past its bound is unavailable, never a fleet cut short (the brake would count too
+    few)."""
+    from tests.slurm.test_slurm_scripts import FAKE_SLURM
+
+    (tmp_path / "nodes").write_text("n1|IDLE|Unknown|gpu|none\nn2|IDLE+DRAIN|Unknown|gpu,cpu|x\n"
+                                    "n3|IDLE|Unknown|cpu|none\n")
+    settings = slurm_ctl.SlurmSettings(FAKE_SLURM, tmp_path / "slurm.conf", 10)
+    assert sorted(slurm_ctl.partition_nodes(settings, ["gpu"])) == ["n1", "n2"]
+    assert sorted(slurm_ctl.partition_nodes(settings, ["cpu"])) == ["n2", "n3"]
+    assert sorted(slurm_ctl.partition_nodes(settings, ["*"])) == ["n1", "n2", "n3"]
+    assert slurm_ctl.node(settings, "n2").reason == "x"
+    with pytest.raises(slurm_ctl.SlurmUnavailable, match="not found"):
+        slurm_ctl.node(settings, "n9")
+    (tmp_path / "nodes").write_text("n1|IDLE|Unknown|gpu|" + "x" * 5_000_000 + "\n")
+    with pytest.raises(slurm_ctl.SlurmUnavailable, match="more than 4194304 bytes"):
+        slurm_ctl.node(settings, "n1")

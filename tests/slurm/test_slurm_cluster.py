@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -185,7 +186,7 @@ def run_health(c: Cluster, *extra: str, timeout_s: str = "10"
 
 
 def test_slurm_not_answering_changes_nothing(slurm: Cluster) -> None:
-    """slurmctld stopped (SIGSTOP: it accepts, never answers): sinfo passes its deadline,
+    """slurmctld stopped (SIGSTOP: it accepts, never answers): scontrol passes its deadline,
     the run is unknown (exit 3) and nothing is drained; a wrong port the same."""
     c = slurm
     snap = replayed(c, fault=True)
@@ -198,7 +199,7 @@ def test_slurm_not_answering_changes_nothing(slurm: Cluster) -> None:
     finally:
         os.kill(ctld, signal.SIGCONT)
     assert frozen.returncode == 3, frozen.stdout + frozen.stderr
-    assert "UNKNOWN slurm: sinfo did not answer within 2 s: nothing changed" in frozen.stdout
+    assert "UNKNOWN slurm: scontrol did not answer within 2 s: nothing changed" in frozen.stdout
     assert took < 20
     elsewhere = c.root / "elsewhere.conf"
     elsewhere.write_text(c.conf.read_text().replace("SlurmctldPort=", "SlurmctldPort=1"))
@@ -306,6 +307,99 @@ def test_the_epilog_drains_for_hardware_xids_and_only_records_application_ones(
     c.switch("health", True, [*args, "--no-daemon", *slurm_args(c)], env)
     c.wait_for(lambda: c.reason().startswith("gpuguard:"), WITHIN_S, "the takeover")
     assert c.reason().startswith("gpuguard: reboot: xid.recent")
+
+
+def shown(c: Cluster, name: str) -> tuple[str, frozenset[str], str]:
+    """A node's base state, flags (but NOT_RESPONDING, which Slurm itself sets and clears
+    as it pings) and `Reason=...` as `scontrol show node -o` prints them."""
+    line = c.cli("scontrol", "show", "node", "-o", name).stdout.strip()
+    state = line.split(" State=", 1)[1].split(" ", 1)[0].split("+")
+    return state[0], frozenset(state[1:]) - {"NOT_RESPONDING"}, line.partition(" Reason=")[2]
+
+
+def scontrol_update(c: Cluster, name: str, *args: str) -> None:
+    done = c.cli("scontrol", "update", f"NodeName={name}", *args)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_down_or_failed_node_with_a_fault_is_never_touched(slurm: Cluster) -> None:
+    """An administrator's DOWN node (gpu01, never up) and FAIL node (this one), with a
+    critical fault and then without: state and reason stay as they are. Before, health
+    saw no "drain" in sinfo's `down*` or `fail`: it drained over the administrator's
+    reason and, once the GPU read fine, resumed the node (`down` -> drained -> idle)."""
+    c = slurm
+    hot, cool = replayed(c, True), c.root / "cool.json"
+    write_snapshot(cool, host_snapshot(2))
+    scontrol_update(c, "gpu01", "State=DOWN", "Reason=admin: PSU swap")
+    scontrol_update(c, c.node, "State=FAIL", "Reason=admin: failing fan")
+    for name, down in (("gpu01", ("DOWN", frozenset())), (c.node, ("IDLE", {"FAIL"}))):
+        before = shown(c, name)
+        assert before[:2] == down and before[2].startswith("admin: "), before
+        for snap in (hot, cool):
+            done = run_health(c, "--input", str(snap), "--node", name)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert shown(c, name) == before, done.stdout
+            assert "not gpuguard's to change" in done.stdout, done.stdout
+    assert not (c.root / "gg-state" / "slurm" / "drain.json").exists()  # never drained
+
+
+RESTART_APP_RULE = """rules:
+  - id: site.engine_wedged
+    scope: gpu
+    severity: critical
+    summary: the inference engine on this GPU no longer answers
+    when: "temperature_c > 85"
+    message: "$name at $temperature_c C"
+    remediation: Restart the engine.
+    tags: [failover]
+    action: restart_app
+"""
+
+
+def test_a_restart_app_drain_is_resumed_after_the_repair(slurm: Cluster) -> None:
+    """A site's failover rule whose action is restart_app: slurmd's health run drains with
+    `gpuguard: restart_app: ...`, and resumes once the GPU reads fine. Before, gpuguard
+    did not recognise that reason as its own: drained for good (and never counted by
+    the brake)."""
+    c = slurm
+    rules = c.root / "rules.d"
+    rules.mkdir(exist_ok=True)
+    (rules / "site.yaml").write_text(RESTART_APP_RULE)
+    snap = replayed(c, False, {(0, "temperature_c"): 90})
+    c.switch("health", True, health_args(c, "--input", str(snap), "--rules", str(rules)))
+    c.within_runs(lambda: c.reason().startswith("gpuguard:"), "the drain")
+    assert c.node_line() == ("drained", "gpuguard: restart_app: site.engine_wedged GPU 0")
+    replayed(c, fault=False)
+    runs, took = c.within_runs(lambda: c.state() == "idle", "the resume")
+    print(f"restart_app repair -> resumed in {took:.1f} s, {runs} health run(s)")
+    assert runs <= 2 and c.reason() == "none"
+
+
+def test_the_fake_scontrol_prints_a_node_as_slurm_does(slurm: Cluster, tmp_path: Path) -> None:
+    """tests/slurm/fake_slurm/scontrol against this Slurm's own line for the same node:
+    the same fields in the same order, read the same by gpuguard."""
+    from gpuguard.integrations.slurm import ctl
+
+    c = slurm
+    c.drain(c.node, "admin: a | b [x@y] State=DOWN")
+    real = c.cli("scontrol", "show", "node", "-o", c.node).stdout.strip()
+    node = ctl.parse_node(real)
+    when = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(node.reason_time))
+    (tmp_path / "nodes").write_text(f"{c.node}|{node.state}|{when}|"
+                                    f"{','.join(node.partitions)}|{node.reason}\n")
+    fake = subprocess.run([str(REPO / "tests" / "slurm" / "fake_slurm" / "scontrol"), "show",
+                           "node", "-o", c.node], capture_output=True, text=True, check=True,
+                          env={"SLURM_CONF": str(tmp_path / "slurm.conf")}).stdout.strip()
+
+    def keys(line: str) -> list[str]:
+        head = line.partition(" Reason=")[0]
+        return [*re.findall(r"(?:^| )([A-Za-z_]+)=", head), "Reason"]
+
+    assert keys(fake) == keys(real), (fake, real)
+    assert ctl.parse_node(fake) == node
+    assert node.state == "IDLE+DRAIN" and node.reason == "admin: a | b [x@y] State=DOWN"
+    assert real.endswith(f" Reason={node.reason} [root@{when}]") and fake.endswith(
+        f" Reason={node.reason} [root@{when}]")
 
 
 def test_fake_nodes_answer_nothing(cluster: Cluster) -> None:

@@ -1,8 +1,9 @@
-"""`gpuguard slurm health|prolog|epilog` run as slurmd runs them, against a fake sinfo and
-scontrol (tests/slurm/fake_slurm/: the node table is a `nodes` file beside --slurm-conf,
-`name|state|reason time|partition|reason` a line; scontrol changes the first line and logs
-its calls): the cases of a whole fleet, of a GPU gone, of another site's prolog, which the
-real cluster (test_slurm_cluster.py) cannot set up cheaply. One command each, a second or
+"""`gpuguard slurm health|prolog|epilog` run as slurmd runs them, against a fake scontrol
+(tests/slurm/fake_slurm/: the node table is a `nodes` file beside --slurm-conf,
+`name|State|reason time|partition|reason` a line, printed as Slurm 22.05's `scontrol show
+node -o` does; an update changes the node's line; every call is logged): every row of the
+state table, and the cases of a whole fleet, of a GPU gone, of another site's prolog, which
+the real cluster (test_slurm_cluster.py) cannot set up cheaply. One command each, a second or
 two; the GPUs are a replayed snapshot or the fake NVML and libcuda."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from gpuguard.integrations.slurm import states
 from tests.conftest import REPO, own_host
 from tests.daemon.conftest import host_snapshot, write_snapshot
 
@@ -34,18 +36,22 @@ class Fleet:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.write([("n1", "idle", "Unknown", "none")])
+        self.write([("n1", "IDLE", "Unknown", "none")])
 
     def write(self, rows: list[tuple[str, str, str, str]]) -> None:
-        (self.root / "nodes").write_text("".join(f"{n}|{s}|{t}|gpu*|{r}\n"
+        (self.root / "nodes").write_text("".join(f"{n}|{s}|{t}|gpu|{r}\n"
                                                  for n, s, t, r in rows))
 
-    def node(self) -> tuple[str, str]:
-        first = (self.root / "nodes").read_text().splitlines()[0].split("|")
-        return first[1], first[4]
+    def node(self, name: str = "n1") -> tuple[str, str]:
+        """(State, reason) of the node."""
+        for line in (self.root / "nodes").read_text().splitlines():
+            fields = line.split("|", 4)
+            if fields[0] == name:
+                return fields[1], fields[4]
+        raise AssertionError(f"no node {name}")
 
-    def slurm_args(self) -> list[str]:
-        return ["--node", "n1", "--slurm-bin", str(FAKE_SLURM), "--slurm-conf",
+    def slurm_args(self, node: str = "n1") -> list[str]:
+        return ["--node", node, "--slurm-bin", str(FAKE_SLURM), "--slurm-conf",
                 str(self.root / "slurm.conf"), "--state-dir", str(self.root / "state")]
 
     def gpuguard(self, *args: str, env: dict[str, str] | None = None
@@ -54,11 +60,12 @@ class Fleet:
                               capture_output=True, text=True, timeout=120, cwd=REPO,
                               env={**os.environ, **(env or {})}, check=False)
 
-    def health(self, snapshot: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    def health(self, snapshot: dict[str, Any], *extra: str, node: str = "n1"
+               ) -> subprocess.CompletedProcess[str]:
         path = self.root / "snap.json"
         write_snapshot(path, snapshot)
         return self.gpuguard("health", "--no-daemon", "--input", str(path), "--brake-jitter",
-                             "0", *self.slurm_args())
+                             "0", *self.slurm_args(node), *extra)
 
 
 @pytest.fixture
@@ -71,15 +78,15 @@ def test_health_does_not_resume_while_another_drained_gpu_is_unknown(fleet: Flee
     fine and GPU 3 cannot be read: no resume. Both fine: resumed."""
     bad = fleet.health(host_snapshot(8, {(0, "remapped_rows_failure"): True,
                                          (3, "remapped_rows_failure"): True}))
-    assert fleet.node() == ("drained",
+    assert fleet.node() == ("IDLE+DRAIN",
                             "gpuguard: inspect_hardware: memory.row_remap GPU 0 (+1 more)"), bad
     unread = {(3, f"remapped_rows_{k}"): GONE
               for k in ("failure", "uncorrectable", "correctable", "pending")}
     kept = fleet.health(host_snapshot(8, unread))
-    assert fleet.node()[0] == "drained", kept.stdout
+    assert fleet.node()[0] == "IDLE+DRAIN", kept.stdout
     assert "memory.row_remap on GPU GPU-00000000-0000-0000-0000-000000000003" in kept.stdout
     fleet.health(host_snapshot(8))
-    assert fleet.node() == ("idle", "none")
+    assert fleet.node() == ("IDLE", "none")
 
 
 def test_health_does_not_resume_after_the_drained_gpu_fell_off_the_bus(fleet: Fleet) -> None:
@@ -87,17 +94,17 @@ def test_health_does_not_resume_after_the_drained_gpu_fell_off_the_bus(fleet: Fl
     board of bus 0x58, and the shipped profile sets no gpu_count. No resume."""
     before = host_snapshot(8, {(3, "remapped_rows_failure"): True})
     fleet.health(before)
-    assert fleet.node() == ("drained", "gpuguard: inspect_hardware: memory.row_remap GPU 3")
+    assert fleet.node() == ("IDLE+DRAIN", "gpuguard: inspect_hardware: memory.row_remap GPU 3")
     now = host_snapshot(8)
     del now["gpus"][3]
     for i, gpu in enumerate(now["gpus"]):
         gpu["index"] = i
     now["host"]["gpu_count"] = 7
     kept = fleet.health(now)
-    assert fleet.node()[0] == "drained", kept.stdout
+    assert fleet.node()[0] == "IDLE+DRAIN", kept.stdout
     assert "00000000:48:00.0), present at the drain, is missing" in kept.stdout
     # the administrator pulls the board and resumes by hand: the record goes with the drain
-    fleet.write([("n1", "idle", "Unknown", "none")])
+    fleet.write([("n1", "IDLE", "Unknown", "none")])
     fleet.health(now)
     assert not (fleet.root / "state" / "slurm" / "drain.json").exists()
 
@@ -116,32 +123,32 @@ def test_a_stale_failure_record_never_claims_another_prologs_drain(fleet: Fleet)
     raw = json.loads(path.read_text())
     raw["time"] = time.time() - 86400
     path.write_text(json.dumps(raw))
-    fleet.write([("n1", "drained", stamp(), "Prolog error")])
+    fleet.write([("n1", "IDLE+DRAIN", stamp(), "Prolog error")])
     for _ in range(2):
         out = fleet.health(host_snapshot(2))
         assert fleet.node()[1] == "Prolog error", out.stdout
     assert "drained by someone else" in out.stdout and path.exists()
-    fleet.write([("n1", "idle", "Unknown", "none")])
+    fleet.write([("n1", "IDLE", "Unknown", "none")])
     fleet.health(host_snapshot(2))
     assert not path.exists()
 
 
 def test_an_administrators_reason_in_gpuguards_words_is_theirs(fleet: Fleet) -> None:
     reason = "gpuguard: inspect_hardware: memory.row_remap GPU 3 RMA-4711 keep out"
-    fleet.write([("n1", "drained", stamp(), reason)])
+    fleet.write([("n1", "IDLE+DRAIN", stamp(), reason)])
     out = fleet.health(host_snapshot(8))
-    assert fleet.node() == ("drained", reason), out.stdout
+    assert fleet.node() == ("IDLE+DRAIN", reason), out.stdout
     assert "drained by someone else" in out.stdout
 
 
 def test_the_brake_caps_the_nodes_gpuguard_holds_drained(fleet: Fleet) -> None:
     """8 of 10 nodes drained by gpuguard 11 minutes ago (past the window): no 9th."""
-    fleet.write([("n1", "idle", "Unknown", "none"),
-                 *((f"n{i}", "drained", stamp(660), "gpuguard: reset_gpu: xid.recent GPU 0")
-                   for i in range(2, 10)), ("n10", "idle", "Unknown", "none")])
+    fleet.write([("n1", "IDLE", "Unknown", "none"),
+                 *((f"n{i}", "IDLE+DRAIN", stamp(660), "gpuguard: reset_gpu: xid.recent GPU 0")
+                   for i in range(2, 10)), ("n10", "IDLE", "Unknown", "none")])
     out = fleet.health(host_snapshot(8, {(0, "remapped_rows_failure"): True}))
     assert out.returncode == 2, out.stdout
-    assert fleet.node() == ("idle", "none")
+    assert fleet.node() == ("IDLE", "none")
     assert "CRITICAL fleet.brake: 8 of 10 node(s) already drained by gpuguard (any age) " \
            "reach the cap of 3 (30 %)" in out.stdout
 
@@ -179,13 +186,13 @@ def test_a_prolog_failure_consults_the_fleet_brake(fleet: Fleet, fake_nvml: Path
     room; with two of ten nodes just drained by gpuguard, it passes and says why."""
     args, env = live(fleet, fake_nvml, fake_cuda, True, CUDA_VISIBLE_DEVICES="0,1",
                      FAKE_CUDA_CORRUPT="compute", FAKE_CUDA_FAULT_GPU="1")
-    rows = [("n1", "idle", "Unknown", "none"), *((f"n{i}", "idle", "Unknown", "none")
+    rows = [("n1", "IDLE", "Unknown", "none"), *((f"n{i}", "IDLE", "Unknown", "none")
                                                  for i in range(2, 11))]
     fleet.write(rows)
     out = fleet.gpuguard("prolog", *args, env=env)
     assert out.returncode == 1, out.stdout + out.stderr
     assert "fleet brake: 1 of 10 node(s) with this one" in out.stderr
-    rows[1:3] = [(f"n{i}", "drained", stamp(30), "Prolog error") for i in (2, 3)]
+    rows[1:3] = [(f"n{i}", "IDLE+DRAIN", stamp(30), "Prolog error") for i in (2, 3)]
     fleet.write(rows)
     out = fleet.gpuguard("prolog", *args, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -213,3 +220,91 @@ def test_the_prolog_maps_the_jobs_gpus_by_uuid_and_device_minor(
         (gpus / bus / "information").write_text(f"Model: NVIDIA H200\nDevice Minor: {minor}\n")
     out = fleet.gpuguard("prolog", *args, env={**env, "SLURM_JOB_GPUS": "0"})
     assert "GPU(s) [1] passed the probe" in out.stdout, out.stdout + out.stderr
+
+
+REMAP = {(0, "remapped_rows_failure"): True}  # memory.row_remap on GPU 0: inspect_hardware
+
+
+def as_row(fleet: Fleet, row: states.Row) -> None:
+    """The row's example on n1 (its reason set now), nine idle nodes beside it (the brake
+    has room), a drain record of gpuguard's for the example's finding, and the recorded
+    epilog failure that makes an "Epilog error" set now gpuguard's."""
+    from gpuguard.integrations.slurm import resume as slurm_resume
+    from gpuguard.integrations.slurm import state as slurm_state
+
+    state, reason = row.example
+    fleet.write([("n1", state, stamp() if reason else "Unknown", reason or "none"),
+                 *((f"n{i}", "IDLE", "Unknown", "none") for i in range(2, 11))])
+    store = fleet.root / "state"
+    finding = {"rule": "memory.row_remap", "status": "critical", "action": "inspect_hardware",
+               "gpu": host_snapshot(2)["gpus"][0] | {"index": 0}}
+    gpus = [{"rule": "memory.row_remap", "gpu": g} for g in host_snapshot(2)["gpus"]]
+    slurm_state.save_drain(store, "n1", slurm_resume.record_of(states.EXAMPLE_REASON,
+                                                               [finding], gpus, None))
+    if row.owner == states.Owner.SCRIPT:
+        slurm_state.record_failure(store, "epilog", "n1", "41", [finding], [0])
+    else:
+        slurm_state.clear_failure(store)
+
+
+def after(fleet: Fleet, row: states.Row, do: str, before: tuple[str, str]) -> None:
+    now = fleet.node()
+    if do == "none" or do == "keep":
+        assert now == before, (do, before, now)
+    elif do in ("drain", "update"):
+        assert "+DRAIN" in now[0] and now[1] == states.EXAMPLE_REASON, now
+    else:
+        assert do == "resume" and now == ("IDLE", "none"), now
+
+
+@pytest.mark.parametrize("row", states.TABLE, ids=lambda r: f"{r.example[0]}-{r.owner}")
+def test_health_on_each_row_of_the_state_table(fleet: Fleet, row: states.Row) -> None:
+    """What `gpuguard slurm health` does, as its plan line says and as scontrol shows it
+    after: with the fault, then (the row set up again) with every GPU fine."""
+    for snapshot, do in ((host_snapshot(2, REMAP), row.with_fault),
+                         (host_snapshot(2), row.when_whole)):
+        as_row(fleet, row)
+        before = fleet.node()
+        out = fleet.health(snapshot)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert f"): {do}: " in out.stdout, out.stdout
+        after(fleet, row, do, before)
+        log = fleet.root / "log"
+        changes = [line for line in (log.read_text() if log.exists() else "").splitlines()
+                   if line.startswith("scontrol update")]
+        assert (changes != []) is (do in ("drain", "update", "resume")), changes
+        log.unlink(missing_ok=True)
+
+
+RESTART_APP_RULE = """rules:
+  - id: site.engine_wedged
+    scope: gpu
+    severity: critical
+    summary: the inference engine on this GPU no longer answers
+    when: "temperature_c > 85"
+    message: "$name at $temperature_c C"
+    remediation: Restart the engine.
+    tags: [failover]
+    action: restart_app
+"""
+
+
+def test_ten_nodes_with_restart_app_faults_drain_no_more_than_the_brakes_share(
+        fleet: Fleet) -> None:
+    """A site's failover rule whose action is restart_app, critical on every node (a bad
+    push): one health run on each of ten nodes drains one (20 %: the second would make
+    two of ten). Before, gpuguard did not know its own restart_app reason: 10 of 10."""
+    rules = fleet.root / "rules.d"
+    rules.mkdir()
+    (rules / "site.yaml").write_text(RESTART_APP_RULE)
+    fleet.write([(f"n{i}", "IDLE", "Unknown", "none") for i in range(1, 11)])
+    hot = host_snapshot(2, {(0, "temperature_c"): 90})
+    codes = [fleet.health(hot, "--rules", str(rules), node=f"n{i}").returncode
+             for i in range(1, 11)]
+    drained = [f"n{i}" for i in range(1, 11) if "+DRAIN" in fleet.node(f"n{i}")[0]]
+    assert drained == ["n1"], (drained, codes)
+    assert fleet.node("n1")[1] == "gpuguard: restart_app: site.engine_wedged GPU 0"
+    assert codes == [0] + [2] * 9
+    # repaired: n1 is resumed (its reason is gpuguard's), and a next node may drain
+    out = fleet.health(host_snapshot(2), "--rules", str(rules))
+    assert fleet.node("n1") == ("IDLE", "none"), out.stdout

@@ -1,7 +1,9 @@
-"""Talking to Slurm: `sinfo` to read nodes, `scontrol` to drain and resume, each call with a
-deadline. slurmd runs a health program with an almost empty environment (no PATH, often no
-SLURM_CONF), so the tools are looked for where packages put them unless --slurm-bin names
-a folder, and the cluster's configuration is passed on only when --slurm-conf names it.
+"""Talking to Slurm: `scontrol show node -o` to read nodes (the base state and every flag,
+as Slurm 22.05 and later print them: sinfo's short forms hide flags such as FAIL or
+MAINT), `scontrol update` to drain and resume, each call with a deadline. slurmd runs a
+health program with an almost empty environment (no PATH, often no SLURM_CONF), so the
+tool is looked for where packages put it unless --slurm-bin names a folder, and the
+cluster's configuration is passed on only when --slurm-conf names it.
 
 Slurm that does not answer, or answers something this module cannot read, is
 SlurmUnavailable: the caller changes nothing (nothing is drained or resumed on a guess).
@@ -10,6 +12,7 @@ SlurmUnavailable: the caller changes nothing (nothing is drained or resumed on a
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -18,8 +21,7 @@ from pathlib import Path
 # Where Debian, RPM builds and source installs put the tools, searched in this order.
 SEARCH = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/sbin", "/bin")
 MAX_OUTPUT = 4 * 1024 * 1024
-SEP = "\x1f"  # the unit separator: no node name, state or time holds it (reasons last)
-FORMAT = SEP.join(("%N", "%T", "%H", "%P", "%E"))
+MAX_FLEET_OUTPUT = 64 * 1024 * 1024  # every node's line (about 700 bytes each)
 
 
 class SlurmUnavailable(Exception):
@@ -42,7 +44,7 @@ class SlurmSettings:
         raise SlurmUnavailable(f"{name} not found in {', '.join(d for d in dirs if d)} "
                                "(give --slurm-bin)")
 
-    def run(self, name: str, *args: str) -> str:
+    def run(self, name: str, *args: str, max_bytes: int = MAX_OUTPUT) -> str:
         """The tool's standard output; SlurmUnavailable past the deadline or on failure."""
         env = {"PATH": os.pathsep.join(SEARCH), "LC_ALL": "C"}
         if self.conf is not None:
@@ -57,7 +59,10 @@ class SlurmSettings:
                 from None
         except OSError as exc:
             raise SlurmUnavailable(f"{name}: {exc.strerror or exc}") from None
-        out = done.stdout[:MAX_OUTPUT].decode(errors="replace")
+        if len(done.stdout) > max_bytes:  # a cut list of nodes would count too few
+            raise SlurmUnavailable(f"{name} {' '.join(args[:2])} printed more than "
+                                   f"{max_bytes} bytes")
+        out = done.stdout.decode(errors="replace")
         if done.returncode != 0:
             err = done.stderr[:300].decode(errors="replace").strip()
             raise SlurmUnavailable(f"{name} {' '.join(args[:2])} failed ({done.returncode}): "
@@ -68,37 +73,68 @@ class SlurmSettings:
 @dataclass
 class NodeInfo:
     name: str
-    state: str  # sinfo's %T: idle, mixed, allocated, drained, draining, down, ...
+    state: str  # scontrol's State=: the base state and its flags, "IDLE+DRAIN+NOT_RESPONDING"
     reason: str  # "" when none
     reason_time: float | None  # when the reason was set (Unix time), None if not
     partitions: list[str] = field(default_factory=list)
 
     @property
+    def base(self) -> str:
+        return self.state.split("+", 1)[0]
+
+    @property
+    def flags(self) -> frozenset[str]:
+        return frozenset(self.state.split("+")[1:])
+
+    @property
     def drained(self) -> bool:
         """Drained or draining (no new jobs), whatever else the state says."""
-        return "drain" in self.state
+        return "DRAIN" in self.flags
+
+    @property
+    def word(self) -> str:
+        """The state as sinfo's %T names it (idle, drained, draining, ...) where it is one
+        of those, else scontrol's whole State in lower case (health's plan line)."""
+        busy = self.base in ("MIXED", "ALLOCATED")
+        if self.base in ("IDLE", "MIXED", "ALLOCATED") and self.flags <= {"DRAIN"}:
+            return ("draining" if busy else "drained") if self.drained else self.base.lower()
+        return self.state.lower()
+
+
+# `scontrol show node -o`: one line a node, `Key=value` fields; OS= holds spaces, and the
+# reason comes last, the rest of the line, with ` [user@time]` when Slurm has its time.
+_NAME = re.compile(r"NodeName=(\S+)")
+_STATE = re.compile(r" State=([A-Z_]+(?:\+[A-Z_]+)*) ")
+_PARTITIONS = re.compile(r" Partitions=(\S*)")
+_REASON = re.compile(r"(?P<text>.*) \[(?P<user>[^\s\[\]]*)@"
+                     r"(?P<time>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2})\]",
+                     re.ASCII)
+
+
+def parse_node(line: str) -> NodeInfo:
+    """One line of `scontrol show node -o`. The fields before the reason are Slurm's own
+    in 22.05 (none holds text an administrator writes), and the reason's text never
+    counts: a line with other than one ` State=` before it is not trusted."""
+    head, marker, reason = line.partition(" Reason=")
+    name, states = _NAME.match(head), _STATE.findall(head + " ")
+    if name is None or len(states) != 1:
+        raise SlurmUnavailable(f"scontrol printed a node this gpuguard cannot read: "
+                               f"{line[:160]!r}")
+    partitions = _PARTITIONS.search(head)
+    stamp = _REASON.fullmatch(reason) if marker else None
+    return NodeInfo(name[1], states[0], stamp["text"] if stamp else reason,
+                    _stamp(stamp["time"]) if stamp else None,
+                    [p for p in (partitions[1] if partitions else "").split(",") if p])
 
 
 def parse_nodes(text: str) -> dict[str, NodeInfo]:
-    """sinfo's lines (FORMAT) by node; a node in several partitions is one entry."""
-    nodes: dict[str, NodeInfo] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        parts = line.split(SEP, 4)
-        if len(parts) != 5 or not parts[0]:
-            raise SlurmUnavailable(f"sinfo printed a line this gpuguard cannot read: "
-                                   f"{line[:120]!r}")
-        name, state, stamp, partition, reason = parts
-        node = nodes.setdefault(name, NodeInfo(name, state.strip().lower(),
-                                               "" if reason == "none" else reason,
-                                               _stamp(stamp)))
-        node.partitions.append(partition.rstrip("*"))
-    return nodes
+    """`scontrol show node -o`'s lines by node name."""
+    nodes = [parse_node(line) for line in text.splitlines() if line.strip()]
+    return {n.name: n for n in nodes}
 
 
 def _stamp(text: str) -> float | None:
-    """sinfo's %H (the reason's time, local time, `Unknown` when none)."""
+    """The reason's time (slurmctld's wall clock, printed in local time)."""
     try:
         return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
     except ValueError:
@@ -106,16 +142,20 @@ def _stamp(text: str) -> float | None:
 
 
 def node(settings: SlurmSettings, name: str) -> NodeInfo:
-    found = parse_nodes(settings.run("sinfo", "-h", "-N", "-n", name, "-o", FORMAT))
+    found = parse_nodes(settings.run("scontrol", "show", "node", "-o", name))
     if name not in found:
-        raise SlurmUnavailable(f"sinfo does not list node {name} (give --node)")
+        raise SlurmUnavailable(f"scontrol does not show node {name} (give --node)")
     return found[name]
 
 
 def partition_nodes(settings: SlurmSettings, partitions: list[str]) -> dict[str, NodeInfo]:
-    """Every node of these partitions (the fleet the brake counts)."""
-    return parse_nodes(settings.run("sinfo", "-h", "-N", "-p", ",".join(partitions),
-                                    "-o", FORMAT))
+    """Every node of these partitions (the fleet the brake counts; "*": every node).
+    scontrol shows every node of the cluster, hence the larger bound."""
+    every = parse_nodes(settings.run("scontrol", "show", "node", "-o",
+                                     max_bytes=MAX_FLEET_OUTPUT))
+    wanted = set(partitions)
+    return {k: n for k, n in every.items()
+            if "*" in wanted or wanted.intersection(n.partitions)}
 
 
 def drain(settings: SlurmSettings, name: str, reason: str) -> None:

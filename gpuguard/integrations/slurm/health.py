@@ -116,7 +116,7 @@ def _run_health(run: HealthRun) -> int:
     failover_rules = set(found.failover_rules)
     plan = slurm.plan(results, failover_rules, node,
                       None if failure is None else float(failure["time"]), taken_over, record)
-    run.say(f"node {node.name} ({node.state}, reason {node.reason or 'none'}): "
+    run.say(f"node {node.name} ({node.word}, reason {node.reason or 'none'}): "
             f"{plan.do}: {plan.why}")
     findings = slurm.drain_worthy(results, failover_rules) or \
         (failure or {}).get("findings") or []

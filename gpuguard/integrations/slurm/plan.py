@@ -1,15 +1,15 @@
 """What `gpuguard slurm health` decides for its node (docs/slurm.md), from the verdict
-(the daemon's or a cold check's results, as JSON dicts) and the node as sinfo shows it.
+(the daemon's or a cold check's results, as JSON dicts) and the node as scontrol shows it.
 
 - Drain only for a critical result whose rule counts for failover or whose suggested
   action is reset_gpu, reboot or inspect_hardware; never for a warning, an unknown or
-  fleet.brake itself. The reason is `gpuguard: <action>: <rule>[~] [GPU n] [(+k more)]`,
-  at most 80 characters, no paths: a rule id too long is cut and marked `~`, never the
-  GPU part (a cut "GPU 12" would name GPU 1).
-- Ownership: only a drain whose reason is exactly gpuguard's format (anchored at both
-  ends: an administrator's "gpuguard: ... RMA-4711 keep out" is theirs), or Slurm's own
-  "Prolog error"/"Epilog error" drain set close after a failure gpuguard recorded, is ever
-  rewritten or resumed. Anything else is left as it is, whatever gpuguard sees.
+  fleet.brake itself. The reason is gpuguard's grammar (integrations/slurm/reason.py:
+  `gpuguard: <action>: <rule>[~] [GPU n] [(+k more)]`, at most 80 characters).
+- What it may do is the state table's (integrations/slurm/states.py), by the node's state
+  and flags and who wrote its reason: gpuguard (its grammar, matched whole: an
+  administrator's "gpuguard: ... RMA-4711 keep out" is theirs), or Slurm's own "Prolog
+  error"/"Epilog error" drain set close after a failure gpuguard recorded, or anyone else.
+  A DOWN, FAIL, MAINT, powered-down or someone else's node is left as it is.
 - Resume only on the whole verdict (integrations/slurm/resume.py): nothing that would
   drain, no drain-capable rule unknown or missing on any GPU, every GPU present at the
   drain still there (by UUID or bus id), and each finding drained for ok on its board.
@@ -17,17 +17,18 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from gpuguard.integrations.slurm import reason as grammar
+from gpuguard.integrations.slurm import states
 from gpuguard.integrations.slurm.ctl import NodeInfo
 from gpuguard.integrations.slurm.resume import DrainRecord, may_resume
 from gpuguard.judge.actions import Action
 
-PREFIX = "gpuguard:"
-REASON_MAX = 80
-CUT_MARK = "~"  # not in a rule id (config/shapes.py RULE_ID_PATTERN): a cut is visible
+PREFIX = grammar.PREFIX
+REASON_MAX = grammar.REASON_MAX
+CUT_MARK = grammar.CUT_MARK
 DRAIN_ACTIONS = (Action.RESET_GPU, Action.REBOOT, Action.INSPECT_HARDWARE)
 # Slurm's own reasons when a prolog or epilog exits non-zero (it drains and requeues)
 SLURM_SCRIPT_REASONS = ("Prolog error", "Epilog error")
@@ -36,9 +37,6 @@ SLURM_SCRIPT_REASONS = ("Prolog error", "Epilog error")
 SCRIPT_DRAIN_BEFORE_S = 60.0
 SCRIPT_DRAIN_AFTER_S = 300.0
 BRAKE_RULE = "fleet.brake"
-_REASON = re.compile(r"gpuguard: (?P<action>reset_gpu|reboot|inspect_hardware|failover): "
-                     r"(?P<rule>[a-z0-9_.]+)(?P<cut>~)?(?: GPU (?P<gpu>\d+))?"
-                     r"(?: \(\+[1-9]\d* more\))?")
 
 
 @dataclass
@@ -69,14 +67,9 @@ def reason_for(findings: list[dict[str, Any]]) -> str:
     the rule id is what gives way (cut and marked), never the GPU or the count."""
     first = findings[0]
     action = first.get("action") or "none"
-    action = action if action != "none" else "failover"  # a failover rule without one
-    gpu = gpu_of(first)
-    head, rule = f"{PREFIX} {action}: ", str(first.get("rule"))
-    tail = (f" GPU {gpu}" if gpu is not None else "") + \
-        (f" (+{len(findings) - 1} more)" if len(findings) > 1 else "")
-    if len(head) + len(rule) + len(tail) > REASON_MAX:
-        rule = rule[:max(1, REASON_MAX - len(head) - len(tail) - len(CUT_MARK))] + CUT_MARK
-    return head + rule + tail
+    word = action if action != "none" else grammar.FAILOVER  # a failover rule without one
+    return grammar.Reason.of(str(word), str(first.get("rule")), gpu_of(first),
+                             len(findings) - 1).text()
 
 
 def script_drain_ours(node: NodeInfo, script_failure_time: float | None) -> bool:
@@ -89,24 +82,28 @@ def script_drain_ours(node: NodeInfo, script_failure_time: float | None) -> bool
         <= script_failure_time + SCRIPT_DRAIN_AFTER_S
 
 
-def owned(node: NodeInfo, script_failure_time: float | None) -> bool:
-    """Whether gpuguard wrote this node's drain (see the module's doc)."""
-    if not node.drained:
-        return False
-    return ours(node.reason) or script_drain_ours(node, script_failure_time)
+def owner(node: NodeInfo, script_failure_time: float | None) -> states.Owner:
+    """Who wrote the node's reason (see the module's doc)."""
+    if not node.reason:
+        return states.Owner.NONE
+    if ours(node.reason):
+        return states.Owner.GPUGUARD
+    if script_drain_ours(node, script_failure_time):
+        return states.Owner.SCRIPT
+    return states.Owner.ANYONE
 
 
 def ours(reason: str) -> bool:
-    """Exactly gpuguard's format, nothing before or after it."""
-    return _REASON.fullmatch(reason) is not None
+    """Exactly gpuguard's grammar, nothing before or after it."""
+    return grammar.ours(reason)
 
 
 def named_in(reason: str) -> tuple[str, int | None] | None:
     """The rule (ending in `~` when cut) and GPU a gpuguard reason names."""
-    found = _REASON.fullmatch(reason)
+    found = grammar.parse(reason)
     if found is None:
         return None
-    return found["rule"] + (found["cut"] or ""), int(found["gpu"]) if found["gpu"] else None
+    return found.rule + (CUT_MARK if found.cut else ""), found.gpu
 
 
 def plan(results: list[dict[str, Any]], failover_rules: set[str], node: NodeInfo,
@@ -117,14 +114,14 @@ def plan(results: list[dict[str, Any]], failover_rules: set[str], node: NodeInfo
     (the state dir's, integrations/slurm/resume.py), without which it never resumes."""
     findings = drain_worthy(results, failover_rules)
     wanted = reason_for(findings) if findings else None
-    if node.drained and not owned(node, script_failure_time):
-        return Plan("none", None, f"drained by someone else ({node.reason or 'no reason'}): "
-                                  "not gpuguard's to change")
-    if not node.drained:
+    row = states.row_for(states.standing(node), owner(node, script_failure_time))
+    if row.does == states.Does.NOTHING:
+        return Plan("none", None, _untouched(node, row))
+    if row.does == states.Does.DRAIN:
         if wanted is None:
             return Plan("none", None, "nothing to drain for")
         return Plan("drain", wanted, f"{len(findings)} finding(s) drain the node")
-    if not ours(node.reason):  # Slurm's Prolog/Epilog error, after ours
+    if row.does == states.Does.TAKE_OVER:  # Slurm's Prolog/Epilog error, after ours
         reason = wanted or taken_over
         if reason is None:
             return Plan("keep", None, "a prolog or epilog failure without a recorded finding")
@@ -135,3 +132,15 @@ def plan(results: list[dict[str, Any]], failover_rules: set[str], node: NodeInfo
         return Plan("update", wanted, "the finding changed")
     gone, why = may_resume(results, failover_rules, record)
     return Plan("resume" if gone else "keep", None, why)
+
+
+def _untouched(node: NodeInfo, row: states.Row) -> str:
+    """Why the table leaves this node alone (the words health's plan line had before
+    the table, for a drain of someone else's)."""
+    if row.standing == states.Standing.DRAINED:
+        return f"drained by someone else ({node.reason or 'no reason'}): " \
+               "not gpuguard's to change"
+    if row.standing == states.Standing.UP:
+        return f"its reason is someone else's ({node.reason}): not gpuguard's to change"
+    return f"{node.state} ({row.standing}, reason {node.reason or 'none'}): Slurm's or an " \
+           "administrator's, not gpuguard's to change"
