@@ -32,7 +32,7 @@ from gpuguard.judge.xids import grade
 from gpuguard.sources import replay
 from tests.conftest import REPO, TEST_BOOT_ID, gpuguard, own_host
 from tests.daemon.conftest import DaemonProcess
-from tests.slurm.test_slurm_scripts import FAKE_SLURM, stamp
+from tests.slurm.test_slurm_scripts import FAKE_SLURM
 
 FIXTURES = REPO / "tests" / "fixtures"
 
@@ -166,7 +166,7 @@ def by_slurm(case: Case, tmp: Path) -> tuple[list[dict[str, Any]], str]:
     run = HealthRun("n1", slurm_ctl.SlurmSettings(None, None, 10.0), BrakeSettings(20, 600),
                     inputs, case.state, None)
     results = [r.to_json() for r in verdict(run).results]
-    (tmp / "nodes").write_text(f"n1|idle|{stamp(30)}|gpu*|none\n")
+    (tmp / "nodes").write_text("n1|IDLE|Unknown|gpu|none\n")
     out = subprocess.run(
         [sys.executable, "-m", "gpuguard", "slurm", "health", "--no-daemon", "--brake-jitter",
          "0", "--node", "n1", "--slurm-bin", str(FAKE_SLURM), "--slurm-conf",

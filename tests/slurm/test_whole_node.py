@@ -49,7 +49,7 @@ class Node:
         (self.state / FILE).write_text(json.dumps({"boot_id": boot, "gpus": gpus}))
 
     def table(self, state: str, reason: str) -> None:
-        (self.root / "nodes").write_text(f"n1|{state}|{stamp(30)}|gpu*|{reason}\n")
+        (self.root / "nodes").write_text(f"n1|{state}|{stamp(30)}|gpu|{reason}\n")
 
     def node(self) -> tuple[str, str]:
         first = (self.root / "nodes").read_text().splitlines()[0].split("|")
@@ -72,7 +72,7 @@ class Node:
     def drained_with_present_gpus_only(self) -> None:
         """The node as an earlier health run left it: drained for the vanished GPU, on
         the daemon's verdict, the record naming the GPUs present then (the two)."""
-        self.table("drained", REASON)
+        self.table("IDLE+DRAIN", REASON)
         slurm_state.save_drain(self.state, "n1", DrainRecord(
             REASON, [{"rule": "gpu.count", "gpu": None}],
             [{k: g[k] for k in ("index", "uuid", "pci_bus_id")} for g in PRESENT]))
@@ -112,27 +112,27 @@ def test_health_never_resumes_a_node_missing_a_gpu_the_daemon_saw(node: Node) ->
     for _ in range(2):
         kept = node.health()
         assert kept.returncode == 0, kept.stderr
-        assert node.node() == ("drained", REASON), kept.stdout
+        assert node.node() == ("IDLE+DRAIN", REASON), kept.stdout
     assert "the finding is still there" in kept.stdout
     # after a reboot the memory still expects the board in its slot
     node.remember([*PRESENT, GONE], boot="an-earlier-boot")
     node.health()
-    assert node.node() == ("drained", REASON)
+    assert node.node() == ("IDLE+DRAIN", REASON)
 
 
 def test_a_drain_record_names_the_gpus_the_memory_misses(node: Node) -> None:
     """The drain itself (cold): the record names the missing GPU as well, so a later
     verdict that cannot see the memory (a file lost) still waits for it."""
     node.remember([*PRESENT, GONE])
-    node.table("idle", "none")
+    node.table("IDLE", "none")
     drained = node.health()
-    assert node.node() == ("drained", REASON), drained.stdout
+    assert node.node() == ("IDLE+DRAIN", REASON), drained.stdout
     record = slurm_state.drain_record(node.state, "n1")
     assert record is not None
     assert GONE["uuid"] in [g["uuid"] for g in record.gpus]
     (node.state / FILE).unlink()  # the memory lost: the record still waits for the board
     kept = node.health()
-    assert node.node() == ("drained", REASON), kept.stdout
+    assert node.node() == ("IDLE+DRAIN", REASON), kept.stdout
     assert "0000000000aa (00000000:AA:00.0), present at the drain, is missing" in kept.stdout
 
 
@@ -147,10 +147,10 @@ def test_the_way_back_with_fewer_gpus_is_an_ack_of_gpu_count(node: Node) -> None
                      str(node.state), "--path.procfs", node.host[1])
     assert acked.returncode == 0, acked.stderr
     first = node.health()  # the ack applies: the memory forgets the board
-    assert node.node()[0] == "drained", first.stdout
+    assert node.node()[0] == "IDLE+DRAIN", first.stdout
     saved = json.loads((node.state / FILE).read_text())
     assert [g["uuid"] for g in saved["gpus"]] == [g["uuid"] for g in PRESENT]
     assert [g["uuid"] for g in saved["forgotten"]] == [GONE["uuid"]]
     resumed = node.health()
-    assert node.node() == ("idle", "none"), resumed.stdout
+    assert node.node() == ("IDLE", "none"), resumed.stdout
     assert gpu_count(node.check())["status"] == "ok"
