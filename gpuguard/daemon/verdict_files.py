@@ -24,10 +24,10 @@ from pathlib import Path
 
 import structlog
 
-from gpuguard.daemon.verdict_view import STALE_AFTER_CYCLES, fresh_results
+from gpuguard.daemon.verdict_view import STALE_AFTER_CYCLES, daemon_verdict
 from gpuguard.io.atomic import write_text
 from gpuguard.judge import registry
-from gpuguard.model.results import Result, Status
+from gpuguard.model.results import Result, Status, Verdict
 
 log = structlog.get_logger("gpuguard.daemon")
 
@@ -133,11 +133,18 @@ class VerdictFiles:
 
     def write(self, entries: list[tuple[Result, str, float]],
               intervals: dict[str, float]) -> None:
-        results, ages = fresh_results(entries, intervals, time.monotonic())
+        """The files of the daemon's verdict now (its latest results by cadence)."""
+        verdict, ages = daemon_verdict(entries, intervals, time.monotonic())
+        self.write_verdict(verdict, ages, intervals)
+
+    def write_verdict(self, verdict: Verdict, ages: dict[str, float],
+                      intervals: dict[str, float]) -> None:
+        """The files of one verdict (the one `status` and Slurm get), whose cadences are
+        `ages` seconds old."""
         fresh_s = fresh_for(ages, {"fast": self.fast_interval, **intervals})
         written = boottime()
         by_condition: dict[str, list[Result]] = {name: [] for name in CONDITIONS}
-        for result in results:
+        for result in verdict.results:
             name = condition_of(result.rule, result.gpu is not None)
             if name is not None:
                 by_condition[name].append(result)

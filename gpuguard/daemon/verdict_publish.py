@@ -5,6 +5,7 @@ condition files (verdict_files.py). Both are off unless their option names a pat
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from gpuguard.daemon.latest import LatestResults
 from gpuguard.daemon.verdict_files import VerdictFiles
 from gpuguard.daemon.verdict_socket import VerdictSocket
-from gpuguard.daemon.verdict_view import DaemonView
+from gpuguard.daemon.verdict_view import DaemonView, daemon_verdict
 from gpuguard.model.snapshot import Snapshot
 
 
@@ -25,6 +26,7 @@ class VerdictPublisher:
         self.intervals = intervals
         view = DaemonView(store.by_cadence, intervals, rule_ids, failover_rules, snapshot,
                           cycle_s, os.getpid())
+        self.view = view
         self.socket = VerdictSocket(socket_path, group, view) if socket_path else None
         self.files = VerdictFiles(npd_dir, intervals["fast"]) if npd_dir else None
 
@@ -53,8 +55,13 @@ class VerdictPublisher:
             self.socket.start()
 
     def after_cycle(self) -> None:
+        """NPD's files from the daemon's verdict, the one the socket serves."""
         if self.files is not None:
-            self.files.write(self.store.by_cadence(), self.intervals)
+            verdict, ages = daemon_verdict(self.store.by_cadence(), self.intervals,
+                                           time.monotonic(),
+                                           frozenset(self.view.failover_rules()),
+                                           self.view.pid)
+            self.files.write_verdict(verdict, ages, self.intervals)
 
     def stop(self) -> None:
         if self.socket is not None:

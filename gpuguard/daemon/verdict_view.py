@@ -128,6 +128,21 @@ def _stale(result: Result, cadence: str, age: float, interval: float) -> Result:
                   "last_status": was})
 
 
+def daemon_verdict(entries: list[tuple[Result, str, float]], intervals: dict[str, float],
+                   now: float, failover_rules: frozenset[str] = frozenset(), pid: int = 0,
+                   only: list[str] | None = None, skip: list[str] | None = None,
+                   fail_on: str = "unknown") -> tuple[Verdict, dict[str, float]]:
+    """The daemon's verdict now, the one object its consumers take (`status`, Slurm
+    through the socket, NPD's files): each result fresh or stale by its cadence, those
+    selected by --only/--skip; and each cadence's age (seconds, monotonic)."""
+    results, ages = fresh_results(entries, intervals, now)
+    results = [r for r in results if selected(r.rule, only or [], skip or [])]
+    note = "the daemon's verdict (pid {}): {}".format(pid, ", ".join(
+        f"{c} results {ages[c]:.0f} s old" for c in sorted(ages)))
+    return Verdict(results, fail_on, (note,), source=note,
+                   failover_rules=failover_rules), ages
+
+
 def answer(view: DaemonView, req: Request) -> dict[str, Any]:
     """The reply document: {"code", "text"} for `render`, {"code", "results", ...} for
     `results`, {"error"} when it cannot answer (the client exits 3 with it)."""
@@ -137,12 +152,9 @@ def answer(view: DaemonView, req: Request) -> dict[str, Any]:
     entries = view.entries()
     if not entries:
         return {"error": "the daemon has no results yet: its first cycle has not ended"}
-    results, ages = fresh_results(entries, view.intervals, time.monotonic())
-    results = [r for r in results if selected(r.rule, req.only, req.skip)]
-    note = "the daemon's verdict (pid {}): {}".format(view.pid, ", ".join(
-        f"{c} results {ages[c]:.0f} s old" for c in sorted(ages)))
-    verdict = Verdict(results, req.fail_on, (note,), source=note,
-                      failover_rules=frozenset(view.failover_rules()))
+    verdict, _ = daemon_verdict(entries, view.intervals, time.monotonic(),
+                                frozenset(view.failover_rules()), view.pid, req.only,
+                                req.skip, req.fail_on)
     if req.want == "results":
         return verdict.to_json()
     from gpuguard.outputs.render import renderer

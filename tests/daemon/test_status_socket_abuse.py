@@ -136,7 +136,7 @@ def test_root_is_answered_by_the_daemon_while_other_uids_renew_idle_connections(
                  str(GROUP))
     first = renewer(sock, 65534, connections, 6)
     second = renewer(sock, 65533, connections, 1)
-    (tmp_path / "nodes").write_text("n1|idle|Unknown|gpu*|none\n")  # the fake Slurm's
+    (tmp_path / "nodes").write_text("n1|IDLE|Unknown|gpu|none\n")  # the fake Slurm's
     health = ["slurm", "health", "--socket", str(sock), "--brake-jitter", "0", "--node", "n1",
               "--slurm-bin", str(FAKE_SLURM), "--slurm-conf", str(tmp_path / "slurm.conf"),
               "--state-dir", str(tmp_path / "health-state")]
