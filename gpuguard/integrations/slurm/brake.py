@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from gpuguard.integrations.slurm.clock import Clock
 from gpuguard.integrations.slurm.ctl import NodeInfo
 from gpuguard.integrations.slurm.plan import SLURM_SCRIPT_REASONS, ours
 
@@ -49,11 +50,14 @@ class Count:
         return f"{len(self.drained_by_us) + 1} of {self.total} node(s) with this one"
 
 
-def count(nodes: dict[str, NodeInfo], me: str, now: float, window_s: float) -> Count:
-    """The partitions' nodes gpuguard drained within the window (Slurm's reason time is
-    wall clock: it is the only time two nodes share)."""
+def count(nodes: dict[str, NodeInfo], me: str, clock: Clock, window_s: float) -> Count:
+    """The partitions' nodes gpuguard drained within the window. Slurm's reason time is
+    slurmctld's wall clock, the only time two nodes share: the window is on that clock
+    (integrations/slurm/clock.py), and a reason time after its end counts too."""
+    since = clock.since(window_s, [n.reason_time for n in nodes.values()])
+
     def recent(n: NodeInfo) -> bool:
-        return n.reason_time is not None and now - window_s <= n.reason_time <= now + 60
+        return n.reason_time is not None and n.reason_time >= since
 
     others = [n for n in nodes.values() if n.name != me and n.drained]
     held = [n for n in others if ours(n.reason)

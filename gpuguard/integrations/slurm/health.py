@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuguard.integrations.slurm import brake as slurm_brake
+from gpuguard.integrations.slurm import clock as slurm_clock
 from gpuguard.integrations.slurm import ctl as slurm_ctl
 from gpuguard.integrations.slurm import plan as slurm
 from gpuguard.integrations.slurm import resume as slurm_resume
@@ -164,10 +165,13 @@ def act(run: HealthRun, node: slurm_ctl.NodeInfo, plan: slurm.Plan,
 
 
 def drain(run: HealthRun, node: slurm_ctl.NodeInfo, reason: str, drained: Drained) -> int:
-    """Drain unless the brake holds, counted twice: now, and after the random wait."""
+    """Drain unless the brake holds, counted twice: now, and after the random wait (both
+    on slurmctld's clock, read once: integrations/slurm/clock.py)."""
+    clock = slurm_clock.read(run.ctl)
+    run.say(f"brake: {clock.describe()}")
     for attempt in ("first", "recount"):
         nodes = slurm_ctl.partition_nodes(run.ctl, node.partitions or ["*"])
-        count = slurm_brake.count(nodes, node.name, time.time(), run.brake.window_s)
+        count = slurm_brake.count(nodes, node.name, clock, run.brake.window_s)
         why = slurm_brake.why_held(count, run.brake)
         if why is not None:
             return brake(run, reason, count, why)

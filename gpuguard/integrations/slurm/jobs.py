@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuguard.integrations.slurm import brake as slurm_brake
+from gpuguard.integrations.slurm import clock as slurm_clock
 from gpuguard.integrations.slurm import ctl as slurm_ctl
 from gpuguard.integrations.slurm import state as slurm_state
 from gpuguard.integrations.slurm import verdict as slurm_verdict
@@ -65,8 +66,10 @@ def braked(job: Job) -> tuple[str | None, str]:
         nodes = slurm_ctl.partition_nodes(job.ctl, node.partitions or ["*"])
     except slurm_ctl.SlurmUnavailable as exc:
         return None, f"the fleet brake cannot count (Slurm: {exc}): failing as without it"
-    count = slurm_brake.count(nodes, job.node, time.time(), job.brake.window_s)
-    return slurm_brake.why_held(count, job.brake), f"fleet brake: {count.describe()}"
+    clock = slurm_clock.read(job.ctl)
+    count = slurm_brake.count(nodes, job.node, clock, job.brake.window_s)
+    return slurm_brake.why_held(count, job.brake), \
+        f"fleet brake: {count.describe()}, {clock.describe()}"
 
 
 def fail(job: Job, script: str, findings: list[dict[str, Any]], gpus: list[int],
