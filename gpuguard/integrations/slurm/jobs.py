@@ -176,12 +176,15 @@ def ecc_growth(start: dict[str, Any], snapshot: Snapshot) -> list[dict[str, Any]
 
 
 def epilog(job: Job) -> tuple[int, list[str]]:
-    start = slurm_state.job_start(job.state_dir, job.job_id)
+    try:
+        start, missing = slurm_state.job_start(job.state_dir, job.job_id), \
+            "no record of its start (no prolog ran)"
+    except slurm_state.RecordLost as exc:  # nothing of it is taken: not even the ECC counts
+        start, missing = None, str(exc)
     snapshot = slurm_verdict.snapshot_of(job.inputs)
     slurm_state.forget_job(job.state_dir, job.job_id)
     if start is None:
-        return 0, [f"job {job.job_id}: no record of its start (no prolog ran): "
-                   "what appeared during it is unknown"]
+        return 0, [f"job {job.job_id}: {missing}: what appeared during it is unknown"]
     _, ruleset = slurm_verdict.configuration(job.inputs)
     hardware, application = classify(new_xids(_kernel_log(snapshot), start.get("kmsg_usec")),
                                      snapshot, ruleset)
