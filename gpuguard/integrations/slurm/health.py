@@ -9,7 +9,6 @@ so a critical fault still drains a node whose disk is read-only."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 from gpuguard.integrations.slurm import brake as slurm_brake
 from gpuguard.integrations.slurm import clock as slurm_clock
 from gpuguard.integrations.slurm import ctl as slurm_ctl
+from gpuguard.integrations.slurm import metrics as slurm_metrics
 from gpuguard.integrations.slurm import plan as slurm
 from gpuguard.integrations.slurm import resume as slurm_resume
 from gpuguard.integrations.slurm import state as slurm_state
@@ -278,32 +278,10 @@ def record(run: HealthRun, what: str, message: str, status: str) -> None:
 
 def write_metrics(run: HealthRun, drained: bool = False, braked: bool = False,
                   unknown: bool = False) -> None:
-    """node_exporter's textfile collector: the alert that needs no daemon."""
+    """node_exporter's textfile (integrations/slurm/metrics.py), when one is asked for."""
     if run.metrics_file is None:
         return
-    from gpuguard.io.atomic import write_text
-
-    node = json.dumps(run.node)
-    lines = [
-        "# HELP gpuguard_slurm_brake_engaged 1 when the fleet brake kept this node from draining.",
-        "# TYPE gpuguard_slurm_brake_engaged gauge",
-        f"gpuguard_slurm_brake_engaged{{node={node}}} {int(braked)}",
-        "# HELP gpuguard_slurm_drained 1 when gpuguard holds this node drained.",
-        "# TYPE gpuguard_slurm_drained gauge",
-        f"gpuguard_slurm_drained{{node={node}}} {int(drained)}",
-        "# HELP gpuguard_slurm_unknown 1 when Slurm did not answer the last health run.",
-        "# TYPE gpuguard_slurm_unknown gauge",
-        f"gpuguard_slurm_unknown{{node={node}}} {int(unknown)}",
-        "# HELP gpuguard_slurm_state_lost 1 when the last health run could not make, read "
-        "or keep a part of its state dir (the lock, the drain record, the script-failure "
-        "record) and decided without it.",
-        "# TYPE gpuguard_slurm_state_lost gauge",
-        f"gpuguard_slurm_state_lost{{node={node}}} {int(bool(run.lost))}",
-        "# HELP gpuguard_slurm_health_timestamp_seconds When the last health run ended.",
-        "# TYPE gpuguard_slurm_health_timestamp_seconds gauge",
-        f"gpuguard_slurm_health_timestamp_seconds{{node={node}}} {time.time():.0f}",
-    ]
-    try:
-        write_text(run.metrics_file, "\n".join(lines) + "\n")
-    except OSError as exc:
-        run.say(f"cannot write {run.metrics_file}: {exc.strerror or exc}")
+    failed = slurm_metrics.write(run.metrics_file, slurm_metrics.HealthState(
+        run.node, drained, braked, unknown, bool(run.lost)))
+    if failed is not None:
+        run.say(failed)
