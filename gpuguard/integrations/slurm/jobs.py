@@ -146,6 +146,24 @@ def new_xids(log: dict[str, Any] | None, since_usec: int | None) -> list[dict[st
             and e["usec"] > since_usec]
 
 
+def log_blind(log: dict[str, Any] | None, since_usec: int | None) -> str | None:
+    """Why the kernel log cannot tell all that appeared since the job started (None: it
+    can). A ring buffer that wrapped after the start lost records of the job: the first
+    record after the latest loss (sources/kmsg_kept.py Lost) came after the start, so what
+    lies between is unknown, never "no finding"."""
+    if since_usec is None:
+        return "the prolog could not read the kernel log: where the job began in it is unknown"
+    if log is None:
+        return "the kernel log cannot be read now"
+    lost, after = log.get("records_lost") or 0, log.get("lost_before_usec")
+    if not lost or (isinstance(after, int) and after <= since_usec):
+        return None
+    when = f"{after / 1e6:.6f}" if isinstance(after, int) else "an unknown time"
+    return (f"{lost} record(s) were overwritten (the ring buffer wrapped) before the one at "
+            f"{when} s since boot, after the job began at {since_usec / 1e6:.6f} s: an "
+            "Xid among them is not seen")
+
+
 def classify(xids: list[dict[str, Any]], snapshot: Snapshot,
              ruleset: RuleSet) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(hardware findings, application Xids) by each Xid's catalog action."""
@@ -186,14 +204,19 @@ def epilog(job: Job) -> tuple[int, list[str]]:
     if start is None:
         return 0, [f"job {job.job_id}: {missing}: what appeared during it is unknown"]
     _, ruleset = slurm_verdict.configuration(job.inputs)
-    hardware, application = classify(new_xids(_kernel_log(snapshot), start.get("kmsg_usec")),
-                                     snapshot, ruleset)
+    log = _kernel_log(snapshot)
+    hardware, application = classify(new_xids(log, start.get("kmsg_usec")), snapshot,
+                                     ruleset)
     hardware += ecc_growth(start, snapshot)
     record_xids(job, application + hardware)
+    blind = log_blind(log, start.get("kmsg_usec"))
     lines = [f"{'HARDWARE' if f in hardware else 'application'} {f['message']}: "
              f"{f['action']}" for f in hardware + application]
+    lines += [] if blind is None else [f"UNKNOWN kernel log during job {job.job_id}: {blind}"]
     if not hardware:
-        return 0, [f"job {job.job_id}: no hardware finding during the job", *lines]
+        what = "no hardware finding during the job" if blind is None else \
+            "no hardware finding in what could be read; the rest of the job is unknown"
+        return 0, [f"job {job.job_id}: {what}", *lines]
     return fail(job, "epilog", hardware, gpus_of(job, snapshot).indexes,
                 [f"job {job.job_id}: hardware finding(s) during the job: Slurm drains the "
                  "node", *lines])
