@@ -81,3 +81,20 @@ def test_without_slurmctlds_time_the_brake_errs_toward_not_draining(
     assert out.returncode == 2, out.stdout + out.stderr
     assert fleet.node() == ("idle", "none")
     assert "brake: slurmctld's clock not known (sdiag" in out.stdout
+
+
+def test_sdiags_header_is_read_as_slurm_prints_it() -> None:
+    """The header of Slurm 22.05's sdiag (as the real one on loopback printed it), the
+    older form without the Unix time, and lines that only look like it."""
+    from gpuguard.integrations.slurm.clock import parse_sdiag
+
+    real = ("*******************************************************\n"
+            "sdiag output at Wed Dec 02 07:24:43 2026 (1796196283)\n"
+            "Data since      Wed Dec 02 07:24:10 2026 (1796196250)\n"
+            "*******************************************************\n"
+            "Server thread count:  3\n")
+    assert parse_sdiag(real) == 1796196283.0
+    assert parse_sdiag("sdiag output at Wed Dec 02 07:24:43 2026\n") is None
+    assert parse_sdiag("Data since      Wed Dec 02 07:24:10 2026 (1796196250)\n") is None
+    assert parse_sdiag("sdiag output at then (17961962830000000000)\n") is None
+    assert parse_sdiag("\n" * 10 + "sdiag output at x (1796196283)\n") is None
