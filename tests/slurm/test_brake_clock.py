@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon.conftest import host_snapshot
-from tests.slurm.test_slurm_scripts import Fleet
+from tests.slurm.test_slurm_scripts import Fleet, live
 
 FAULT = {(0, "remapped_rows_failure"): True}  # memory.row_remap: inspect_hardware
 REASON = "gpuguard: reset_gpu: xid.recent GPU 0"
@@ -98,3 +98,25 @@ def test_sdiags_header_is_read_as_slurm_prints_it() -> None:
     assert parse_sdiag("Data since      Wed Dec 02 07:24:10 2026 (1796196250)\n") is None
     assert parse_sdiag("sdiag output at then (17961962830000000000)\n") is None
     assert parse_sdiag("\n" * 10 + "sdiag output at x (1796196283)\n") is None
+
+
+@pytest.mark.parametrize("offset_s", [600, -600])
+def test_slurms_prolog_drain_is_matched_with_the_failure_on_slurmctlds_clock(
+        fleet: Fleet, fake_nvml: Path, fake_cuda: Path, offset_s: float) -> None:
+    """The prolog fails GPU 1 (the fake libcuda reads wrong data back) and records when,
+    also on slurmctld's clock (its brake read it); Slurm's "Prolog error" drain is
+    stamped on slurmctld's clock, 10 minutes off this node's: health takes it over as
+    gpuguard's (on the node's clock alone it would be 600 s off, someone else's)."""
+    (fleet.root / "clock_offset").write_text(f"{offset_s:.0f}\n")
+    args, env = live(fleet, fake_nvml, fake_cuda, True, CUDA_VISIBLE_DEVICES="0,1",
+                     FAKE_CUDA_CORRUPT="compute", FAKE_CUDA_FAULT_GPU="1")
+    fleet.write([("n1", "idle", "Unknown", "none"),
+                 *((f"n{i}", "idle", "Unknown", "none") for i in range(2, 11))])
+    prolog = fleet.gpuguard("prolog", *args, env=env)
+    assert prolog.returncode == 1, prolog.stdout + prolog.stderr
+    fleet.write([("n1", "drained", ctld_stamp(offset_s, 0), "Prolog error"),
+                 *((f"n{i}", "idle", "Unknown", "none") for i in range(2, 11))])
+    out = fleet.gpuguard("health", *args, "--no-daemon", "--brake-jitter", "0", env=env)
+    assert fleet.node() == ("drained", "gpuguard: inspect_hardware: gpu.compute GPU 1"), \
+        out.stdout + out.stderr
+    assert "taking over Slurm's 'Prolog error'" in out.stdout

@@ -207,7 +207,8 @@ FAILURE = st.fixed_dictionaries({
     "script": st.sampled_from(["prolog", "epilog"]), "node": st.just("n1"),
     "job": st.text(max_size=6), "time": st.floats(0, 2e9), "findings": st.lists(FINDING,
                                                                               max_size=3),
-    "gpus": st.lists(st.integers(0, 7), max_size=3)})
+    "gpus": st.lists(st.integers(0, 7), max_size=3),
+    "slurmctld_time": st.none() | st.floats(0, 2e9)})
 DRAIN = st.fixed_dictionaries({
     "node": st.just("n1"), "reason": st.just(REASON), "gpus": st.lists(GPU, max_size=3),
     "findings": st.lists(st.fixed_dictionaries({"rule": st.just("memory.row_remap"),
@@ -261,6 +262,8 @@ def write(path: Path, value: Any) -> None:
 @FUZZ
 @given(value=shapes(FAILURE))
 def test_any_failure_record_reads_whole_or_lost(tmp_path: Path, value: Any) -> None:
+    from gpuguard.integrations.slurm.health import failure_time
+
     write(tmp_path / "slurm" / slurm_state.FAILURE, value)
     try:
         found = slurm_state.failure(tmp_path, "n1")
@@ -273,6 +276,7 @@ def test_any_failure_record_reads_whole_or_lost(tmp_path: Path, value: Any) -> N
         reason = slurm.reason_for(findings)
         assert reason.startswith(slurm.PREFIX) and len(reason) <= slurm.REASON_MAX
     assert float(found["time"]) == found["time"]
+    assert isinstance(failure_time(found), float)
 
 
 @FUZZ

@@ -53,6 +53,10 @@ class Clock:
         newest = max((s for s in stamps if s is not None), default=node_now)
         return min(node_now, newest) - window_s
 
+    def now(self) -> float | None:
+        """slurmctld's time now (None: not known)."""
+        return None if self.offset_s is None else time.time() + self.offset_s
+
     def describe(self) -> str:
         if self.offset_s is None:
             return f"slurmctld's clock not known ({self.source}): counting drains within " \

@@ -122,8 +122,8 @@ def _run_health(run: HealthRun) -> int:
     if failure is not None and failure.get("findings"):
         taken_over = slurm.reason_for(slurm.drain_worthy(failure["findings"], set())
                                       or failure["findings"])
-    plan = slurm.plan(results, found.failover_rules, node,
-                      None if failure is None else float(failure["time"]), taken_over, record)
+    plan = slurm.plan(results, found.failover_rules, node, failure_time(failure), taken_over,
+                      record)
     run.say(f"node {node.name} ({node.state}, reason {node.reason or 'none'}): "
             f"{plan.do}: {plan.why}")
     findings = slurm.drain_worthy(results, found.failover_rules) or \
@@ -134,6 +134,15 @@ def _run_health(run: HealthRun) -> int:
         run.say(f"UNKNOWN slurm: {exc}: nothing changed")
         write_metrics(run, unknown=True)
         return EXIT_UNKNOWN
+
+
+def failure_time(failure: dict[str, Any] | None) -> float | None:
+    """When the recorded failure was, on the clock of Slurm's reason times: slurmctld's,
+    where the script read it (integrations/slurm/clock.py), else this node's."""
+    if failure is None:
+        return None
+    ctld = failure.get("slurmctld_time")
+    return float(failure["time"] if ctld is None else ctld)
 
 
 def current_failure(run: HealthRun, node: slurm_ctl.NodeInfo) -> dict[str, Any] | None:

@@ -57,32 +57,34 @@ def gpus_of(job: Job, snapshot: Snapshot) -> JobGpus:
     return job_gpus(job.env, snapshot, procfs)
 
 
-def braked(job: Job) -> tuple[str | None, str]:
-    """(why the fleet brake holds, None when it does not; what was counted)."""
+def braked(job: Job) -> tuple[str | None, str, slurm_clock.Clock | None]:
+    """(why the fleet brake holds, None when it does not; what was counted; slurmctld's
+    clock, None when Slurm was not asked or did not answer)."""
     if job.ctl is None:
-        return None, "the fleet brake was not asked (no Slurm settings)"
+        return None, "the fleet brake was not asked (no Slurm settings)", None
     try:
         node = slurm_ctl.node(job.ctl, job.node)
         nodes = slurm_ctl.partition_nodes(job.ctl, node.partitions or ["*"])
     except slurm_ctl.SlurmUnavailable as exc:
-        return None, f"the fleet brake cannot count (Slurm: {exc}): failing as without it"
+        return None, f"the fleet brake cannot count (Slurm: {exc}): failing as without " \
+                     "it", None
     clock = slurm_clock.read(job.ctl)
     count = slurm_brake.count(nodes, job.node, clock, job.brake.window_s)
     return slurm_brake.why_held(count, job.brake), \
-        f"fleet brake: {count.describe()}, {clock.describe()}"
+        f"fleet brake: {count.describe()}, {clock.describe()}", clock
 
 
 def fail(job: Job, script: str, findings: list[dict[str, Any]], gpus: list[int],
          lines: list[str]) -> tuple[int, list[str]]:
     """Exit 1 (Slurm drains the node) unless the brake holds: then pass, and say so."""
-    why, counted = braked(job)
+    why, counted, clock = braked(job)
     if why is not None:
         return 0, [f"CRITICAL {BRAKE_RULE}: {why}: not failing job {job.job_id} (Slurm "
                    "would drain the node); the findings stand", *lines]
     lines = [*lines, counted]
     try:
         slurm_state.record_failure(job.state_dir, script, job.node, job.job_id, findings,
-                                   gpus)
+                                   gpus, None if clock is None else clock.now())
     except OSError as exc:  # the drain stays Slurm's: gpuguard will not resume it
         lines.append(f"cannot record the failure ({exc.strerror or exc}): Slurm's drain "
                      "will not be gpuguard's to resume")

@@ -121,11 +121,19 @@ def prune(state_dir: Path) -> None:
 
 
 def record_failure(state_dir: Path, script: str, node: str, job_id: str,
-                   findings: list[dict[str, Any]], gpus: list[int]) -> None:
-    """A prolog or epilog failed on this node: Slurm drains it next ("Prolog error")."""
+                   findings: list[dict[str, Any]], gpus: list[int],
+                   slurmctld_time: float | None = None) -> None:
+    """A prolog or epilog failed on this node: Slurm drains it next ("Prolog error"). The
+    time on this node's clock, and on slurmctld's where the brake read it: Slurm's reason
+    time is slurmctld's, and that is what the drain is matched with."""
     write_text(folder(state_dir) / FAILURE, json.dumps(
         {"script": script, "node": node, "job": job_id, "time": time.time(),
-         "findings": findings, "gpus": gpus}), 0o600)
+         "slurmctld_time": slurmctld_time, "findings": findings, "gpus": gpus}), 0o600)
+
+
+def _time(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value)
 
 
 def _finding(found: Any) -> bool:
@@ -153,9 +161,10 @@ def failure(state_dir: Path, node: str) -> dict[str, Any] | None:
     if found.get("node") != node:
         raise RecordLost(f"{what} is another node's ({str(found.get('node'))[:40]!r}), "
                          f"not {node}'s")
+    ctld = found.get("slurmctld_time")
     if found.get("script") not in SCRIPTS or not isinstance(found.get("job"), str) \
-            or isinstance(when, bool) or not isinstance(when, int | float) \
-            or not math.isfinite(when) or not isinstance(findings, list) \
+            or not _time(when) or not (ctld is None or _time(ctld)) \
+            or not isinstance(findings, list) \
             or not all(_finding(f) for f in findings) or not isinstance(gpus, list) \
             or not all(_count(g) for g in gpus):
         raise RecordLost(f"{what} is not one gpuguard's prolog or epilog wrote")
