@@ -1,7 +1,7 @@
 """The fleet brake (docs/slurm.md#the-fleet-brake): a bad rule or a bad driver push must not
 drain a cluster. Before draining (health) or failing a job (prolog, epilog: Slurm drains
 then), the node counts the nodes of its partitions that gpuguard drained within the
-window, this drain included; at or above the share it does not drain. That is a rate: a
+window (on slurmctld's clock: integrations/slurm/clock.py), this drain included; at or above the share it does not drain. That is a rate: a
 push that keeps failing would still empty the partition one window at a time, so there is
 also a cap: the nodes drained with gpuguard's reason now, whatever their age; at or above
 `cap_percent` of the partition no new drain, ever (existing drains are not undone).
