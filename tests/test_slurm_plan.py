@@ -11,6 +11,7 @@ import pytest
 from gpuguard.integrations.slurm import brake as slurm_brake
 from gpuguard.integrations.slurm import ctl as slurm_ctl
 from gpuguard.integrations.slurm import plan as slurm
+from gpuguard.integrations.slurm.clock import Clock
 from gpuguard.integrations.slurm.ctl import NodeInfo
 
 if TYPE_CHECKING:
@@ -193,6 +194,9 @@ def test_only_gpuguards_exact_reason_is_gpuguards() -> None:
     assert slurm.named_in("gpuguard: failover: gpu.lost") == ("gpu.lost", None)
 
 
+IN_STEP = Clock(0.0, "the test: this node's clock is slurmctld's")
+
+
 def nodes(n: int, drained: dict[str, tuple[str, float]]) -> dict[str, NodeInfo]:
     out = {}
     for i in range(n):
@@ -210,7 +214,7 @@ def test_the_brake_counts_this_drain_too(total: int, ours: int, holds: bool) -> 
     now = time.time()
     drained = {f"n{i + 1}": ("gpuguard: reset_gpu: xid.recent GPU 0", now - 30)
                for i in range(ours)}
-    found = slurm_brake.count(nodes(total, drained), "n0", now, 600)
+    found = slurm_brake.count(nodes(total, drained), "n0", IN_STEP, 600)
     assert slurm_brake.holds(found, slurm_brake.BrakeSettings()) is holds
 
 
@@ -218,7 +222,7 @@ def test_the_brake_counts_only_gpuguards_recent_drains() -> None:
     now = time.time()
     drained = {"n1": ("admin: cable swap", now), "n2": ("gpuguard: reboot: gpu.lost", now - 700),
                "n3": ("gpuguard: reboot: gpu.lost", now - 10)}
-    found = slurm_brake.count(nodes(10, drained), "n0", now, 600)
+    found = slurm_brake.count(nodes(10, drained), "n0", IN_STEP, 600)
     assert found.drained_by_us == ["n3"]
     assert 0 <= slurm_brake.jitter_s(slurm_brake.BrakeSettings(), 300) <= 30
     assert slurm_brake.jitter_s(slurm_brake.BrakeSettings(jitter_share=0), 300) == 0
@@ -229,22 +233,22 @@ def test_the_brake_caps_what_gpuguard_holds_drained_whatever_its_age() -> None:
     the 9th through, the cap does not. Existing drains are counted, never undone."""
     now = time.time()
     old = {f"n{i}": ("gpuguard: reset_gpu: xid.recent GPU 0", now - 660) for i in range(2, 10)}
-    found = slurm_brake.count(nodes(10, old), "n1", now, 600)
+    found = slurm_brake.count(nodes(10, old), "n1", IN_STEP, 600)
     assert found.drained_by_us == [] and len(found.held_by_us) == 8
     why = slurm_brake.why_held(found, slurm_brake.BrakeSettings())
     assert why is not None and "cap of 3" in why
     # under the cap (2 of 10 old) the rate alone decides: free to drain
     two = {k: v for k, v in old.items() if k in ("n2", "n3")}
-    assert not slurm_brake.holds(slurm_brake.count(nodes(10, two), "n1", now, 600),
+    assert not slurm_brake.holds(slurm_brake.count(nodes(10, two), "n1", IN_STEP, 600),
                                  slurm_brake.BrakeSettings())
     # the cap is at least one node; an administrator's drain does not count
-    one = slurm_brake.count(nodes(2, {"n0": ("admin: rma", now - 9999)}), "n1", now, 600)
+    one = slurm_brake.count(nodes(2, {"n0": ("admin: rma", now - 9999)}), "n1", IN_STEP, 600)
     assert not slurm_brake.holds(one, slurm_brake.BrakeSettings(cap_percent=0))
     # Slurm's "Prolog error" drains within the window count (gpuguard's until taken over)
     fresh = {f"n{i}": ("Prolog error", now - 20) for i in (2, 3)}
-    assert slurm_brake.count(nodes(10, fresh), "n1", now, 600).drained_by_us == ["n2", "n3"]
+    assert slurm_brake.count(nodes(10, fresh), "n1", IN_STEP, 600).drained_by_us == ["n2", "n3"]
     stale = {f"n{i}": ("Prolog error", now - 6000) for i in (2, 3)}
-    assert slurm_brake.count(nodes(10, stale), "n1", now, 600).held_by_us == []
+    assert slurm_brake.count(nodes(10, stale), "n1", IN_STEP, 600).held_by_us == []
 
 
 def shown(name: str, state: str, rest: str = "", partitions: str = "main") -> str:

@@ -122,6 +122,8 @@ def health(socket_path: str | None, no_daemon: bool, brake_jitter: float,
                     metrics_file, probe_budget)
     code = run_health(run)
     click.echo("\n".join(f"gpuguard slurm health: {line}" for line in run.lines))
+    for line in run.lost:  # slurmd logs a health program's stderr: the loss is seen there
+        click.echo(f"gpuguard slurm health: {line}", err=True)
     sys.exit(code)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, own_host
+from tests.conftest import REPO, mounted_tmpfs, own_host
 from tests.daemon.conftest import host_snapshot, write_snapshot
 from tests.slurm.cluster import FAKE_NODES, HEALTH_INTERVAL, Cluster, missing_tools
 
@@ -166,6 +166,8 @@ def test_the_brake_holds_when_the_partition_has_its_share_drained(slurm: Cluster
     assert c.state() == "idle"
     assert "CRITICAL fleet.brake: 3 of 10 node(s) with this one" in c.output("health")
     assert "gpu01, gpu02" in c.output("health")
+    # the window on slurmctld's clock, from the real sdiag (the same host: in step)
+    assert "brake: on slurmctld's clock (sdiag; this node in step)" in c.output("health")
     metrics = (c.root / "metrics.prom").read_text()
     assert f'gpuguard_slurm_brake_engaged{{node="{c.node}"}} 1' in metrics
     with sqlite3.connect(c.root / "gg-state" / "events.db") as db:
@@ -406,3 +408,49 @@ def test_fake_nodes_answer_nothing(cluster: Cluster) -> None:
     """The brake's partition: nine configured nodes that never come up (not this host)."""
     out = cluster.cli("sinfo", "-h", "-N", "-n", FAKE_NODES, "-o", "%N %T").stdout
     assert len(out.split("\n")) >= 9 and "idle " not in out.replace("idle*", "")
+
+
+def test_gpuguards_restart_app_reasons_on_phantom_nodes_brake_the_real_nodes_fault(
+        slurm: Cluster) -> None:
+    """A phantom node of the partition drained with gpuguard's restart_app reason (a
+    failover rule whose action is restart_app: on d7c609d such a drain was not counted,
+    and ten of ten nodes drained): with it, the real node's drain would be 2 of 10, the
+    20 % brake holds, exit 2."""
+    c = slurm
+    c.drain("gpu03", "gpuguard: restart_app: recovery.action GPU 0")
+    snap = replayed(c, fault=True)
+    c.switch("health", True, health_args(c, "--input", str(snap)))
+    c.wait_for(lambda: "fleet.brake" in c.output("health"), WITHIN_S, "the brake")
+    runs_after(c, 1)
+    assert c.state() == "idle", c.output("health")[-2000:]
+    assert "CRITICAL fleet.brake: 2 of 10 node(s) with this one drained by gpuguard within " \
+           "600 s" in c.output("health")
+    assert "(others: gpu03)" in c.output("health")
+    direct = run_health(c, "--input", str(snap))
+    assert direct.returncode == 2, direct.stdout + direct.stderr
+
+
+def test_a_read_only_state_dir_with_a_fault_still_drains(slurm: Cluster) -> None:
+    """The state dir on a read-only tmpfs (a stateless node; as root a mode is no bar):
+    no lock, no record; slurmd's health run still drains for the fault, says what it
+    lost (its stderr, which the wrapper keeps with its output) and sets the metric."""
+    c = slurm
+    snap = replayed(c, fault=True)
+    with mounted_tmpfs(c.root / "ro", "size=64k", read_only=True) as ro:
+        c.switch("health", True, health_args(c, "--input", str(snap), "--state-dir",
+                                             str(ro / "gg-state")))
+        runs, _ = c.within_runs(lambda: c.reason().startswith("gpuguard:"), "the drain")
+        c.switch("health", False)
+    assert c.node_line() == ("drained",
+                             "gpuguard: inspect_hardware: thermal.margin GPU 0"), \
+        c.output("health")[-2000:]
+    assert runs <= 2, f"{runs} health runs before the drain"
+    out = c.output("health")
+    assert "Traceback" not in out
+    assert f"state: the state dir {ro / 'gg-state'} cannot be made (Read-only file " \
+           "system)" in out
+    lost = f'gpuguard_slurm_state_lost{{node="{c.node}"}} 1'
+    metrics, end = c.root / "metrics.prom", time.monotonic() + 30
+    while not (metrics.exists() and lost in metrics.read_text()):  # written after the drain
+        assert time.monotonic() < end, "no gpuguard_slurm_state_lost 1 after the drain"
+        time.sleep(0.2)

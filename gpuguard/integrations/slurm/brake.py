@@ -1,8 +1,8 @@
 """The fleet brake (docs/slurm.md#the-fleet-brake): a bad rule or a bad driver push must not
 drain a cluster. Before draining (health) or failing a job (prolog, epilog: Slurm drains
 then), the node counts the nodes of its partitions that gpuguard drained within the
-window, this drain included; at or above the share it does not drain. That is a rate: a
-push that keeps failing would still empty the partition one window at a time, so there is
+window (on slurmctld's clock: integrations/slurm/clock.py), this drain included; at or
+above the share it does not drain. That is a rate: a push that keeps failing would still empty the partition one window at a time, so there is
 also a cap: the nodes drained with gpuguard's reason now, whatever their age; at or above
 `cap_percent` of the partition no new drain, ever (existing drains are not undone).
 Slurm's "Prolog error"/"Epilog error" drains within the window count as gpuguard's for
@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from gpuguard.integrations.slurm.clock import Clock
 from gpuguard.integrations.slurm.ctl import NodeInfo
 from gpuguard.integrations.slurm.plan import SLURM_SCRIPT_REASONS, ours
 
@@ -49,11 +50,14 @@ class Count:
         return f"{len(self.drained_by_us) + 1} of {self.total} node(s) with this one"
 
 
-def count(nodes: dict[str, NodeInfo], me: str, now: float, window_s: float) -> Count:
-    """The partitions' nodes gpuguard drained within the window (Slurm's reason time is
-    wall clock: it is the only time two nodes share)."""
+def count(nodes: dict[str, NodeInfo], me: str, clock: Clock, window_s: float) -> Count:
+    """The partitions' nodes gpuguard drained within the window. Slurm's reason time is
+    slurmctld's wall clock, the only time two nodes share: the window is on that clock
+    (integrations/slurm/clock.py), and a reason time after its end counts too."""
+    since = clock.since(window_s, [n.reason_time for n in nodes.values()])
+
     def recent(n: NodeInfo) -> bool:
-        return n.reason_time is not None and now - window_s <= n.reason_time <= now + 60
+        return n.reason_time is not None and n.reason_time >= since
 
     others = [n for n in nodes.values() if n.name != me and n.drained]
     held = [n for n in others if ours(n.reason)

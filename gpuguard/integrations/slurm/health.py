@@ -1,18 +1,25 @@
 """`gpuguard slurm health`'s run: the verdict, the node, the plan (integrations/slurm/plan.py),
 the fleet brake with its jittered recount (integrations/slurm/brake.py), then at most one
-scontrol call. Slurm not answering is unknown (exit 3) and changes nothing."""
+scontrol call. Slurm not answering is unknown (exit 3) and changes nothing.
+
+The state dir is an aid, never a condition: a state dir that cannot be made, a lock that
+cannot be had, a record that cannot be read or kept (integrations/slurm/state.py) is said
+(`lose`: the output, stderr and gpuguard_slurm_state_lost) and the run decides without it,
+so a critical fault still drains a node whose disk is read-only."""
 
 from __future__ import annotations
 
-import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuguard.assess.inputs import HostInputs
 from gpuguard.integrations.slurm import brake as slurm_brake
+from gpuguard.integrations.slurm import clock as slurm_clock
 from gpuguard.integrations.slurm import ctl as slurm_ctl
+from gpuguard.integrations.slurm import metrics as slurm_metrics
 from gpuguard.integrations.slurm import plan as slurm
 from gpuguard.integrations.slurm import resume as slurm_resume
 from gpuguard.integrations.slurm import state as slurm_state
@@ -42,9 +49,16 @@ class HealthRun:
     probe_budget_s: float = 3.0
     lines: list[str] = field(default_factory=list)
     cold: Judgement | None = None  # this host collected, once per run (judgement())
+    lost: list[str] = field(default_factory=list)  # what of the state dir was lost
+    stateless: bool = False  # the state dir cannot be made: no record to read either
 
     def say(self, text: str) -> None:
         self.lines.append(text)
+
+    def lose(self, text: str) -> None:
+        """A part of the state dir lost this run: said, and the run goes on without it."""
+        self.lost.append(f"state: {text}")
+        self.say(f"state: {text}")
 
     def judgement(self) -> Judgement:
         """This run's cold judgement of the host: one collection and one configuration,
@@ -82,14 +96,26 @@ def run_health(run: HealthRun) -> int:
     still waits on Slurm) would decide on the same node state twice."""
     from gpuguard.sources.active.host_lock import HostLock
 
-    lock = HostLock(str(slurm_state.folder(run.state_dir) / "health.lock"))
-    if lock.acquire(time.monotonic() + run.ctl.timeout_s) is False:
-        run.say("another health run holds this node: nothing to do")
-        return 0
+    try:
+        lock: HostLock | None = HostLock(str(slurm_state.folder(run.state_dir)
+                                             / slurm_state.LOCK))
+    except OSError as exc:
+        run.lose(f"the state dir {run.state_dir} cannot be made ({exc.strerror or exc}): "
+                 "no lock, no record kept; deciding without them")
+        lock, run.stateless = None, True
+    if lock is not None:
+        held = lock.acquire(time.monotonic() + run.ctl.timeout_s)
+        if held is False:
+            run.say("another health run holds this node: nothing to do")
+            return 0
+        if held is None:
+            run.lose(f"the lock {lock.path} cannot be had ({lock.why}): this run is not "
+                     "kept from another")
     try:
         return _run_health(run)
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 def _run_health(run: HealthRun) -> int:
@@ -102,10 +128,7 @@ def _run_health(run: HealthRun) -> int:
         write_metrics(run, unknown=True)
         return EXIT_UNKNOWN
     failure = current_failure(run, node)
-    record = slurm_state.drain_record(run.state_dir, run.node)
-    if record is not None and not node.drained:  # resumed by hand: a next drain starts anew
-        slurm_state.clear_drain(run.state_dir)
-        record = None
+    record = drain_record(run, node)
     record = slurm_resume.still_expected(record, forgotten_gpus(run.state_dir))
     judged = [r.to_json() for r in found.results]
     results = judged if failure is None else _reprobe(run, failure, judged)
@@ -114,8 +137,8 @@ def _run_health(run: HealthRun) -> int:
         taken_over = slurm.reason_for(slurm.drain_worthy(failure["findings"], set())
                                       or failure["findings"])
     failover_rules = set(found.failover_rules)
-    plan = slurm.plan(results, failover_rules, node,
-                      None if failure is None else float(failure["time"]), taken_over, record)
+    plan = slurm.plan(results, failover_rules, node, failure_time(failure), taken_over,
+                      record)
     run.say(f"node {node.name} ({node.word}, reason {node.reason or 'none'}): "
             f"{plan.do}: {plan.why}")
     findings = slurm.drain_worthy(results, failover_rules) or \
@@ -138,17 +161,64 @@ def forgotten_gpus(state_dir: Path) -> list[dict[str, Any]]:
         return []
 
 
+def failure_time(failure: dict[str, Any] | None) -> float | None:
+    """When the recorded failure was, on the clock of Slurm's reason times: slurmctld's,
+    where the script read it (integrations/slurm/clock.py), else this node's."""
+    if failure is None:
+        return None
+    ctld = failure.get("slurmctld_time")
+    return float(failure["time"] if ctld is None else ctld)
+
+
 def current_failure(run: HealthRun, node: slurm_ctl.NodeInfo) -> dict[str, Any] | None:
     """The recorded prolog/epilog failure, dropped once the node is seen not drained
-    after it (a stale one must never claim another script's drain)."""
-    failure = slurm_state.failure(run.state_dir, run.node)
+    after it (a stale one must never claim another script's drain). One that cannot be
+    used is none (Slurm's drain stays Slurm's), dropped the same way."""
+    if run.stateless:
+        return None
+    try:
+        failure = slurm_state.failure(run.state_dir, run.node)
+    except slurm_state.RecordLost as exc:
+        run.lose(f"{exc}: deciding without it")
+        if not node.drained:
+            clear(run, slurm_state.clear_failure, "the node is not drained: record dropped")
+        return None
     if failure is None or node.drained or \
             time.time() - float(failure["time"]) < FAILURE_STALE_S:
         return failure
-    slurm_state.clear_failure(run.state_dir)
-    run.say(f"the {failure.get('script')} failure of job {failure.get('job')} is past: "
-            "the node is not drained (record dropped)")
+    clear(run, slurm_state.clear_failure, f"the {failure.get('script')} failure of job "
+          f"{failure.get('job')} is past: the node is not drained (record dropped)")
     return None
+
+
+def drain_record(run: HealthRun, node: slurm_ctl.NodeInfo) -> slurm_resume.DrainRecord | None:
+    """What gpuguard drained for; none once the node is seen not drained (resumed by
+    hand: a next drain starts anew). One that cannot be used is none: no resume."""
+    if run.stateless:
+        return None
+    try:
+        record = slurm_state.drain_record(run.state_dir, run.node)
+    except slurm_state.RecordLost as exc:
+        run.lose(f"{exc}: gpuguard will not resume a drain of its own without it")
+        if not node.drained:
+            clear(run, slurm_state.clear_drain, "the node is not drained: record dropped")
+        return None
+    if record is not None and not node.drained:
+        clear(run, slurm_state.clear_drain, "")
+        return None
+    return record
+
+
+def clear(run: HealthRun, how: Callable[[Path], None], why: str) -> None:
+    """Remove a record (`how`: state.clear_*), saying `why`; one that cannot be removed
+    is said as lost."""
+    try:
+        how(run.state_dir)
+    except slurm_state.RecordLost as exc:
+        run.lose(str(exc))
+        return
+    if why:
+        run.say(why)
 
 
 @dataclass
@@ -163,8 +233,8 @@ class Drained:
         try:
             slurm_state.save_drain(run.state_dir, run.node, record)
         except OSError as exc:  # then it never resumes this drain: a person does
-            run.say(f"cannot keep the drain's record ({exc.strerror or exc}): gpuguard "
-                    "will not resume this node")
+            run.lose(f"cannot keep the drain's record ({exc.strerror or exc}): gpuguard "
+                     "will not resume this node")
 
 
 def act(run: HealthRun, node: slurm_ctl.NodeInfo, plan: slurm.Plan,
@@ -179,9 +249,9 @@ def act(run: HealthRun, node: slurm_ctl.NodeInfo, plan: slurm.Plan,
         run.say(f"reason now {plan.reason!r}")
     elif plan.do == "resume":
         slurm_ctl.resume(run.ctl, node.name)
-        slurm_state.clear_drain(run.state_dir)
+        clear(run, slurm_state.clear_drain, "")
         if failure is not None:
-            slurm_state.clear_failure(run.state_dir)
+            clear(run, slurm_state.clear_failure, "")
         record(run, "resume", node.reason, "ok")
         run.say("resumed")
     write_metrics(run, drained=plan.do in ("drain", "update", "keep") and node.drained)
@@ -189,10 +259,13 @@ def act(run: HealthRun, node: slurm_ctl.NodeInfo, plan: slurm.Plan,
 
 
 def drain(run: HealthRun, node: slurm_ctl.NodeInfo, reason: str, drained: Drained) -> int:
-    """Drain unless the brake holds, counted twice: now, and after the random wait."""
+    """Drain unless the brake holds, counted twice: now, and after the random wait (both
+    on slurmctld's clock, read once: integrations/slurm/clock.py)."""
+    clock = slurm_clock.read(run.ctl)
+    run.say(f"brake: {clock.describe()}")
     for attempt in ("first", "recount"):
         nodes = slurm_ctl.partition_nodes(run.ctl, node.partitions or ["*"])
-        count = slurm_brake.count(nodes, node.name, time.time(), run.brake.window_s)
+        count = slurm_brake.count(nodes, node.name, clock, run.brake.window_s)
         why = slurm_brake.why_held(count, run.brake)
         if why is not None:
             return brake(run, reason, count, why)
@@ -239,27 +312,10 @@ def record(run: HealthRun, what: str, message: str, status: str) -> None:
 
 def write_metrics(run: HealthRun, drained: bool = False, braked: bool = False,
                   unknown: bool = False) -> None:
-    """node_exporter's textfile collector: the alert that needs no daemon."""
+    """node_exporter's textfile (integrations/slurm/metrics.py), when one is asked for."""
     if run.metrics_file is None:
         return
-    from gpuguard.io.atomic import write_text
-
-    node = json.dumps(run.node)
-    lines = [
-        "# HELP gpuguard_slurm_brake_engaged 1 when the fleet brake kept this node from draining.",
-        "# TYPE gpuguard_slurm_brake_engaged gauge",
-        f"gpuguard_slurm_brake_engaged{{node={node}}} {int(braked)}",
-        "# HELP gpuguard_slurm_drained 1 when gpuguard holds this node drained.",
-        "# TYPE gpuguard_slurm_drained gauge",
-        f"gpuguard_slurm_drained{{node={node}}} {int(drained)}",
-        "# HELP gpuguard_slurm_unknown 1 when Slurm did not answer the last health run.",
-        "# TYPE gpuguard_slurm_unknown gauge",
-        f"gpuguard_slurm_unknown{{node={node}}} {int(unknown)}",
-        "# HELP gpuguard_slurm_health_timestamp_seconds When the last health run ended.",
-        "# TYPE gpuguard_slurm_health_timestamp_seconds gauge",
-        f"gpuguard_slurm_health_timestamp_seconds{{node={node}}} {time.time():.0f}",
-    ]
-    try:
-        write_text(run.metrics_file, "\n".join(lines) + "\n")
-    except OSError as exc:
-        run.say(f"cannot write {run.metrics_file}: {exc.strerror or exc}")
+    failed = slurm_metrics.write(run.metrics_file, slurm_metrics.HealthState(
+        run.node, drained, braked, unknown, bool(run.lost)))
+    if failed is not None:
+        run.say(failed)

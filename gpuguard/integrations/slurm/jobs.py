@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from gpuguard.assess.inputs import HostInputs
 from gpuguard.assess.once import Judgement
 from gpuguard.integrations.slurm import brake as slurm_brake
+from gpuguard.integrations.slurm import clock as slurm_clock
 from gpuguard.integrations.slurm import ctl as slurm_ctl
 from gpuguard.integrations.slurm import state as slurm_state
 from gpuguard.integrations.slurm.gpus import JobGpus, job_gpus
@@ -57,30 +58,34 @@ def gpus_of(job: Job, snapshot: Snapshot) -> JobGpus:
     return job_gpus(job.env, snapshot, procfs)
 
 
-def braked(job: Job) -> tuple[str | None, str]:
-    """(why the fleet brake holds, None when it does not; what was counted)."""
+def braked(job: Job) -> tuple[str | None, str, slurm_clock.Clock | None]:
+    """(why the fleet brake holds, None when it does not; what was counted; slurmctld's
+    clock, None when Slurm was not asked or did not answer)."""
     if job.ctl is None:
-        return None, "the fleet brake was not asked (no Slurm settings)"
+        return None, "the fleet brake was not asked (no Slurm settings)", None
     try:
         node = slurm_ctl.node(job.ctl, job.node)
         nodes = slurm_ctl.partition_nodes(job.ctl, node.partitions or ["*"])
     except slurm_ctl.SlurmUnavailable as exc:
-        return None, f"the fleet brake cannot count (Slurm: {exc}): failing as without it"
-    count = slurm_brake.count(nodes, job.node, time.time(), job.brake.window_s)
-    return slurm_brake.why_held(count, job.brake), f"fleet brake: {count.describe()}"
+        return None, f"the fleet brake cannot count (Slurm: {exc}): failing as without " \
+                     "it", None
+    clock = slurm_clock.read(job.ctl)
+    count = slurm_brake.count(nodes, job.node, clock, job.brake.window_s)
+    return slurm_brake.why_held(count, job.brake), \
+        f"fleet brake: {count.describe()}, {clock.describe()}", clock
 
 
 def fail(job: Job, script: str, findings: list[dict[str, Any]], gpus: list[int],
          lines: list[str]) -> tuple[int, list[str]]:
     """Exit 1 (Slurm drains the node) unless the brake holds: then pass, and say so."""
-    why, counted = braked(job)
+    why, counted, clock = braked(job)
     if why is not None:
         return 0, [f"CRITICAL {BRAKE_RULE}: {why}: not failing job {job.job_id} (Slurm "
                    "would drain the node); the findings stand", *lines]
     lines = [*lines, counted]
     try:
         slurm_state.record_failure(job.state_dir, script, job.node, job.job_id, findings,
-                                   gpus)
+                                   gpus, None if clock is None else clock.now())
     except OSError as exc:  # the drain stays Slurm's: gpuguard will not resume it
         lines.append(f"cannot record the failure ({exc.strerror or exc}): Slurm's drain "
                      "will not be gpuguard's to resume")
@@ -143,6 +148,24 @@ def new_xids(log: dict[str, Any] | None, since_usec: int | None) -> list[dict[st
             and e["usec"] > since_usec]
 
 
+def log_blind(log: dict[str, Any] | None, since_usec: int | None) -> str | None:
+    """Why the kernel log cannot tell all that appeared since the job started (None: it
+    can). A ring buffer that wrapped after the start lost records of the job: the first
+    record after the latest loss (sources/kmsg_kept.py Lost) came after the start, so what
+    lies between is unknown, never "no finding"."""
+    if since_usec is None:
+        return "the prolog could not read the kernel log: where the job began in it is unknown"
+    if log is None:
+        return "the kernel log cannot be read now"
+    lost, after = log.get("records_lost") or 0, log.get("lost_before_usec")
+    if not lost or (isinstance(after, int) and after <= since_usec):
+        return None
+    when = f"{after / 1e6:.6f}" if isinstance(after, int) else "an unknown time"
+    return (f"{lost} record(s) were overwritten (the ring buffer wrapped) before the one at "
+            f"{when} s since boot, after the job began at {since_usec / 1e6:.6f} s: an "
+            "Xid among them is not seen")
+
+
 def classify(xids: list[dict[str, Any]], snapshot: Snapshot,
              ruleset: RuleSet) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(hardware findings, application Xids) by each Xid's catalog action."""
@@ -173,22 +196,30 @@ def ecc_growth(start: dict[str, Any], snapshot: Snapshot) -> list[dict[str, Any]
 
 
 def epilog(job: Job) -> tuple[int, list[str]]:
-    start = slurm_state.job_start(job.state_dir, job.job_id)
+    try:
+        start, missing = slurm_state.job_start(job.state_dir, job.job_id), \
+            "no record of its start (no prolog ran)"
+    except slurm_state.RecordLost as exc:  # nothing of it is taken: not even the ECC counts
+        start, missing = None, str(exc)
     judgement = Judgement(job.inputs)
     snapshot = judgement.snapshot()
     slurm_state.forget_job(job.state_dir, job.job_id)
     if start is None:
-        return 0, [f"job {job.job_id}: no record of its start (no prolog ran): "
-                   "what appeared during it is unknown"]
+        return 0, [f"job {job.job_id}: {missing}: what appeared during it is unknown"]
     _, ruleset = judgement.configure()
-    hardware, application = classify(new_xids(_kernel_log(snapshot), start.get("kmsg_usec")),
-                                     snapshot, ruleset)
+    log = _kernel_log(snapshot)
+    hardware, application = classify(new_xids(log, start.get("kmsg_usec")), snapshot,
+                                     ruleset)
     hardware += ecc_growth(start, snapshot)
     record_xids(job, application + hardware)
+    blind = log_blind(log, start.get("kmsg_usec"))
     lines = [f"{'HARDWARE' if f in hardware else 'application'} {f['message']}: "
              f"{f['action']}" for f in hardware + application]
+    lines += [] if blind is None else [f"UNKNOWN kernel log during job {job.job_id}: {blind}"]
     if not hardware:
-        return 0, [f"job {job.job_id}: no hardware finding during the job", *lines]
+        what = "no hardware finding during the job" if blind is None else \
+            "no hardware finding in what could be read; the rest of the job is unknown"
+        return 0, [f"job {job.job_id}: {what}", *lines]
     return fail(job, "epilog", hardware, gpus_of(job, snapshot).indexes,
                 [f"job {job.job_id}: hardware finding(s) during the job: Slurm drains the "
                  "node", *lines])

@@ -16,6 +16,7 @@ class HostLock:
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd: int | None = None
+        self.why: str | None = None  # why the file could not be had (acquire gave None)
 
     def acquire(self, until: float) -> bool | None:
         """True once held, False when another holds it at the monotonic time `until`, None
@@ -24,7 +25,8 @@ class HostLock:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                               0o600)
-        except OSError:
+        except OSError as exc:
+            self.why = exc.strerror or str(exc)
             return None
         while True:
             try:
