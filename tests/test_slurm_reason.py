@@ -19,6 +19,7 @@ from gpuguard.config.shapes import RULE_ID_PATTERN
 from gpuguard.integrations.slurm import brake as slurm_brake
 from gpuguard.integrations.slurm import plan as slurm
 from gpuguard.integrations.slurm import reason as grammar
+from gpuguard.integrations.slurm.clock import Clock
 from gpuguard.integrations.slurm.ctl import NodeInfo
 from gpuguard.judge.actions import Action
 
@@ -48,7 +49,7 @@ def brake_counts(reason: str) -> bool:
     now = time.time()
     nodes = {"me": NodeInfo("me", "IDLE", "", None, ["main"]),
              "other": NodeInfo("other", "IDLE+DRAIN", reason, now - 60, ["main"])}
-    found = slurm_brake.count(nodes, "me", now, 600)
+    found = slurm_brake.count(nodes, "me", Clock(0.0, "the test's: in step"), 600)
     return found.drained_by_us == ["other"] and found.held_by_us == ["other"]
 
 

@@ -172,25 +172,11 @@ class Daemon:
             log.exception("cycle_failed")
             self.store.mark_failed(cadence, f"{type(exc).__name__}: {str(exc)[:200]}")
         finally:
-            self._account(cadence, time.monotonic() - started, succeeded)
+            self.stats.account(cadence, time.monotonic() - started, succeeded)
             structlog.contextvars.unbind_contextvars("cycle", "cadence")
             self._idle.set()
             if cadence == "fast":
                 self._ready.set()
-
-    def _account(self, cadence: str, took_s: float, succeeded: bool) -> None:
-        with self.stats.lock:
-            now = time.monotonic()
-            self.stats.cycle_duration_s[cadence] = took_s
-            self.stats.last_cycle_time[cadence] = time.time()  # the metric's timestamp
-            self.stats.last_cycle_mono[cadence] = now
-            self.stats.cycles_total[cadence] = self.stats.cycles_total.get(cadence, 0) + 1
-            self.stats.last_cycle_ok[cadence] = succeeded
-            if succeeded:
-                self.stats.last_success_mono[cadence] = now
-            else:
-                self.stats.cycle_failures_total[cadence] = \
-                    self.stats.cycle_failures_total.get(cadence, 0) + 1
 
     def _fast(self) -> None:
         assert self._config is not None

@@ -53,6 +53,21 @@ class DaemonStats:
     xids: dict[tuple[str, ...], int] = field(default_factory=dict)
     xid_last: dict[tuple[str, ...], float] = field(default_factory=dict)
 
+    def account(self, cadence: str, took_s: float, succeeded: bool) -> None:
+        """A cycle of this cadence ended, taking `took_s`, well or not."""
+        with self.lock:
+            now = time.monotonic()
+            self.cycle_duration_s[cadence] = took_s
+            self.last_cycle_time[cadence] = time.time()  # the metric's timestamp
+            self.last_cycle_mono[cadence] = now
+            self.cycles_total[cadence] = self.cycles_total.get(cadence, 0) + 1
+            self.last_cycle_ok[cadence] = succeeded
+            if succeeded:
+                self.last_success_mono[cadence] = now
+            else:
+                self.cycle_failures_total[cadence] = \
+                    self.cycle_failures_total.get(cadence, 0) + 1
+
 
 class DaemonCollector(Collector):
     def __init__(self, store: LatestResults, stats: DaemonStats,

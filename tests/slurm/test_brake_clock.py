@@ -32,9 +32,9 @@ def skewed(fleet: Fleet, offset_s: float, drained_ago_s: float) -> None:
     """Ten nodes; n2 drained by gpuguard `drained_ago_s` ago by slurmctld's clock, which is
     `offset_s` ahead of this node's (negative: the node is ahead)."""
     (fleet.root / "clock_offset").write_text(f"{offset_s:.0f}\n")
-    fleet.write([("n1", "idle", "Unknown", "none"),
-                 ("n2", "drained", ctld_stamp(offset_s, drained_ago_s), REASON),
-                 *((f"n{i}", "idle", "Unknown", "none") for i in range(3, 11))])
+    fleet.write([("n1", "IDLE", "Unknown", "none"),
+                 ("n2", "IDLE+DRAIN", ctld_stamp(offset_s, drained_ago_s), REASON),
+                 *((f"n{i}", "IDLE", "Unknown", "none") for i in range(3, 11))])
 
 
 @pytest.mark.parametrize(("offset_s", "skew"), [(300, "behind"), (-1800, "ahead")])
@@ -46,7 +46,7 @@ def test_a_drain_of_the_window_is_counted_whatever_the_nodes_clock(
     skewed(fleet, offset_s, 30)
     out = fleet.health(host_snapshot(8, FAULT))
     assert out.returncode == 2, out.stdout + out.stderr
-    assert fleet.node() == ("idle", "none")
+    assert fleet.node() == ("IDLE", "none")
     assert "CRITICAL fleet.brake: 2 of 10 node(s) with this one drained by gpuguard " \
            "within 600 s" in out.stdout
     # sdiag's time is whole seconds, read a moment before the reply came back
@@ -63,7 +63,7 @@ def test_a_drain_before_the_window_is_not_counted_whatever_the_nodes_clock(
     skewed(fleet, offset_s, 700)
     out = fleet.health(host_snapshot(8, FAULT))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert fleet.node() == ("drained", "gpuguard: inspect_hardware: memory.row_remap GPU 0")
+    assert fleet.node() == ("IDLE+DRAIN", "gpuguard: inspect_hardware: memory.row_remap GPU 0")
     assert "drained: 'gpuguard: inspect_hardware: memory.row_remap GPU 0' (1 of 10 node(s) " \
            "with this one)" in out.stdout
 
@@ -79,7 +79,7 @@ def test_without_slurmctlds_time_the_brake_errs_toward_not_draining(
     (fleet.root / how).touch()
     out = fleet.health(host_snapshot(8, FAULT))
     assert out.returncode == 2, out.stdout + out.stderr
-    assert fleet.node() == ("idle", "none")
+    assert fleet.node() == ("IDLE", "none")
     assert "brake: slurmctld's clock not known (sdiag" in out.stdout
 
 
@@ -110,13 +110,13 @@ def test_slurms_prolog_drain_is_matched_with_the_failure_on_slurmctlds_clock(
     (fleet.root / "clock_offset").write_text(f"{offset_s:.0f}\n")
     args, env = live(fleet, fake_nvml, fake_cuda, True, CUDA_VISIBLE_DEVICES="0,1",
                      FAKE_CUDA_CORRUPT="compute", FAKE_CUDA_FAULT_GPU="1")
-    fleet.write([("n1", "idle", "Unknown", "none"),
-                 *((f"n{i}", "idle", "Unknown", "none") for i in range(2, 11))])
+    fleet.write([("n1", "IDLE", "Unknown", "none"),
+                 *((f"n{i}", "IDLE", "Unknown", "none") for i in range(2, 11))])
     prolog = fleet.gpuguard("prolog", *args, env=env)
     assert prolog.returncode == 1, prolog.stdout + prolog.stderr
-    fleet.write([("n1", "drained", ctld_stamp(offset_s, 0), "Prolog error"),
-                 *((f"n{i}", "idle", "Unknown", "none") for i in range(2, 11))])
+    fleet.write([("n1", "IDLE+DRAIN", ctld_stamp(offset_s, 0), "Prolog error"),
+                 *((f"n{i}", "IDLE", "Unknown", "none") for i in range(2, 11))])
     out = fleet.gpuguard("health", *args, "--no-daemon", "--brake-jitter", "0", env=env)
-    assert fleet.node() == ("drained", "gpuguard: inspect_hardware: gpu.compute GPU 1"), \
+    assert fleet.node() == ("IDLE+DRAIN", "gpuguard: inspect_hardware: gpu.compute GPU 1"), \
         out.stdout + out.stderr
     assert "taking over Slurm's 'Prolog error'" in out.stdout

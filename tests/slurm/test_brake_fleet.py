@@ -21,7 +21,7 @@ def test_ten_runs_on_ten_nodes_with_restart_app_faults_drain_at_most_the_brakes_
     same moment are the brake's documented race): 20 % of ten is two nodes, and the drain
     that would reach it is refused, so one node drains and nine are braked (exit 2)."""
     fleet = Fleet(tmp_path)
-    fleet.write([(n, "idle", "Unknown", "none") for n in NODES])
+    fleet.write([(n, "IDLE", "Unknown", "none") for n in NODES])
     snap = tmp_path / "snap.json"
     write_snapshot(snap, host_snapshot(8, {(0, "recovery_action"): "recover_imex_domain"}))
     codes = {}
@@ -32,7 +32,7 @@ def test_ten_runs_on_ten_nodes_with_restart_app_faults_drain_at_most_the_brakes_
         assert "Traceback" not in out.stderr, out.stderr
         codes[name] = out.returncode
     rows = [line.split("|") for line in (tmp_path / "nodes").read_text().splitlines()]
-    drained = [row[0] for row in rows if row[1] == "drained"]
-    assert {row[4] for row in rows if row[1] == "drained"} <= {REASON}
+    drained = [row[0] for row in rows if row[1] == "IDLE+DRAIN"]
+    assert {row[4] for row in rows if row[1] == "IDLE+DRAIN"} <= {REASON}
     assert len(drained) * 100 / len(NODES) < 20, f"drained: {drained}"
     assert drained == ["n1"] and codes == {"n1": 0, **{n: 2 for n in NODES[1:]}}, codes

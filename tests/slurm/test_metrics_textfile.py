@@ -35,13 +35,14 @@ def test_promtool_accepts_the_textfile_of_any_node_name(tmp_path: Path, name: st
     """A drain on a node named with non-ASCII letters, or with a quote and a backslash:
     the file is valid text format and gives the name back exactly."""
     fleet = Fleet(tmp_path)
-    fleet.write([(name, "idle", "Unknown", "none")])
+    fleet.write([(name, "IDLE", "Unknown", "none")])
     snap = tmp_path / "snap.json"
     write_snapshot(snap, host_snapshot(8, {(0, "remapped_rows_failure"): True}))
     out = fleet.gpuguard("health", "--no-daemon", "--input", str(snap), "--brake-jitter", "0",
                          *fleet.slurm_args(), "--node", name, "--metrics-file",
                          str(tmp_path / "metrics.prom"))
-    assert out.returncode == 0 and fleet.node()[0] == "drained", out.stdout + out.stderr
+    assert out.returncode == 0 and fleet.node(name)[0] == "IDLE+DRAIN", \
+        out.stdout + out.stderr
     text = (tmp_path / "metrics.prom").read_text(encoding="utf-8")
     checked = promtool(text)
     assert checked.returncode == 0, checked.stdout + checked.stderr + text

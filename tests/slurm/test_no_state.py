@@ -53,7 +53,7 @@ def assert_drained_and_said(fleet: Fleet, out: subprocess.CompletedProcess[str],
                             said: str) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Traceback" not in out.stderr + out.stdout
-    assert fleet.node() == ("drained", REASON), out.stdout + out.stderr
+    assert fleet.node() == ("IDLE+DRAIN", REASON), out.stdout + out.stderr
     assert said in out.stderr, out.stderr
     assert state_lost(fleet) == 'gpuguard_slurm_state_lost{node="n1"} 1'
 
@@ -142,17 +142,17 @@ def test_a_drain_record_of_any_shape_is_said_and_keeps_a_drain_of_gpuguards(
                                                           "gpu": None}], "gpus": []}
     plant(state / "slurm" / slurm_state.DRAIN, kind if kind in
           ("directory", "fifo", "symlink") else "file", BAD_FILES.get(kind, good))
-    fleet.write([("n1", "drained", stamp(60), REASON)])
+    fleet.write([("n1", "IDLE+DRAIN", stamp(60), REASON)])
     out = health(fleet, state, host_snapshot(8))
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout + out.stderr
-    assert fleet.node() == ("drained", REASON)
+    assert fleet.node() == ("IDLE+DRAIN", REASON)
     assert "state: the drain record" in out.stderr
     assert "will not resume a drain of its own without it" in out.stderr
     assert state_lost(fleet) == 'gpuguard_slurm_state_lost{node="n1"} 1'
-    fleet.write([("n1", "idle", "Unknown", "none")])
+    fleet.write([("n1", "IDLE", "Unknown", "none")])
     out = health(fleet, state, host_snapshot(8, FAULT))
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout + out.stderr
-    assert fleet.node() == ("drained", REASON)
+    assert fleet.node() == ("IDLE+DRAIN", REASON)
 
 
 @pytest.mark.parametrize("kind", ["directory", "symlink"])
@@ -169,7 +169,7 @@ def test_a_lock_of_another_kind_still_locks(fleet: Fleet) -> None:
     state = fleet.root / "state"
     plant(state / "slurm" / "health.lock", "fifo")
     out = health(fleet, state, host_snapshot(8, FAULT))
-    assert out.returncode == 0 and fleet.node() == ("drained", REASON), out.stdout
+    assert out.returncode == 0 and fleet.node() == ("IDLE+DRAIN", REASON), out.stdout
     assert state_lost(fleet) == 'gpuguard_slurm_state_lost{node="n1"} 0'
 
 

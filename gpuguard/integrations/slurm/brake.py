@@ -2,9 +2,10 @@
 drain a cluster. Before draining (health) or failing a job (prolog, epilog: Slurm drains
 then), the node counts the nodes of its partitions that gpuguard drained within the
 window (on slurmctld's clock: integrations/slurm/clock.py), this drain included; at or
-above the share it does not drain. That is a rate: a push that keeps failing would still empty the partition one window at a time, so there is
-also a cap: the nodes drained with gpuguard's reason now, whatever their age; at or above
-`cap_percent` of the partition no new drain, ever (existing drains are not undone).
+above the share it does not drain. That is a rate: a push that keeps failing would still
+empty the partition one window at a time, so there is also a cap: the nodes drained with
+gpuguard's reason now, whatever their age; at or above `cap_percent` of the partition no
+new drain, ever (existing drains are not undone).
 Slurm's "Prolog error"/"Epilog error" drains within the window count as gpuguard's for
 both (health takes its own over only at its next run).
 A partition of `small_partition` nodes or fewer (a share of them is one node or none)

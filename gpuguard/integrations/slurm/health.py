@@ -200,7 +200,7 @@ def drain_record(run: HealthRun, node: slurm_ctl.NodeInfo) -> slurm_resume.Drain
         record = slurm_state.drain_record(run.state_dir, run.node)
     except slurm_state.RecordLost as exc:
         run.lose(f"{exc}: gpuguard will not resume a drain of its own without it")
-        if not node.drained:
+        if not node.drained and not isinstance(exc, slurm_state.AnotherNodesRecord):
             clear(run, slurm_state.clear_drain, "the node is not drained: record dropped")
         return None
     if record is not None and not node.drained:

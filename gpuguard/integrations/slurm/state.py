@@ -43,6 +43,11 @@ class RecordLost(Exception):
     """A record is there but cannot be used; str() says which and why."""
 
 
+class AnotherNodesRecord(RecordLost):
+    """The record names another node (a state dir shared between nodes): not this node's
+    to use, nor to remove."""
+
+
 def folder(state_dir: Path) -> Path:
     path = state_dir / "slurm"
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -159,7 +164,7 @@ def failure(state_dir: Path, node: str) -> dict[str, Any] | None:
         return None
     when, findings, gpus = found.get("time"), found.get("findings"), found.get("gpus")
     if found.get("node") != node:
-        raise RecordLost(f"{what} is another node's ({str(found.get('node'))[:40]!r}), "
+        raise AnotherNodesRecord(f"{what} is another node's ({str(found.get('node'))[:40]!r}), "
                          f"not {node}'s")
     ctld = found.get("slurmctld_time")
     if found.get("script") not in SCRIPTS or not isinstance(found.get("job"), str) \
@@ -189,7 +194,7 @@ def drain_record(state_dir: Path, node: str) -> DrainRecord | None:
     if found is None:
         return None
     if found.get("node") != node:
-        raise RecordLost(f"{what} is another node's ({str(found.get('node'))[:40]!r}), "
+        raise AnotherNodesRecord(f"{what} is another node's ({str(found.get('node'))[:40]!r}), "
                          f"not {node}'s")
     record = DrainRecord.from_json(found)
     if record is None:
