@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuguard.io import bounded
-from gpuguard.io.atomic import write_text
 from gpuguard.model.derived import missing_gpu_name
 from gpuguard.model.results import Result, names_of
 from gpuguard.model.snapshot import GpuSnapshot, Reading, Snapshot
@@ -167,6 +166,10 @@ class SeenGpus:
     def _save(self, forgetting: bool = False) -> None:
         if self.path is None or not (self.keep or forgetting):
             return
+        # imported here: only the daemon (or an ack's forgetting) writes, and atomic's
+        # tempfile and shutil would cost every cold `check` (docs/benchmarks.md, issue 27)
+        from gpuguard.io.atomic import write_text
+
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_text(self.path, json.dumps({"boot_id": self.boot_id, "gpus": self.gpus,
