@@ -4,7 +4,8 @@ fake NVML, interleaved round by round: issue 27's "cold check must not get slowe
 after/before <= 1.02).
 
     .venv/bin/python bench/check_before_after.py --before /tmp/before27 --after . \\
-        --rounds 41 --out bench/results/issue27-check-before-after.json
+        --rounds 41 --out bench/results/issue27-run1.json
+    .venv/bin/python bench/check_before_after.py --pool bench/results/issue27-run*.json
 
 Each run is a whole process, `PYTHONPATH=<tree> python -m gpuguard ...` with one interpreter
 for both trees (its venv holds the dependencies), started from an empty folder so that
@@ -252,13 +253,43 @@ def machine() -> dict[str, Any]:
                   Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), "?")
     return {"node": platform.node(), "nproc": os.cpu_count(), "cpu_model": model,
-            "python": platform.python_version(), "loadavg_at_start": os.getloadavg()}
+            "python": platform.python_version()}
+
+
+def pool(files: list[Path]) -> dict[str, Any]:
+    """Several runs' results as one: per case and tree, the median over all their rounds of
+    the per-round CPU ratio and difference to "before", and of the time from the sources
+    being in to done (GPUGUARD_TIMING: what nothing overlaps)."""
+    runs = [json.loads(f.read_text()) for f in files]
+    pooled: dict[str, Any] = {}
+    for case in runs[0]["samples"]:
+        entry: dict[str, Any] = {}
+        for tree in runs[0]["samples"][case]:
+            pairs = [(a, b) for d in runs for a, b in zip(
+                d["samples"][case][tree], d["samples"][case]["before"], strict=True)]
+            tail = [a["timing"]["done_ms"] - a["timing"]["sources_in_ms"]
+                    for a, _ in pairs if a.get("timing")]
+            entry[tree] = {
+                "rounds": len(pairs),
+                "cpu_ms_median": round(statistics.median(a["cpu_ms"] for a, _ in pairs), 2),
+                "cpu_paired_ratio": round(statistics.median(
+                    a["cpu_ms"] / b["cpu_ms"] for a, b in pairs), 4),
+                "cpu_paired_delta_ms": round(statistics.median(
+                    a["cpu_ms"] - b["cpu_ms"] for a, b in pairs), 2),
+                "wall_paired_ratio": round(statistics.median(
+                    a["wall_ms"] / b["wall_ms"] for a, b in pairs), 4)}
+            if tail:
+                entry[tree]["sources_in_to_done_ms"] = round(statistics.median(tail), 1)
+        pooled[case] = entry
+    return pooled
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--before", type=Path, required=True)
-    parser.add_argument("--after", type=Path, required=True)
+    parser.add_argument("--pool", type=Path, nargs="+",
+                        help="only pool these results files (no runs)")
+    parser.add_argument("--before", type=Path)
+    parser.add_argument("--after", type=Path)
     parser.add_argument("--candidate", type=Path,
                         help="a third tree (a proposed fix), timed in the same rounds")
     parser.add_argument("--python", default=sys.executable)
@@ -267,9 +298,15 @@ def main() -> int:
     parser.add_argument("--gpus", default="1,8")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.pool:
+        print(json.dumps(pool(args.pool), indent=1))
+        return 0
+    if args.before is None or args.after is None:
+        parser.error("--before and --after are needed (or --pool)")
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         sys.exit("prctl(PR_SET_CHILD_SUBREAPER) failed")
+    load_at_start = os.getloadavg()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     if args.candidate:
         trees["candidate"] = args.candidate.resolve()
@@ -321,7 +358,8 @@ def main() -> int:
                 for tree in order:
                     samples[case][tree].append(run_once(*cmd_env(tree, case), cwd))
         result = {
-            "machine": machine(), "loadavg_at_end": os.getloadavg(),
+            "machine": machine(), "loadavg_at_start": load_at_start,
+            "loadavg_at_end": os.getloadavg(),
             "rounds": args.rounds, "warmup": args.warmup,
             "seconds": round(time.time() - started, 1),
             "trees": {t: str(p) for t, p in trees.items()},
