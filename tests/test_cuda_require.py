@@ -238,3 +238,15 @@ def test_a_legacy_cuda_version_must_fit_the_toolkits_uint32():
         assert refused.state == "refused" and refused.variable == "CUDA_VERSION", version
         assert "failed to get requirements" in refused.message and \
             "32-bit" in refused.message and len(refused.message) < 300, refused.message
+
+
+def test_a_failed_condition_too_long_to_quote_is_an_invalid_expression():
+    """evaluate_rule (src/cli/dsl.c) quotes a failed condition as "NAME OP VALUE" into a
+    buffer of EXPR_MAX (128): one that does not fit gives -1, "invalid expression", and
+    dsl_evaluate stops there: the alternative after it, which holds, is never reached."""
+    long_value = "99." + "0" * 130
+    assert state(f"cuda>={long_value} cuda>=1.0") == "refused"
+    assert evaluate(f"cuda>={long_value}", "12.4", "550", TESLA).message == "invalid expression"
+    assert state(f"cuda<={long_value} cuda>=99.0") == "ok"  # it held: never quoted
+    assert state("brand=" + "x" * 119 + " cuda>=1.0") == "ok"  # 127 bytes quoted: fits
+    assert state("brand=" + "x" * 120 + " cuda>=1.0") == "refused"

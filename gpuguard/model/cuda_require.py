@@ -49,6 +49,7 @@ _OP_CHARS = "<>=!"
 _UINTMAX = 2**64 - 1
 _UINT32 = 2**32 - 1
 MAX_REQUIREMENTS = 32  # nvidia-container-cli's reqs[32] (src/cli/cli.h)
+EXPR_MAX = 128  # src/cli/dsl.c: the buffer a failed condition is quoted into
 CAPABILITIES = frozenset({"compute", "compat32", "graphics", "utility", "video", "display",
                           "ngx"})
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
@@ -209,9 +210,19 @@ def _split(condition: str) -> tuple[str, str, str]:
 def condition_holds(condition: str, cuda: str | None, driver: str | None,
                     device: Device | None) -> Truth:
     """One condition against the driver's CUDA and driver versions and one GPU (None:
-    no GPU). None: it depends on a fact not known here. Raises Invalid."""
+    no GPU). None: it depends on a fact not known here. Raises Invalid, also for one that
+    fails and is too long to quote: evaluate_rule formats a failed condition as "NAME OP
+    VALUE" into a buffer of EXPR_MAX (128) bytes and gives -1 when it does not fit, so the
+    whole requirement is "invalid expression", whatever the alternatives after it say."""
     name, op, value = _split(condition)
-    name = name.lower()
+    holds = _holds(name.lower(), op, value, condition, cuda, driver, device)
+    if holds is False and len(f"{name} {op} {value}".encode()) >= EXPR_MAX:
+        raise Invalid(condition)
+    return holds
+
+
+def _holds(name: str, op: str, value: str, condition: str, cuda: str | None,
+           driver: str | None, device: Device | None) -> Truth:
     if name in ("cuda", "driver"):
         have = cuda if name == "cuda" else driver
         return None if have is None else compare_version(have, op, value)
