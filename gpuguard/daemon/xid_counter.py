@@ -119,16 +119,18 @@ class XidSeries:
 
     def __init__(self, per_gpu: int = XID_CODES_PER_GPU) -> None:
         self.per_gpu = per_gpu
-        self.named: dict[tuple[str, ...], set[tuple[str, str]]] = {}
+        self.named: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
 
     def label(self, code: str, severity: str, labels: tuple[str, ...],
               bucket: tuple[str, ...]) -> tuple[str, ...]:
         """(xid, severity, gpu, uuid, pci_bus_id) for one Xid of the GPU `bucket` names;
-        the unlisted addresses' "other" has no address (they share one bucket)."""
+        in the unlisted addresses' shared bucket each address counts apart, and their
+        "other" has no address."""
         named = self.named.setdefault(bucket, set())
-        if (code, severity) in named or len(named) < self.per_gpu:
-            named.add((code, severity))
-            return (code, severity, *labels)
+        label = (code, severity, *labels)
+        if label in named or len(named) < self.per_gpu:
+            named.add(label)
+            return label
         return (OTHER, severity, *(labels if bucket == labels else ("", "", "")))
 
 

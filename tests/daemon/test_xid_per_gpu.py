@@ -139,3 +139,23 @@ def store_xids(state) -> list[dict[str, Any]]:
                    "--limit", "100000")
     assert out.returncode == 0, out.stderr
     return list(json.loads(out.stdout)["events"])
+
+
+def test_xids_at_thousands_of_unlisted_addresses_share_one_bound(start_daemon, tmp_path):
+    """An Xid at an address NVML does not list keeps the line's address (a GPU that fell
+    off the bus alerts apart), so a garbled or hostile log naming 2,000 addresses made
+    4,000 series. The unlisted addresses share one bound: their first codes keep their
+    address, the rest count under xid="other" with no address."""
+    log = tmp_path / "kmsg.log"
+    xid_log(log, [(f"0000:{bus >> 8:02x}:{bus & 0xff:02x}", 79, "GPU has fallen off the bus.")
+                  for bus in range(0x100, 0x100 + 2000)])
+    snap = tmp_path / "host.json"
+    write_snapshot(snap, host_snapshot(1))  # GPU 0 at 18:00, not among them
+    daemon = start_daemon("--input", str(snap), "--fast-interval", "0.3",
+                          "--kmsg-file", str(log))
+    text = daemon.wait_for(lambda: xid_count(m := daemon.metrics()) == 2000 and m,
+                           timeout=30, what="the 2,000 Xids counted")
+    series = xid_series(text)
+    assert len(series) == 2 * (3 + 1), series
+    assert 'gpuguard_xid_events_total{gpu="",pci_bus_id="",severity="critical",uuid="",' \
+        'xid="other"} 1997.0' in text
