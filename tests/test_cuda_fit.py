@@ -97,7 +97,8 @@ def test_a_refusal_names_the_runtimes_words_the_versions_and_the_fix():
     assert fit.message == (
         "image nvidia/cuda:12.8.1-base-ubuntu22.04: the NVIDIA container runtime refuses it "
         "on GPU 0 (requirement error: unsatisfied condition: cuda>=12.8, please update your "
-        "driver to a newer version, or use an earlier cuda container); it needs CUDA 12.8, "
+        "driver to a newer version, or use an earlier cuda container; from "
+        "NVIDIA_REQUIRE_CUDA); it needs CUDA 12.8, "
         "driver 545.23.08 gives CUDA 12.3; to run it: install a driver of branch 570 or "
         "newer, or use a build of image nvidia/cuda:12.8.1-base-ubuntu22.04 for CUDA 12.3 "
         "or older")
@@ -245,3 +246,17 @@ def test_pytorch_messages():
         "PyTorch wheel built for CUDA 12.4 or older (cu124)")
     missing = judge({"kind": "python", "name": "/srv/env"}, host("580.159.04", "13.0"))
     assert missing.status is Status.UNKNOWN and "no PyTorch found" in missing.message
+
+
+def test_values_of_thousands_of_digits_are_judged_not_a_python_error():
+    """Issue 28, item 4: Python refuses to convert numbers of more than 4,300 digits; an
+    image's values reached int() (the compat package's name, the CUDA version it needs)
+    and the check failed with ValueError. A compat package of no real version is none."""
+    huge = "1" + "0" * 5000
+    entry = official("12.8.1")
+    entry["compat"] = {"found": True, "package": f"cuda-compat-{huge}-8", "from": "history"}
+    fit = judge(entry, host("550.54.15", "12.4"))
+    assert fit.status is Status.WARNING and "minor version compatibility" in fit.message
+    entry = official("12.8.1")
+    entry["env"]["CUDA_VERSION"] = f"12.{huge}"  # NVIDIA_REQUIRE_CUDA set: not legacy
+    assert needed_cuda(entry) == (12, 8)  # the requirement's cuda>=12.8 then

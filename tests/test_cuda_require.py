@@ -186,3 +186,67 @@ def test_driver_capabilities_as_the_runtime_hook_reads_them():
     assert driver_capabilities({"NVIDIA_DRIVER_CAPABILITIES": ","}) == set()
     with pytest.raises(Invalid, match="unsupported capabilities found in 'comptue,utility'"):
         driver_capabilities({"NVIDIA_DRIVER_CAPABILITIES": "comptue,utility"})
+
+
+# --- issue 28, item 4: every NVIDIA_REQUIRE_ name, and numbers the toolkit cannot hold ------
+
+
+def test_every_name_with_the_prefix_is_a_requirement():
+    """GetRequirements (internal/config/image/cuda_image.go): strings.HasPrefix(name,
+    "NVIDIA_REQUIRE_"), whatever follows; NVIDIA_REQUIRE_JETPACK* is left out."""
+    env = {"NVIDIA_REQUIRE_CUDA": "cuda>=12.0", "NVIDIA_REQUIRE_CUDA.OLD": "cuda>=99.0",
+           "NVIDIA_REQUIRE_ x-y": "driver>=1", "NVIDIA_REQUIRE_JETPACK_HOST_MOUNTS": "x"}
+    assert requirements(env) == ["driver>=1", "cuda>=12.0", "cuda>=99.0"]  # in name order
+    refused = check(env, "12.4", "550", [TESLA])
+    assert (refused.state, refused.variable) == ("refused", "NVIDIA_REQUIRE_CUDA.OLD")
+
+
+def test_at_most_32_requirements_as_nvidia_container_cli_takes():
+    """src/cli/cli.h `char *reqs[32]`; configure.c: "too many requirements", the container
+    does not start."""
+    env = {f"NVIDIA_REQUIRE_{i:02d}": "cuda>=1.0" for i in range(32)}
+    assert check(env, "12.4", "550", [TESLA]).state == "ok"
+    env["NVIDIA_REQUIRE_32"] = "cuda>=1.0"
+    refused = check(env, "12.4", "550", [TESLA])
+    assert (refused.state, refused.message) == ("refused", "input error: too many requirements")
+
+
+def test_a_number_past_uintmax_is_an_invalid_expression_not_a_python_error():
+    """dsl_compare_version reads each number with strtoumax: UINTMAX_MAX (an overflow, or
+    exactly 2**64-1) is -1, "invalid expression". Thousands of digits are past Python's
+    int conversion limit too: refused, never ValueError."""
+    from gpuguard.model.cuda_require import Invalid
+
+    assert compare_version("12.4", ">=", str(2**64 - 2)) is False
+    for number in (str(2**64 - 1), str(2**64), "1" + "0" * 5000, "0" * 6000 + "1" + "0" * 30):
+        with pytest.raises(Invalid, match="64-bit"):
+            compare_version("12.4", ">=", number)
+    assert compare_version("12.4", ">=", "0" * 6000 + "12.4") is True  # leading zeros: 12
+    outcome = check({"NVIDIA_REQUIRE_CUDA": "cuda>=" + "9" * 5000}, "12.4", "550", [TESLA])
+    assert (outcome.state, outcome.message, outcome.variable) == \
+        ("refused", "invalid expression", "NVIDIA_REQUIRE_CUDA")
+    assert "5000 digits" in outcome.detail
+
+
+def test_a_legacy_cuda_version_must_fit_the_toolkits_uint32():
+    """parseMajorMinorVersion: strconv.ParseUint(major, 10, 32), and the minor: past
+    4294967295 the hook cannot get the requirements."""
+    assert requirements({"CUDA_VERSION": "4294967295.4294967295"}) == \
+        ["cuda>=4294967295.4294967295"]
+    for version in ("4294967296.0", "12.4294967296", "1" + "0" * 5000 + ".0"):
+        refused = check({"CUDA_VERSION": version}, "12.4", "550", [TESLA])
+        assert refused.state == "refused" and refused.variable == "CUDA_VERSION", version
+        assert "failed to get requirements" in refused.message and \
+            "32-bit" in refused.message and len(refused.message) < 300, refused.message
+
+
+def test_a_failed_condition_too_long_to_quote_is_an_invalid_expression():
+    """evaluate_rule (src/cli/dsl.c) quotes a failed condition as "NAME OP VALUE" into a
+    buffer of EXPR_MAX (128): one that does not fit gives -1, "invalid expression", and
+    dsl_evaluate stops there: the alternative after it, which holds, is never reached."""
+    long_value = "99." + "0" * 130
+    assert state(f"cuda>={long_value} cuda>=1.0") == "refused"
+    assert evaluate(f"cuda>={long_value}", "12.4", "550", TESLA).message == "invalid expression"
+    assert state(f"cuda<={long_value} cuda>=99.0") == "ok"  # it held: never quoted
+    assert state("brand=" + "x" * 119 + " cuda>=1.0") == "ok"  # 127 bytes quoted: fits
+    assert state("brand=" + "x" * 120 + " cuda>=1.0") == "refused"

@@ -124,3 +124,72 @@ def test_the_snapshot_holds_the_gpus_brand_and_compute_capability(host_args, fak
         ("550.54.15", "12.4")
     assert (snap["gpus"][0]["brand"], snap["gpus"][0]["compute_capability"]) == \
         ("geforce", "8.9")
+
+
+# -- issue 28, item 4: the requirements as the toolkit reads them ---------------------------
+
+
+def test_every_nvidia_require_variable_counts_whatever_follows_the_prefix(
+        host_args, fake_env, docker_host):
+    """The toolkit passes every variable whose name starts with NVIDIA_REQUIRE_ to
+    nvidia-container-cli (internal/config/image/cuda_image.go, GetRequirements:
+    strings.HasPrefix): NVIDIA_REQUIRE_CUDA.OLD is one. gpuguard read only names of
+    letters, digits and underscores, and passed an image the runtime refuses."""
+    env = {**official_env(CUDA_128), "NVIDIA_REQUIRE_CUDA.OLD": "cuda>=99.0"}
+    make_image(docker_host, "gpuguard-test/cli:dotted-require", env)
+    proc = check(host_args, fake_env, docker_host, "--image",
+                 "gpuguard-test/cli:dotted-require", "--format", "json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    result = as_json(proc)
+    assert result["status"] == "critical"
+    assert "requirement error: unsatisfied condition: cuda>=99.0" in result["message"]
+    assert "NVIDIA_REQUIRE_CUDA.OLD" in result["message"]
+
+
+HUGE = "1" + "0" * 5000  # thousands of digits: past Python's int limit, and the toolkit's
+
+
+@pytest.mark.parametrize(("variable", "value", "words"), [
+    # libnvidia-container's dsl_compare_version: strtoumax overflows (UINTMAX_MAX), -1:
+    # "invalid expression", and the container does not start
+    ("NVIDIA_REQUIRE_CUDA", f"cuda>={HUGE}.0", "requirement error: invalid expression"),
+    ("NVIDIA_REQUIRE_ARCH", f"arch>=9.{HUGE}", "requirement error: invalid expression"),
+    # a legacy image: the toolkit's parseMajorMinorVersion (strconv.ParseUint(..., 32)):
+    # the hook cannot get the requirements
+    ("CUDA_VERSION", f"{HUGE}.0.1", "failed to get requirements"),
+])
+def test_a_version_the_toolkit_cannot_hold_is_refused_naming_the_variable(
+        host_args, fake_env, docker_host, variable, value, words):
+    """A version of thousands of digits gave "check failed: ValueError" (Python's limit
+    on int conversion) where the toolkit refuses the requirement: critical, naming the
+    variable, and exit 2."""
+    env = {k: v for k, v in official_env(CUDA_128).items()
+           if not (variable == "CUDA_VERSION" and k == "NVIDIA_REQUIRE_CUDA")}
+    env[variable] = value
+    ref = f"gpuguard-test/cli:huge-{variable.lower().replace('_', '-')}"
+    make_image(docker_host, ref, env)
+    proc = check(host_args, fake_env, docker_host, "--image", ref, "--format", "json")
+    assert "Traceback" not in proc.stderr and "check failed" not in proc.stdout, proc.stdout
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    result = as_json(proc)
+    assert result["status"] == "critical"
+    assert words in result["message"] and variable in result["message"], result["message"]
+    assert len(result["message"]) < 2000  # the value is named, not printed whole
+
+
+def test_a_python_env_given_as_its_lib_python_folder_is_that_environment(
+        host_args, fake_env, tmp_path, docker_host):
+    """Issue 28, item 8: `--python-env .venv/lib/python3.11`, the parent of
+    site-packages, said "no site-packages with torch under" it (exit 3)."""
+    venv = pytorch(tmp_path / "venv", "2.7.0+cu128", "12.8")
+    lib = venv / "lib" / "python3.11"
+    proc = check(host_args, fake_env, docker_host, "--python-env", str(lib), "--format",
+                 "json", **DRIVER_550)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # 12.8 on a 12.4 driver: minor
+    result = as_json(proc)
+    assert f"PyTorch 2.7.0+cu128 in {lib} needs CUDA 12.8" in result["message"]
+    # Debian's dist-packages, given the same way
+    deb = pytorch(tmp_path / "deb", "2.7.0+cu128", "12.8") / "lib" / "python3.11"
+    (deb / "site-packages").rename(deb / "dist-packages")
+    proc = check(host_args, fake_env, docker_host, "--python-env", str(deb), **DRIVER_550)
+    assert proc.returncode == 1 and "PyTorch 2.7.0+cu128" in proc.stdout, proc.stdout

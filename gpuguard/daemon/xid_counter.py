@@ -1,7 +1,7 @@
 """Xids as the daemon counts them: each kernel-log line once (XidMarks), and each Xid, from
-the kernel log or NVML's event set, into the metrics and the event store (XidCounter); and
-what the daemon read of the kernel log this boot, judged instead of what the ring buffer
-still holds (daemon/kmsg_memory.py)."""
+the kernel log or NVML's event set, into the metrics and the event store (XidCounter), under
+a bounded set of labels per GPU (XidSeries); and what the daemon read of the kernel log this
+boot, judged instead of what the ring buffer still holds (daemon/kmsg_memory.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,17 @@ from gpuguard.model.pci import nvml_pci
 from gpuguard.model.rule import RuleSet
 from gpuguard.model.snapshot import Reading, Snapshot
 
+# The series budget (docs/metrics.md): per GPU, at most this many Xid label sets (a code
+# with its severity) of their own, catalog codes included, in the order they first came;
+# every later one is counted under xid="other" with its severity (at most three more), so
+# a log of made-up codes, or every code of the catalog, cannot grow the series without
+# bound. Each Xid, whatever its label, is still one event in the store, with its code.
+XID_CODES_PER_GPU = 3
+OTHER = "other"
+# the bucket of the Xids at addresses NVML does not list: one for all of them, whatever
+# the addresses (a garbled or hostile log can name any number)
+_UNLISTED = ("unlisted",)
+
 
 class XidCounter:
     """Counts every new Xid once into the metrics (gpuguard_xid_total by Xid, severity and
@@ -30,6 +41,7 @@ class XidCounter:
         self.marks = XidMarks()
         self.repair_marks = XidMarks()
         self.memory = KernelLogMemory()
+        self.series = XidSeries()
         self._seeded = False
 
     def remember(self, snap: Snapshot) -> None:
@@ -83,8 +95,9 @@ class XidCounter:
                                            when, seq, text, pci))
         # the GPU's own labels (gpu, uuid, pci_bus_id); an Xid at an address NVML does not
         # list (a GPU that fell off the bus) keeps the line's address, so it alerts apart
-        labels = gpu.identity().labels() if gpu is not None else ["", "", _label(pci)]
-        label = (str(xid), severity, *labels)
+        labels = tuple(gpu.identity().labels()) if gpu is not None else ("", "", _label(pci))
+        label = self.series.label(str(xid), severity, labels,
+                                  labels if gpu is not None else _UNLISTED)
         with self.stats.lock:
             self.stats.xids[label] = self.stats.xids.get(label, 0) + 1
             happened = time.monotonic() - ago_s
@@ -96,6 +109,29 @@ def _label(pci: str | None) -> str:
         return nvml_pci(pci) if pci else ""
     except (ValueError, IndexError):  # not an address (the line's own text): as it came
         return pci or ""
+
+
+class XidSeries:
+    """The label set each Xid is counted under: its own code for the first
+    XID_CODES_PER_GPU (code, severity) pairs of each GPU, "other" with its severity after
+    them. A label set once given stays (a counter's series never moves to another); the
+    severity stays on "other" because the fatal-Xid alert selects on it."""
+
+    def __init__(self, per_gpu: int = XID_CODES_PER_GPU) -> None:
+        self.per_gpu = per_gpu
+        self.named: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
+
+    def label(self, code: str, severity: str, labels: tuple[str, ...],
+              bucket: tuple[str, ...]) -> tuple[str, ...]:
+        """(xid, severity, gpu, uuid, pci_bus_id) for one Xid of the GPU `bucket` names;
+        in the unlisted addresses' shared bucket each address counts apart, and their
+        "other" has no address."""
+        named = self.named.setdefault(bucket, set())
+        label = (code, severity, *labels)
+        if label in named or len(named) < self.per_gpu:
+            named.add(label)
+            return label
+        return (OTHER, severity, *(labels if bucket == labels else ("", "", "")))
 
 
 class XidMarks:

@@ -22,6 +22,7 @@ Every row read is checked (gpuguard.events.rows): a bad one is skipped and count
 from __future__ import annotations
 
 import dataclasses
+import re
 import sqlite3
 import time
 from typing import Any
@@ -30,13 +31,18 @@ from gpuguard.events.acks import acknowledged, active_acks
 from gpuguard.events.rows import MAX_TIME, REPAIR_KINDS, Skipped, a_time
 from gpuguard.io.clock import utc
 from gpuguard.judge.actions import FAILING, Action, with_action
-from gpuguard.judge.xids import REPAIRS, span
+from gpuguard.judge.xids import ACTION_WORDS, REPAIRS, span
 from gpuguard.model.identity import GpuId
 from gpuguard.model.results import Result, Status
 from gpuguard.model.rule import Rule, RuleSet
 
 # Rows looked at for the earlier boot of a finding: the newest that reads well wins.
 EARLIER_ROWS = 20
+# xid.recent's words for one code (gpuguard/checks/xid.py): "Xid 79 x5 (meaning), last 2m
+# ago: " and then the catalog's action words, one or several joined by "; "
+_WORDS = "|".join(re.escape(w) for w in sorted(ACTION_WORDS.values(), key=len, reverse=True))
+_XID_PART = re.compile(rf"^(Xid (\d+)(?: x\d+)? \(.*?\)(?:, last \S+ ago)?: )"
+                       rf"((?:{_WORDS})(?:; (?:{_WORDS}))*)")
 
 
 def apply_history(results: list[Result], conn: sqlite3.Connection, boot_id: str | None,
@@ -164,8 +170,30 @@ def _escalate_xids(r: Result, conn: sqlite3.Connection, boot_id: str | None, rul
                   if any(e.get("xid") == x["xid"] and e.get("gpu") == x["gpu"]
                          for x in escalated) else e
                   for e in r.observed.get("events") or []]
-    r = dataclasses.replace(r, observed={**r.observed, "events": events_out})
+    r = dataclasses.replace(r, observed={**r.observed, "events": events_out},
+                            message=_escalated_message(r.message, {x["xid"] for x in escalated}))
     return with_action(r, Action.INSPECT_HARDWARE, "; ".join(reasons))
+
+
+def _escalated_message(message: str, xids: set[int]) -> str:
+    """The message with the escalated codes' action words replaced by inspect_hardware's
+    (the catalog's kept as what it was escalated from), so that what to do in words is the
+    action the result gives; where no escalated code is among the codes the message shows,
+    the escalated action is added at its end."""
+    words = ACTION_WORDS[Action.INSPECT_HARDWARE.value]
+    parts = message.split(" | ")
+    changed = False
+    for i, part in enumerate(parts):
+        found = _XID_PART.match(part)
+        if found is None or int(found.group(2)) not in xids:
+            continue
+        changed = True
+        if found.group(3) != words:  # the catalog asked for less
+            parts[i] = (f"{found.group(1)}{words} (escalated from: {found.group(3)})"
+                        f"{part[found.end():]}")
+    if not changed:
+        return f"{message}; escalated: {words}"
+    return " | ".join(parts)
 
 
 def _fatal_xids_by_board(r: Result, known: dict[int, GpuId]) -> list[tuple[dict[str, Any], str]]:

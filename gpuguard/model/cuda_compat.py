@@ -43,7 +43,9 @@ _TOOLKIT_NAMES = {"quadro": "Quadro", "tesla": "Tesla", "nvs": "NVS", "grid": "G
 FORWARD_COMPAT_BRANDS = frozenset({"tesla", "nvidia"})
 NO_FORWARD_COMPAT_BRANDS = frozenset({"geforce", "geforcertx", "titan", "titanrtx"})
 
-_VERSION = re.compile(r"v?(\d+)\.(\d+)")
+# at most 9 digits a part: an image's CUDA_VERSION of thousands of digits is no version
+# here (Python refuses to convert those; the toolkit's parse refuses it: cuda_require.py)
+_VERSION = re.compile(r"v?(\d{1,9})\.(\d{1,9})(?!\d)")
 
 
 def brand_of_smi(text: str) -> str | None:

@@ -27,7 +27,8 @@ from gpuguard.model.cuda_compat import major_minor, shown
 from gpuguard.model.results import Status
 
 _REQUIRED_CUDA = re.compile(r"(?:^|\s)cuda>=(\d+\.\d+)")
-_COMPAT_PACKAGE = re.compile(r"cuda-compat-(\d+)-(\d+)")
+# at most 9 digits a part: an image's value of thousands of digits names no package
+_COMPAT_PACKAGE = re.compile(r"cuda-compat-(\d{1,9})-(\d{1,9})(?!\d)")
 
 
 @dataclass(frozen=True)
@@ -94,10 +95,8 @@ def _judge_image(entry: dict[str, Any], what: str, host: Host, gpus: tuple[Gpu, 
         return no_compute
     runtime = runtime_check(env, host, gpus)
     if runtime.state == "refused":
-        where = f" on GPU {runtime.device}" if runtime.device is not None else ""
-        return Fit(Status.CRITICAL, f"{what}: the NVIDIA container runtime refuses it{where} "
-                                    f"(requirement error: {runtime.message})"
-                                    + _versions_and_fix(needs, host, what))
+        return Fit(Status.CRITICAL, f"{what}: the NVIDIA container runtime refuses it"
+                                    f"{_refusal(runtime)}" + _versions_and_fix(needs, host, what))
     if runtime.state == "unknown":
         return Fit(Status.UNKNOWN, f"{what}: whether the container runtime accepts it is not "
                                    f"known: {runtime.message}")
@@ -108,6 +107,15 @@ def _judge_image(entry: dict[str, Any], what: str, host: Host, gpus: tuple[Gpu, 
         return Fit(Status.UNKNOWN, f"{what} declares no CUDA version (no CUDA_VERSION or "
                                    "NVIDIA_REQUIRE_CUDA): the CUDA it needs is not known")
     return _by_version(what, needs, host, _forward_compat(entry, env, host, gpus, needs))
+
+
+def _refusal(runtime: cuda_require.Outcome) -> str:
+    """Where and why, in nvidia-container-cli's words, and the image's variable it read."""
+    where = f" on GPU {runtime.device}" if runtime.device is not None else ""
+    stage = "" if runtime.message.startswith("input error") else "requirement error: "
+    detail = f": {runtime.detail}" if runtime.detail else ""
+    named = f"; from {runtime.variable}" if runtime.variable else ""
+    return f"{where} ({stage}{runtime.message}{detail}{named})"
 
 
 def _no_compute(env: dict[str, str], what: str, claims_cuda: bool) -> Fit | None:
@@ -186,7 +194,10 @@ def _by_version(what: str, needs: tuple[int, int], host: Host, forward: str | Fi
 
 
 def _versions_and_fix(needs: tuple[int, int] | None, host: Host, what: str) -> str:
-    if needs is None:
+    """The versions and the driver to install, where the driver is what falls short (a
+    refusal for another reason, on a driver new enough, names no driver to install)."""
+    have = major_minor(host.cuda)
+    if needs is None or (have is not None and have >= needs):
         return ""
     return (f"; it needs CUDA {shown(needs)}, driver {host.driver} gives CUDA {host.cuda}; "
             + _fix(needs, host, what))

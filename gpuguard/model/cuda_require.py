@@ -2,10 +2,19 @@
 
 Written after the toolkit's own code (docs/image-cuda.md cites each file):
 
-- which variables count (nvidia-container-toolkit, internal/config/image/cuda_image.go):
-  every `NVIDIA_REQUIRE_*` but `NVIDIA_REQUIRE_JETPACK*`, none when `NVIDIA_DISABLE_REQUIRE`
-  parses as true (Go's strconv.ParseBool), and `cuda>=MAJOR.MINOR` from `CUDA_VERSION` for
-  a "legacy" image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA not);
+- which variables count (nvidia-container-toolkit, internal/config/image/cuda_image.go,
+  GetRequirements): every variable whose name starts with `NVIDIA_REQUIRE_`
+  (strings.HasPrefix: `NVIDIA_REQUIRE_CUDA.OLD` is one) but `NVIDIA_REQUIRE_JETPACK*`, none
+  when `NVIDIA_DISABLE_REQUIRE` parses as true (Go's strconv.ParseBool), and
+  `cuda>=MAJOR.MINOR` from `CUDA_VERSION` for a "legacy" image (CUDA_VERSION set,
+  NVIDIA_REQUIRE_CUDA not), whose major and minor must parse as uint32
+  (parseMajorMinorVersion: strconv.ParseUint(..., 10, 32)) or the hook cannot get the
+  requirements; the hook passes each as one `--require=` (cmd/nvidia-container-runtime-hook,
+  main.go), and nvidia-container-cli takes at most 32 (src/cli/cli.h `reqs[32]`,
+  configure.c: "too many requirements");
+- the numbers (src/cli/dsl.c, dsl_compare_version): each is read with strtoumax into a
+  uintmax_t; one it cannot hold (strtoumax gives UINTMAX_MAX) makes the condition -1,
+  "invalid expression", which refuses the container;
 - the grammar (libnvidia-container, src/cli/dsl.c): a space separates alternatives (or),
   a comma separates conditions that must all hold (and); `NAME OP VALUE` with the
   operators `= != < <= > >=`; evaluated left to right, stopping at the first alternative
@@ -38,6 +47,9 @@ CUDA_HINT = ", please update your driver to a newer version, or use an earlier c
 _OPERATORS = ("=", "!=", "<", "<=", ">", ">=")
 _OP_CHARS = "<>=!"
 _UINTMAX = 2**64 - 1
+_UINT32 = 2**32 - 1
+MAX_REQUIREMENTS = 32  # nvidia-container-cli's reqs[32] (src/cli/cli.h)
+EXPR_MAX = 128  # src/cli/dsl.c: the buffer a failed condition is quoted into
 CAPABILITIES = frozenset({"compute", "compat32", "graphics", "utility", "video", "display",
                           "ngx"})
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
@@ -50,6 +62,10 @@ Truth = bool | None  # None: depends on a fact gpuguard does not know
 
 class Invalid(Exception):
     """A condition the toolkit cannot evaluate: "invalid expression"."""
+
+
+class TooLarge(Invalid):
+    """A number past the toolkit's integer type: "invalid expression" too, and why."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,8 @@ class Outcome:
     message: str = ""
     device: int | None = None
     requirement: str = ""
+    variable: str = ""  # the image's variable the requirement came from
+    detail: str = ""  # why, where the toolkit's own words do not say (a number too large)
 
 
 def driver_capabilities(env: Mapping[str, str]) -> frozenset[str]:
@@ -95,12 +113,17 @@ def disabled(env: Mapping[str, str]) -> bool:
 def requirements(env: Mapping[str, str]) -> list[str]:
     """The requirements the runtime hook passes on (`--require=`), in name order; raises
     Invalid for a legacy image whose CUDA_VERSION is no version (the hook stops there)."""
+    return [value for _, value in named_requirements(env)]
+
+
+def named_requirements(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """requirements() with the variable each came from (CUDA_VERSION for a legacy image's)."""
     if disabled(env):
         return []
-    found = [env[name] for name in sorted(env) if name.startswith("NVIDIA_REQUIRE_")
+    found = [(name, env[name]) for name in sorted(env) if name.startswith("NVIDIA_REQUIRE_")
              and not name.startswith("NVIDIA_REQUIRE_JETPACK")]
     if _legacy(env):
-        found.append(f"cuda>={legacy_version(env['CUDA_VERSION'])}")
+        found.append(("CUDA_VERSION", f"cuda>={legacy_version(env['CUDA_VERSION'])}"))
     return found
 
 
@@ -112,8 +135,26 @@ def _legacy(env: Mapping[str, str]) -> bool:
 def legacy_version(text: str) -> str:
     match = _LOOSE_SEMVER.fullmatch(text)
     if match is None:
-        raise Invalid(f"invalid CUDA version {text}: invalid version string")
-    return f"{int(match.group(1))}.{int(match.group(2) or 0)}"
+        raise Invalid(f"invalid CUDA version {shorten(text)}: invalid version string")
+    major, minor = match.group(1), match.group(2) or "0"
+    for part, digits in (("major", major), ("minor", minor)):
+        if _past(digits, _UINT32):  # strconv.ParseUint(part, 10, 32) fails
+            raise TooLarge(f"invalid CUDA version {shorten(text)}: invalid {part} version "
+                           f"(a number of {len(digits)} digits; the toolkit reads it as a "
+                           "32-bit unsigned integer)")
+    return f"{int(major.lstrip('0') or '0')}.{int(minor.lstrip('0') or '0')}"
+
+
+def _past(digits: str, most: int) -> bool:
+    """Whether a run of digits is a number above `most`, without converting one of
+    thousands of digits (Python refuses those; the toolkit's integers overflow far sooner)."""
+    number = digits.lstrip("0")
+    return len(number) > len(str(most)) or int(number or "0") > most
+
+
+def shorten(text: str, most: int = 40) -> str:
+    """A value as a message names it: whole when short, else its start and its length."""
+    return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
 
 
 def compare_version(v1: str, op: str, v2: str) -> bool:
@@ -142,9 +183,12 @@ def compare_version(v1: str, op: str, v2: str) -> bool:
 
 def _leading_number(text: str) -> tuple[int, str]:
     digits = len(text) - len(text.lstrip("0123456789"))
-    if digits == 0 or int(text[:digits]) >= _UINTMAX:  # strtoumax found no number, or overflowed
-        raise Invalid(f"{text!r} does not start with a number")
-    return int(text[:digits]), text[digits:].lstrip(".")
+    if digits == 0:  # strtoumax found no number
+        raise Invalid(f"{shorten(text)!r} does not start with a number")
+    if _past(text[:digits], _UINTMAX - 1):  # strtoumax gave UINTMAX_MAX: overflowed
+        raise TooLarge(f"a number of {digits} digits, more than the toolkit's 64-bit "
+                       "integers hold (dsl_compare_version's strtoumax overflows)")
+    return int(text[:digits].lstrip("0") or "0"), text[digits:].lstrip(".")
 
 
 def _split(condition: str) -> tuple[str, str, str]:
@@ -166,9 +210,19 @@ def _split(condition: str) -> tuple[str, str, str]:
 def condition_holds(condition: str, cuda: str | None, driver: str | None,
                     device: Device | None) -> Truth:
     """One condition against the driver's CUDA and driver versions and one GPU (None:
-    no GPU). None: it depends on a fact not known here. Raises Invalid."""
+    no GPU). None: it depends on a fact not known here. Raises Invalid, also for one that
+    fails and is too long to quote: evaluate_rule formats a failed condition as "NAME OP
+    VALUE" into a buffer of EXPR_MAX (128) bytes and gives -1 when it does not fit, so the
+    whole requirement is "invalid expression", whatever the alternatives after it say."""
     name, op, value = _split(condition)
-    name = name.lower()
+    holds = _holds(name.lower(), op, value, condition, cuda, driver, device)
+    if holds is False and len(f"{name} {op} {value}".encode()) >= EXPR_MAX:
+        raise Invalid(condition)
+    return holds
+
+
+def _holds(name: str, op: str, value: str, condition: str, cuda: str | None,
+           driver: str | None, device: Device | None) -> Truth:
     if name in ("cuda", "driver"):
         have = cuda if name == "cuda" else driver
         return None if have is None else compare_version(have, op, value)
@@ -194,10 +248,11 @@ def evaluate(predicate: str, cuda: str | None, driver: str | None,
         for alternative in (a for a in predicate.split(" ") if a):
             if walk.holds(alternative):  # the toolkit stops at the first that holds
                 return walk.outcome(predicate, stopped=True)
-    except Invalid:
+    except Invalid as exc:
         if walk.maybe:  # reached only if what is not known went one way
             return Outcome("unknown", f"{walk.maybe} is not known here")
-        return Outcome("refused", "invalid expression", requirement=predicate)
+        return Outcome("refused", "invalid expression", requirement=predicate,
+                       detail=str(exc) if isinstance(exc, TooLarge) else "")
     return walk.outcome(predicate, stopped=False)
 
 
@@ -259,17 +314,22 @@ def check(env: Mapping[str, str], cuda: str | None, driver: str | None,
     """Every requirement of an image's environment on every GPU it gets (once without a
     GPU when it gets none): the first refusal, else unknown if any is unknown, else ok."""
     try:
-        wanted = requirements(env)
+        wanted = named_requirements(env)
     except Invalid as exc:
-        return Outcome("refused", f"failed to get requirements: {exc}")
+        return Outcome("refused", f"failed to get requirements: {exc}", variable="CUDA_VERSION")
+    if len(wanted) > MAX_REQUIREMENTS:
+        return Outcome("refused", "input error: too many requirements",
+                       detail=f"{len(wanted)} requirements; nvidia-container-cli takes at "
+                              f"most {MAX_REQUIREMENTS}")
     unknown: Outcome | None = None
     visible: list[Device | None] = [*devices] or [None]
     for device in visible:
-        for requirement in wanted:
+        for name, requirement in wanted:
             outcome = evaluate(requirement, cuda, driver, device)
             index = device.index if device is not None else None
             if outcome.state == "refused":
-                return Outcome("refused", outcome.message, index, requirement)
+                return Outcome("refused", outcome.message, index, requirement, name,
+                               outcome.detail)
             if outcome.state == "unknown" and unknown is None:
-                unknown = Outcome("unknown", outcome.message, index, requirement)
+                unknown = Outcome("unknown", outcome.message, index, requirement, name)
     return unknown or Outcome("ok")

@@ -27,12 +27,18 @@ from typing import IO, Any
 from gpuguard.io.paths import Paths
 from gpuguard.model.workload import Workload
 
-# The environment the runtime hook reads, and the official images' compat marker.
-_ENV_NAMES = re.compile(r"CUDA_VERSION|NV_CUDA_COMPAT_PACKAGE|NVIDIA_\w+")
+# The environment the runtime hook reads, and the official images' compat marker: every
+# name that starts with NVIDIA_, whatever follows (the toolkit's GetRequirements takes
+# every NVIDIA_REQUIRE_ prefix: NVIDIA_REQUIRE_CUDA.OLD counts), and at most this many
+_ENV_NAMES = ("CUDA_VERSION", "NV_CUDA_COMPAT_PACKAGE")
+_ENV_PREFIX = "NVIDIA_"
 _MAX_VALUE = 64 * 1024
+_MAX_NVIDIA_NAMES = 256
 _MAX_LABEL, _MAX_LABELS = 1024, 32  # the com.nvidia.* labels kept: informative only
 _COMPAT_IN_HISTORY = re.compile(r"cuda-compat-\d+-\d+")
-_COMPAT_LIB = re.compile(r"(?:\./)?(usr/local/cuda[^/]*/compat)/libcuda\.so\.(\d+(?:\.\d+)+)")
+# a driver version's parts are short: a name of thousands of digits is no compat library
+_COMPAT_LIB = re.compile(r"(?:\./)?(usr/local/cuda[^/]*/compat)/libcuda\.so\."
+                         r"(\d{1,9}(?:\.\d{1,9})+)")
 _WHITEOUT = ".wh."
 # Reading the layers: at most this long and this much (an image's size is unbounded)
 LAYER_SCAN_S = 5.0
@@ -90,15 +96,25 @@ def _one(api: Any, workload: Workload, timeout: float) -> dict[str, Any]:
 
 
 def _environment(pairs: list[str]) -> dict[str, str] | str:
+    """The variables the runtime hook reads, by name as the image holds them (the text
+    before the first "="); a value too long, or too many of them, is said, not judged."""
     env: dict[str, str] = {}
     for pair in pairs:
         name, _, value = str(pair).partition("=")
-        if not _ENV_NAMES.fullmatch(name):
+        if name not in _ENV_NAMES and not name.startswith(_ENV_PREFIX):
             continue
         if len(value) > _MAX_VALUE:
-            return f"{name} is longer than {_MAX_VALUE // 1024} KiB: not a value to judge"
+            return (f"{_shown(name)} is longer than {_MAX_VALUE // 1024} KiB: not a value "
+                    "to judge")
         env[name] = value
+        if len(env) > _MAX_NVIDIA_NAMES:
+            return (f"more than {_MAX_NVIDIA_NAMES} NVIDIA_* variables in the image: not an "
+                    "environment to judge")
     return env
+
+
+def _shown(name: str) -> str:
+    return name if len(name) <= 80 else f"{name[:80]}... ({len(name)} characters)"
 
 
 def _marker(env: dict[str, str], history: list[dict[str, Any]]) -> dict[str, Any] | None:

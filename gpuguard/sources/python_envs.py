@@ -5,7 +5,9 @@ files without importing torch (issue 24; image.cuda judges it, docs/image-cuda.m
 `cuda = '12.8'` (`cuda: Optional[str] = '12.8'` since 2.x; None in a CPU or ROCm build,
 whose `hip` is then set). The wheel's `torch-<version>.dist-info` folder names the
 version pip installed, a second witness. The environment is a virtualenv or prefix
-(`lib*/python3*/site-packages`, Debian's `dist-packages`) or a site-packages folder.
+(`lib*/python3*/site-packages`, Debian's `dist-packages`), its `lib*/python3.X` folder
+(the parent of site-packages, as `python -c 'import sys; print(sys.prefix)'` users often
+give it), or a site-packages folder.
 """
 
 from __future__ import annotations
@@ -48,11 +50,12 @@ def read(workload: Workload, deadline_s: float) -> dict[str, Any]:
 
 
 def site_packages(path: Path) -> Path | None:
-    """The folder that holds torch: `path` itself, or the newest Python's site-packages
-    under it."""
+    """The folder that holds torch: `path` itself, the site-packages of the Python folder
+    `path` is (`lib/python3.11`), or the newest Python's site-packages under it."""
     if (path / "torch").is_dir():
         return path
-    found = [p.parent for pattern in ("lib*/python3*/site-packages/torch",
+    found = [p.parent for pattern in ("site-packages/torch", "dist-packages/torch",
+                                      "lib*/python3*/site-packages/torch",
                                       "lib*/python3*/dist-packages/torch",
                                       "local/lib/python3*/dist-packages/torch")
              for p in path.glob(pattern) if p.is_dir()]

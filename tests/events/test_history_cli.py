@@ -196,3 +196,24 @@ def test_events_wraps_its_message_column(tmp_path, run):
     assert len(continued) >= 2  # the long reason went on under its column
     assert " ".join(line.strip() for line in lines if "RMA" in line or line in continued) \
         .count("after every reset") == 6
+
+
+def test_an_escalated_xids_message_names_the_escalated_action(tmp_path, run):
+    """Issue 28, item 8: five Xid 79s within the rule's window escalate to
+    inspect_hardware, but the message still said "... drain and reboot the node": what to
+    do, in words, is what the action says."""
+    from gpuguard.judge.xids import ACTION_WORDS
+
+    proc = procfs(tmp_path, BOOT_A)
+    five = result(run(tmp_path / "state", proc, "--kmsg-file",
+                      str(kmsg_with(tmp_path, 79, 5)), recovery=NONE), "xid.recent", 0)
+    assert five["action"] == "inspect_hardware"
+    assert ACTION_WORDS["inspect_hardware"] in five["message"], five["message"]
+    assert not five["message"].endswith(ACTION_WORDS["reboot"]), five["message"]
+    # the catalog's own word is still there, as what the escalation replaced
+    assert f"escalated from: {ACTION_WORDS['reboot']}" in five["message"], five["message"]
+    # not escalated: the catalog's words, unchanged
+    few = result(run(tmp_path / "state2", proc, "--kmsg-file",
+                     str(kmsg_with(tmp_path, 79, 4)), recovery=NONE), "xid.recent", 0)
+    assert few["action"] == "reboot" and ACTION_WORDS["reboot"] in few["message"]
+    assert "escalated" not in few["message"]
