@@ -220,7 +220,9 @@ def _stuck_window(ctx: CheckContext) -> float:
     return float((rule.thresholds if rule else {}).get("stuck_after_s", 120.0))
 
 
-NO_ENGINE = "no engine gpuguard knows (judged by its probe alone)"
+# an entry that says not why its engine was not read (the daemon's always says:
+# daemon/service_engine.EngineWatch.why_not, issue 28)
+NOT_READ = "its engine was not read (judged by its probe alone)"
 
 
 def _each_engine(ctx: CheckContext, judge_one: Any) -> Finding:
@@ -228,7 +230,7 @@ def _each_engine(ctx: CheckContext, judge_one: Any) -> Finding:
     if services is None:
         return skipped(NO_SERVICE)
     findings = {name: (judge_one(entry["engine"], entry) if entry.get("engine")
-                       else skipped(NO_ENGINE))
+                       else skipped(str(entry.get("engine_note") or NOT_READ)))
                 for name, entry in sorted(services.items())}
     return combine(findings)
 
@@ -251,6 +253,11 @@ def _engine_of(ctx: CheckContext, eng: dict[str, Any], entry: dict[str, Any],
                 "rising": state.rising, "at_capacity": state.at_capacity,
                 "read": _newest(eng)}
     message = f"{eng.get('title') or eng.get('engine')}: {state.message}"
+    if eng.get("no_run_identity"):
+        # read all the same (issue 28); its reads start over only with another variant
+        message += (f"; no run identity ({eng['no_run_identity']}): a restart is seen from "
+                    "its probe and its counter alone")
+        observed["no_run_identity"] = eng["no_run_identity"]
     if state.state == "stuck":
         return ctx.fail(message, **observed)
     if state.state == "unknown":

@@ -14,6 +14,12 @@ answer, a 503 while the engine loads, a 404 from a proxy), none for the rest of 
 only a Prometheus page that is no engine it knows settles it (the service is judged by
 its probe). A page that holds two engines' names alike is read every cycle and judged
 unknown until it can be told.
+
+The run identity (a pid file's PID and start, a container, a unit's invocation) only
+starts the reads over after a restart: a service without one (an exec service with no
+`pid_file_*`) is read all the same, its reads kept per variant (issue 28). Whenever no
+engine is judged, `why_not` says what is true: not tried yet, trying, no metrics URL,
+no Prometheus page, no engine gpuguard knows on this page.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class _Watch:
     reads: deque[list[Any]] = field(default_factory=lambda: deque(maxlen=MAX_READS))
     last: dict[str, Any] = field(default_factory=dict)
     ambiguous: str | None = None  # auto: why the page's engine cannot be told
+    missed: str | None = None  # auto: what the last try that found no page got
     on_finish: bool = False  # the progress name last read counts finished requests only
 
 
@@ -66,6 +73,34 @@ class EngineWatch:
         if watch.settled or watch.tries >= AUTO_TRIES or not answered:
             return False
         return watch.last_try is None or now - watch.last_try >= AUTO_RETRY_S
+
+    def why_not(self, supervisor: Supervisor, identity: str | None, now: float,
+                answered: bool = True) -> str:
+        """Why the service's engine is not judged this cycle, as it is: service.engine's
+        message (skipped: the service is judged by its probe)."""
+        engine = supervisor.service.engine
+        variant = supervisor.view().state.active
+        if engine is None:
+            return "not read (`engine: none`): judged by its probe alone"
+        url = self.url(supervisor)
+        if url is None:
+            return (f"no metrics URL for its {variant} variant (its probe has no http URL: "
+                    "set engine.metrics): judged by its probe alone")
+        watch = self._watch(supervisor, identity)
+        if watch.settled:
+            return (f"no engine gpuguard knows on {url} ({', '.join(sorted(self.catalog.profiles))}"
+                    "): judged by its probe alone")
+        if watch.tries >= AUTO_TRIES:
+            return (f"no Prometheus page at {url} in {AUTO_TRIES} tries (the last: "
+                    f"{watch.missed}): judged by its probe alone")
+        if watch.tries == 0 and not answered:
+            return (f"not tried yet: its engine is looked for at {url} once its {variant} "
+                    "variant answers its probe")
+        if watch.tries == 0:
+            return f"not tried yet: {url} is read in the next cycle"
+        wait = max(AUTO_RETRY_S - (now - (watch.last_try or now)), 0.0)
+        return (f"trying: {watch.tries} of {AUTO_TRIES} tries at {url} found no Prometheus "
+                f"page (the last: {watch.missed}); the next in {wait:.0f} s")
 
     def url(self, supervisor: Supervisor) -> str | None:
         service, variant = supervisor.service, supervisor.view().state.active
@@ -136,6 +171,8 @@ class EngineWatch:
             watch.engine = answer["engine"]
         elif answer.get("answered"):
             watch.settled = True  # it answered: no engine gpuguard knows is there
+        else:
+            watch.missed = str(answer.get("error") or "no answer")[:300]
 
     def _watch(self, supervisor: Supervisor, identity: str | None) -> _Watch:
         """The service's watch; a new one for another variant or run. A run not known

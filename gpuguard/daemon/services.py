@@ -15,12 +15,9 @@ With no service configured the reading stays absent: the rules are skipped.
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +26,7 @@ import structlog
 from gpuguard.daemon.service_engine import EngineWatch
 from gpuguard.daemon.service_logs import DEADLINE_S as LOG_DEADLINE_S
 from gpuguard.daemon.service_logs import LogWatch
+from gpuguard.daemon.service_requests import Requests, answer_by, inference_result
 from gpuguard.judge.trend import fit
 from gpuguard.model.derived import held_by
 from gpuguard.model.snapshot import Reading, Snapshot
@@ -61,47 +59,14 @@ class Run:
     answered_at: float | None = None
 
 
-class Requests:
-    """The services' requests, each in a daemon thread of its own, at most one in flight
-    per key (a service and what is asked). A request that does not return is left behind
-    and nothing is sent in its place until it has: a service that holds its requests costs
-    one thread, never one per cycle. Daemon threads, not a pool: the interpreter's exit
-    joins a pool's threads, and a stop never waits for a service."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, tuple[Future[Any], float]] = {}
-
-    def start(self, key: str, fn: Callable[[Supervisor], Any], supervisor: Supervisor
-              ) -> Future[Any] | str:
-        """The new request, or why none was sent (the last one is still on its way)."""
-        held = self._last.get(key)
-        if held is not None and not held[0].done():
-            return (f"the request sent {time.monotonic() - held[1]:.0f} s ago has not "
-                    "returned yet")
-        future: Future[Any] = Future()
-        threading.Thread(target=_settle, args=(future, fn, supervisor), daemon=True,
-                         name=f"service-{key}"[:60]).start()
-        self._last[key] = (future, time.monotonic())
-        return future
-
-    def last(self, key: str) -> Future[Any] | None:
-        held = self._last.get(key)
-        return None if held is None else held[0]
-
-
-def _settle(future: Future[Any], fn: Callable[[Supervisor], Any], supervisor: Supervisor
-            ) -> None:
-    try:
-        future.set_result(fn(supervisor))
-    except BaseException as exc:  # handed to the cycle, which decides
-        future.set_exception(exc)
-
-
 class ServiceWatch:
     def __init__(self, supervisors: list[Supervisor], keep_s: float = 1860.0) -> None:
         self.supervisors = supervisors
         self.keep_s = keep_s
         self._runs: dict[str, Run] = {}
+        # the variant whose probe answered while the service's processes were not known
+        # (an exec service without pid_file_*): its engine is looked for all the same
+        self._probed: dict[str, str] = {}
         self.requests = Requests()
         # the engines' metrics and the services' logs (issue 23), made with the first
         # services: they load the engine profiles
@@ -122,13 +87,13 @@ class ServiceWatch:
         # A plain health URL is asked only until the run first answers it, and the cycle
         # does not wait for it: the answer is taken by the first cycle that finds it.
         answered = {s.service.name: self._health(s) for s in self.supervisors
-                    if _plain_url(s) and not self._answered(s.service.name)}
+                    if _plain_url(s) and not self._answered(s)}
         engines, logs = self._engine_reads(now), self._log_reads()
         entries = {s.service.name: self._entry(s, snap, now) for s in self.supervisors}
         end = time.monotonic() + max(_wait_s(s) for s in self.supervisors) \
             + INFERENCE_GRACE_S
         for name, request in asked.items():
-            entries[name]["inference"] = _inference_result(request, end)
+            entries[name]["inference"] = inference_result(request, end)
         self._engine_results(engines, logs, entries, end, now)
         for supervisor in self.supervisors:
             self._note_answer(supervisor, entries[supervisor.service.name],
@@ -145,7 +110,7 @@ class ServiceWatch:
         for supervisor in self.supervisors:
             name = supervisor.service.name
             identity = self._runs[name].identity if name in self._runs else None
-            if engines.due(supervisor, identity, now, self._answered(name)):
+            if engines.due(supervisor, identity, now, self._answered(supervisor)):
                 read = functools.partial(_read_engine, engines,
                                          engines.engine_of(supervisor, identity))
                 started[name] = self.requests.start(f"engine:{name}", read, supervisor)
@@ -172,14 +137,21 @@ class ServiceWatch:
         assert self._engines is not None and self._logs is not None
         for supervisor in self.supervisors:
             name = supervisor.service.name
-            identity = entries[name].get("identity")
+            entry = entries[name]
+            identity = entry.get("identity")
             if name in engines:
-                answer = _answer(engines[name], end, "read")
-                entries[name]["engine"] = self._engines.record(supervisor, identity, answer,
-                                                               now)
+                answer = answer_by(engines[name], end, "read")
+                entry["engine"] = self._engines.record(supervisor, identity, answer, now)
+            if entry.get("engine") is None:
+                # what is true of it, for service.engine's message (issue 28)
+                entry["engine_note"] = self._engines.why_not(
+                    supervisor, identity, now, self._answered(supervisor))
+            elif entry.get("error"):
+                # read all the same; only a restart cannot be told from its processes
+                entry["engine"]["no_run_identity"] = entry["error"]
             if name in logs:
                 log, asked = logs[name]
-                answer = _answer(asked, end, "log read")
+                answer = answer_by(asked, end, "log read")
                 entries[name]["log"] = self._logs.record(supervisor, log, answer, identity,
                                                          now)
 
@@ -195,9 +167,14 @@ class ServiceWatch:
             return None
         return asked.result()  # type: ignore[no-any-return]
 
-    def _answered(self, name: str) -> bool:
+    def _answered(self, supervisor: Supervisor) -> bool:
+        """Whether the active variant's run has answered its probe; where its processes
+        are not known, whether the probe answered since the variant became active."""
+        name = supervisor.service.name
         run = self._runs.get(name)
-        return run is not None and run.answered_at is not None
+        if run is not None:
+            return run.answered_at is not None
+        return self._probed.get(name) == supervisor.view().state.active
 
     def _note_answer(self, supervisor: Supervisor, entry: dict[str, Any],
                      health: bool | None, now: float) -> None:
@@ -206,6 +183,7 @@ class ServiceWatch:
         every cycle: its warm-up starts at the process start, as before."""
         run = self._runs.get(supervisor.service.name)
         if run is None or entry.get("error"):
+            self._note_probe(supervisor, entry, health)
             return
         if run.answered_at is None:
             probe_cfg = supervisor.service.probe
@@ -219,6 +197,28 @@ class ServiceWatch:
                 log.info("service_answered", service=supervisor.service.name,
                          action="its memory warm-up starts now")
         entry["answered_at"] = run.answered_at
+
+    def _note_probe(self, supervisor: Supervisor, entry: dict[str, Any],
+                    health: bool | None) -> None:
+        """Its processes are not known (an exec service without pid_file_*, a pid file
+        not written yet): the probe alone says when the variant answers, and from then on
+        its engine is looked for (issue 28: before, it never was). No warm-up: memory
+        that cannot be read is not judged."""
+        name, variant = supervisor.service.name, entry["variant"]
+        if self._probed.get(name) == variant:
+            return
+        self._probed.pop(name, None)  # another variant: it answers anew
+        inference = entry.get("inference") or {}
+        if supervisor.service.probe.http is None:
+            # an exec or Docker health probe is not run every cycle: the supervisor has
+            # waited for it when it settled on the variant
+            answers = supervisor.settled.is_set() and supervisor.view().state.transition is None
+        else:
+            answers = inference.get("ok") is True or health is True
+        if answers:
+            self._probed[name] = variant
+            log.info("service_answered", service=name, variant=variant,
+                     action="its engine is looked for now (its processes are not known)")
 
     def _entry(self, supervisor: Supervisor, snap: Snapshot, now: float) -> dict[str, Any]:
         service = supervisor.service
@@ -351,31 +351,3 @@ def _read_engine(engines: EngineWatch, engine: str | None, supervisor: Superviso
 
 def _read_log(logs: LogWatch, log: Any, _supervisor: Supervisor) -> dict[str, Any]:
     return logs.read(log)
-
-
-def _answer(request: Future[Any] | str, end: float, what: str) -> dict[str, Any]:
-    """A read's answer by `end`, or why there is none (never an exception)."""
-    if isinstance(request, str):
-        return {"error": request.replace("request", what)}
-    try:
-        return request.result(timeout=max(end - time.monotonic(), 0.0))  # type: ignore[no-any-return]
-    except FutureTimeout:
-        return {"error": f"the {what} did not return within its deadline"}
-    except Exception as exc:  # gpuguard's own fault, not the service's: not known
-        log.error("service_read_failed", what=what, error=f"{type(exc).__name__}: {exc}"[:300])
-        return {"error": f"the {what} failed: {type(exc).__name__}"}
-
-
-def _inference_result(request: Future[Any] | str, end: float) -> dict[str, Any] | None:
-    """The probe's request as the service.inference rule reads it. Whatever happened to it
-    is the service's result or unknown, never an exception in the cycle."""
-    if isinstance(request, str):
-        return {"ok": None, "error": request}
-    try:
-        return request.result(timeout=max(end - time.monotonic(), 0.0))  # type: ignore[no-any-return]
-    except FutureTimeout:
-        # not known, not failed: the answer came too late to be judged
-        return {"ok": None, "error": "the request did not return within its deadline"}
-    except Exception as exc:  # gpuguard's own fault, not the service's: not known
-        log.error("service_probe_failed", error=f"{type(exc).__name__}: {exc}"[:300])
-        return {"ok": None, "error": f"the probe failed: {type(exc).__name__}"}

@@ -29,6 +29,7 @@
                pid_file_gpu: /run/llm-gpu.pid, pid_file_cpu: /run/llm-cpu.pid}
         python_env: /opt/llm/.venv  # exec, systemd: the GPU variant's Python environment,
                                     # whose PyTorch CUDA build image.cuda judges
+        engine: auto                # vllm, ..., none; or {name: vllm, metrics: URL}
         router:                     # optional: switch without lost requests
           nginx: {upstream_file: /etc/nginx/gpuguard/llm.conf,
                   gpu: "127.0.0.1:8001", cpu: "127.0.0.1:8002",
@@ -51,6 +52,7 @@ import msgspec
 
 from gpuguard.config import schema
 from gpuguard.config.yamlfile import ConfigError, Mapping, load
+from gpuguard.supervisor.engine_config import Engine, EngineField, engine_of
 
 # --- the file's shape -------------------------------------------------------------------
 
@@ -156,19 +158,6 @@ class RouterSpec(_Strict):
     nginx: NginxSpec
 
 
-class EngineSpec(_Strict):
-    """`engine:` (issue 23): the inference engine whose own metrics service.engine reads.
-    Without it gpuguard looks for an engine it knows at the probe URL's /metrics."""
-
-    # vllm, sglang, tgi, triton, llamacpp (rules/engines/), auto, or none: do not look
-    name: Text = "auto"
-    # where its metrics are (one URL, or one per variant); default: the probe URL's
-    # scheme, host and port with the engine's metrics path
-    metrics: Text | PerVariantUrl | None = None
-    # the deadline of one read, connect to the last byte
-    timeout: Annotated[float, msgspec.Meta(gt=0, le=30)] = 2.0
-
-
 class ServiceSpec(_Strict):
     name: ServiceName
     # backend and failback are checked below, with messages that list the choices
@@ -186,7 +175,8 @@ class ServiceSpec(_Strict):
     exec: ExecSection | None = None
     router: RouterSpec | None = None
     python_env: Text | None = None
-    engine: EngineSpec | None = None
+    # `engine: auto` or `engine: {name: vllm, ...}` (supervisor/engine_config.py)
+    engine: EngineField = None
 
 
 class ServicesFile(_Strict):
@@ -230,15 +220,6 @@ class Nginx:
     # `nginx -s reload` returns before the old workers stop taking requests: wait this
     # long after switching before the old variant is stopped (`drain:` in the file).
     drain: float = 2.0
-
-
-@dataclass(frozen=True)
-class Engine:
-    """The service's engine as the supervisor's watch reads it (None name: recognise it)."""
-
-    name: str | None = None
-    metrics: str | dict[str, str] | None = None
-    timeout: float = 2.0
 
 
 @dataclass
@@ -322,7 +303,7 @@ def _service(path: Path, spec: ServiceSpec, entry: Mapping) -> Service:
         min_cpu_time=spec.min_cpu_time, manual_failback=spec.failback == "manual",
         failback_probe=spec.failback_probe, rules=spec.rules, gpus=spec.gpus, nginx=nginx,
         origin=f"{path}:{entry.line}", python_env=_python_env(spec, fail),
-        engine=_engine(spec, fail),
+        engine=engine_of(spec.engine, spec.probe.http, fail),
     )
 
 
@@ -332,26 +313,6 @@ def _python_env(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> s
         raise fail("python_env", "python_env is for exec and systemd services: a "
                    "container's Python is in its image, which image.cuda judges")
     return spec.python_env
-
-
-def _engine(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> Engine | None:
-    """`engine:` checked against the engines gpuguard knows (rules/engines/)."""
-    if spec.engine is None:
-        return Engine()
-    if spec.engine.name == "none":
-        return None
-    name = None if spec.engine.name == "auto" else spec.engine.name
-    if name is not None:
-        from gpuguard.config.engine_profiles import load_catalog
-
-        known = sorted(load_catalog().profiles)
-        if name not in known:
-            raise fail("engine", f"engine {name!r} is not one gpuguard knows: "
-                       f"{', '.join(known)}, auto or none")
-        if spec.engine.metrics is None and spec.probe.http is None:
-            raise fail("engine", f"engine {name!r} needs `metrics: URL` (its probe has no "
-                       "http URL to find /metrics at): else it would never be read")
-    return Engine(name, _plain(spec.engine.metrics), spec.engine.timeout)
 
 
 def _request(spec: ServiceSpec, fail: Callable[[str, str], ConfigError]) -> InferenceRequest | None:

@@ -386,7 +386,7 @@ def test_engine_unreachable_is_unknown_and_no_engine_skipped(h200, run_rule):
     assert result.status is Status.UNKNOWN and "answered 503" in result.message
     with_services(h200, a=entry([1]))
     [result] = run_rule("service.engine", h200)
-    assert result.status is Status.SKIPPED and "no engine gpuguard knows" in result.message
+    assert result.status is Status.SKIPPED and "its engine was not read" in result.message
 
 
 def test_engine_at_capacity_is_ok_and_the_opt_in_rule_warns(h200, run_rule, tmp_path):

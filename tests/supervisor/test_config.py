@@ -111,3 +111,58 @@ def test_a_name_that_is_not_safe_in_a_file_name_is_refused_at_load(tmp_path, nam
 def test_safe_names_load(tmp_path, name):
     [service] = load_text(tmp_path, GOOD.replace("  - name: llm", f"  - name: {name!r}", 1))
     assert service.name == name
+
+
+ENGINE = """\
+services:
+  - name: llm
+    backend: exec
+    probe: {http: "http://127.0.0.1:9/health", timeout: 1}
+    exec: {start_gpu: ["true"], stop_gpu: ["true"], start_cpu: ["true"], stop_cpu: ["true"]}
+    engine: %s
+"""
+
+
+@pytest.mark.parametrize(("given", "name", "read"), [
+    ("auto", None, True), ("none", None, False), ("vllm", "vllm", True),
+    ("llamacpp", "llamacpp", True), ("{name: auto}", None, True),
+    ("{name: none}", None, False), ("{name: sglang, timeout: 1}", "sglang", True),
+])
+def test_engine_is_a_name_alone_or_a_mapping(tmp_path, given, name, read):
+    """Issue 28: `engine: auto|none|<name>` as the docs write it, besides the mapping
+    (before, the loader refused the scalar: "expected `object | null`, got `str`")."""
+    [service] = load_text(tmp_path, ENGINE % given)
+    assert (service.engine is not None) is read
+    if service.engine is not None:
+        assert service.engine.name == name and service.engine.metrics is None
+
+
+@pytest.mark.parametrize(("given", "problem"), [
+    ("vlm", "llm: engine 'vlm' is not one gpuguard knows: llamacpp, sglang, tgi, triton, "
+            "vllm, auto or none"),
+    ("Auto", "llm: engine 'Auto' is not one gpuguard knows"),
+    ("3", "services[0].engine: expected `str | object | null`, got `int`"),
+    ("[vllm]", "services[0].engine: expected `str | object | null`, got `array`"),
+    ("''", "services[0].engine: expected `str` of length >= 1"),
+    ("{nam: vllm}", "services[0].engine.nam: unknown key (allowed: metrics, name, timeout)"),
+])
+def test_a_bad_engine_is_file_line_and_exit_3_from_the_daemon(tmp_path, given, problem):
+    """As a user meets it: `gpuguard daemon` exits 3 with `file:line: what is wrong` (its
+    config_invalid line), before anything is started, never a traceback."""
+    import subprocess
+    import sys
+
+    from tests.conftest import FIXTURES, REPO
+    from tests.daemon.conftest import free_port
+
+    path = tmp_path / "gpuguard.yaml"
+    path.write_text(ENGINE % given)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuguard", "daemon", "--config", str(path), "--input",
+         str(FIXTURES / "h200-live" / "idle-snapshot.json"), "--no-udev",
+         "--listen", f"127.0.0.1:{free_port()}", "--state-dir", str(tmp_path / "state")],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert f"{path}:6: {problem}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "state" / "failover-llm.json").exists()  # nothing started
