@@ -123,8 +123,13 @@ def test_the_daemons_files_drive_the_plugin(start_daemon: Any, tmp_path: Path) -
     assert code == 1 and "thermal.margin GPU 0" in out, out
     assert plugin(npd / "gpu-driver")[0] == 0
     daemon.stop()
-    written = int((npd / "gpu-hardware").read_text().split("boottime=")[1].split()[0])
-    assert plugin(npd / "gpu-hardware", written + 11, tmp_path)[0] == 2
+    text = (npd / "gpu-hardware").read_text()
+    written = int(text.split("boottime=")[1].split()[0])
+    max_age = int(text.split("max_age_s=")[1].split()[0])
+    # the daemon's stale_after (daemon/freshness.py): 2 x (1 s + NVML's 4 s + history's 1 s)
+    assert max_age <= 12
+    assert plugin(npd / "gpu-hardware", written + max_age, tmp_path)[0] == 1
+    assert plugin(npd / "gpu-hardware", written + max_age + 2, tmp_path)[0] == 2
 
 
 def manifests() -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gpuguard.config.ruleset import load_ruleset
+from gpuguard.daemon.freshness import Freshness
 from gpuguard.daemon.verdict_files import CONDITIONS, NOT_A_CONDITION, VerdictFiles
 from gpuguard.model.identity import GpuId
 from gpuguard.model.results import Result, Status
@@ -58,8 +59,8 @@ def write(tmp: Path, results: list[Result], fast: float = 5.0, age: float = 0.0)
     """The real VerdictFiles, the results of one fast cycle that ended `age` s ago."""
     npd = tmp / "npd"
     updated = time.monotonic() - age
-    VerdictFiles(npd, fast).write([(r, "fast", updated) for r in results],
-                                  {"fast": fast, "slow": 60.0})
+    VerdictFiles(npd).write([(r, "fast", updated) for r in results],
+                            Freshness({"fast": fast, "slow": 60.0}))
     return npd
 
 

@@ -38,8 +38,9 @@ def status(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str
            cold: bool) -> None:
     """The daemon's latest verdict at once: exit 0 ok, 1 warning, 2 critical, 3 unknown.
 
-    A result older than two cycles of its cadence is unknown, naming its age. No daemon
-    answering is exit 3 (or, with --cold, a cold check)."""
+    A result older than its cadence's stale_after (two of its interval and its longest
+    cycle, in the header) is unknown, naming its age. No daemon answering is exit 3 (or,
+    with --cold, a cold check)."""
     from gpuguard.cli import status_client
     from gpuguard.daemon import socket_client
 

@@ -24,11 +24,12 @@ from gpuguard.assess.gpus_seen import SeenGpus
 from gpuguard.assess.inputs import InputProblem, load_configuration
 from gpuguard.assess.once import judge
 from gpuguard.config.yamlfile import ConfigError
-from gpuguard.daemon import active, http, logs, main_loop, notify, status, triggers
+from gpuguard.daemon import active, freshness, http, logs, main_loop, notify, status, triggers
 from gpuguard.daemon.active import ProbeKeeper
+from gpuguard.daemon.freshness import Freshness
 from gpuguard.daemon.latest import LatestResults
 from gpuguard.daemon.metrics import DaemonCollector, DaemonStats
-from gpuguard.daemon.recorder import EventRecorder, supervisor_event
+from gpuguard.daemon.recorder import FIRST_HISTORY_WAIT_S, EventRecorder, supervisor_event
 from gpuguard.daemon.sampler import NvmlSampler
 from gpuguard.daemon.schedule import Schedule
 from gpuguard.daemon.services import ServiceWatch
@@ -37,7 +38,6 @@ from gpuguard.daemon.verdict_publish import VerdictPublisher
 from gpuguard.daemon.xid_counter import XidCounter
 from gpuguard.events import store as eventstore
 from gpuguard.io.paths import EXIT_HOST_FORBIDDEN, HostPathForbidden
-from gpuguard.model.pci import normalise_pci
 from gpuguard.model.profile import Profile
 from gpuguard.model.rule import RuleSet
 from gpuguard.model.samples import Samples
@@ -80,6 +80,9 @@ class Daemon:
         self.recorder: EventRecorder | None = None
         self.service_watch = ServiceWatch([])
         self.gpus_seen = SeenGpus(None, None)  # kept in the state dir once started
+        # the one freshness rule (daemon/freshness.py), with the services' deadlines once
+        # they are known (_start_parts)
+        self.freshness = Freshness({"fast": cfg.fast_interval, "slow": cfg.slow_interval})
         self.publisher = VerdictPublisher.of(self)  # `gpuguard status`, NPD files (issue 22)
 
     def current(self) -> tuple[tuple[Profile, RuleSet] | None, Snapshot | None]:
@@ -124,6 +127,7 @@ class Daemon:
                 self.stats.reload_success = 1
                 self.stats.last_reload_time = time.time()
             log.info("config_reloaded", rules=len(self._config[1].rules) if self._config else 0)
+            self._fit_freshness("reload")
             self.run_now("reload")
         notify.notify("READY=1")
 
@@ -247,10 +251,7 @@ class Daemon:
         """An Xid from NVML's event set, as it happens: counted, and a cycle starts."""
         log.warning("nvml_xid_event", xid=event.get("xid"), pci=event.get("pci"))
         if self._config is not None:
-            pci = normalise_pci(event["pci"]) if event.get("pci") else None
-            self.xids.add(int(event["xid"]), pci, None, self._config[1],
-                          self._last or Snapshot(),
-                          float(event.get("time") or time.time()), None, "nvml")
+            self.xids.add_nvml_event(event, self._config[1], self._last)
         self.run_now("nvml xid event")
 
     def _supervisor_event(self, what: dict[str, Any]) -> None:
@@ -261,7 +262,15 @@ class Daemon:
     # --- what the HTTP endpoints and systemd see ----------------------------------
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        return status.health(self.stats, self.store, self.cfg.fast_interval, self.cfg.timeout)
+        return status.health(self.stats, self.store, self.freshness)
+
+    def _fit_freshness(self, why: str) -> None:
+        """stale_after from the configured deadlines, logged (at start, on SIGHUP)."""
+        self.freshness = Freshness(dict(self.freshness.intervals), freshness.bounds(
+            self.cfg.timeout, self.service_watch.longest_wait_s(),
+            FIRST_HISTORY_WAIT_S if self.recorder else 0.0,
+            self.cfg.sources.probe_timeout if self.cfg.sources.probe_image else 0.0))
+        log.info("freshness", why=why, **self.freshness.to_log())
 
     def status_document(self) -> dict[str, Any]:
         return status.document(self._last, self.store)
@@ -344,6 +353,7 @@ class Daemon:
             self.sampler = NvmlSampler(procfs, self.on_nvml_xid)
         self.gpus_seen = SeenGpus(state_dir, boot, log)
         active.HOST_LOCK["state_dir"] = state_dir
+        self._fit_freshness("start")
 
     def _registry(self) -> CollectorRegistry:
         registry = CollectorRegistry(auto_describe=False)
@@ -358,7 +368,8 @@ class Daemon:
         main_loop.run(main_loop.Parts(
             stop=self._stop, reload=self._reload, do_reload=self._do_reload,
             ready=self._ready, status_line=self.status_line, stats=self.stats,
-            fast_interval=self.cfg.fast_interval, timeout=self.cfg.timeout))
+            fast_interval=self.cfg.fast_interval, timeout=self.cfg.timeout,
+            stale_after=lambda: self.freshness.stale_after("fast")))
 
     def _shutdown(self, server: Any, observer: Any) -> None:
         log.info("daemon_stopping")

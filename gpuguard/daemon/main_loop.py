@@ -27,6 +27,9 @@ class Parts:
     stats: DaemonStats
     fast_interval: float
     timeout: float
+    # the fast cadence's stale_after (daemon/freshness.py): a cycle slow by design (a
+    # service's long probe) is no stuck daemon for the watchdog either
+    stale_after: Callable[[], float] = lambda: 0.0
 
 
 def run(parts: Parts) -> None:
@@ -54,7 +57,7 @@ def run(parts: Parts) -> None:
         # not end, or a schedule that starts none, is a stuck daemon, and systemd
         # restarting it is the right cure.
         if ping and time.monotonic() - last_ping >= ping and status.cycles_progress(
-                parts.stats, parts.fast_interval, parts.timeout):
+                parts.stats, parts.fast_interval, parts.timeout, parts.stale_after()):
             notify.notify("WATCHDOG=1")
             last_ping = time.monotonic()
 

@@ -73,6 +73,13 @@ class ServiceWatch:
         self._engines: EngineWatch | None = None
         self._logs: LogWatch | None = None
 
+    def longest_wait_s(self) -> float:
+        """The longest a cycle waits for the services' requests and reads: they run at
+        once, so the slowest service's deadline, and the grace (daemon/freshness.py)."""
+        if not self.supervisors:
+            return 0.0
+        return max(_wait_s(s) for s in self.supervisors) + INFERENCE_GRACE_S
+
     def sample(self, snap: Snapshot, now: float) -> None:
         if not self.supervisors:
             return
@@ -90,8 +97,7 @@ class ServiceWatch:
                     if _plain_url(s) and not self._answered(s)}
         engines, logs = self._engine_reads(now), self._log_reads()
         entries = {s.service.name: self._entry(s, snap, now) for s in self.supervisors}
-        end = time.monotonic() + max(_wait_s(s) for s in self.supervisors) \
-            + INFERENCE_GRACE_S
+        end = time.monotonic() + self.longest_wait_s()
         for name, request in asked.items():
             entries[name]["inference"] = inference_result(request, end)
         self._engine_results(engines, logs, entries, end, now)

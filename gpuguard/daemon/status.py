@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gpuguard.daemon.freshness import Freshness
 from gpuguard.daemon.latest import LatestResults
 from gpuguard.daemon.metrics import DaemonStats
 from gpuguard.model.results import Status, Verdict
@@ -14,15 +15,16 @@ from gpuguard.outputs import json_out
 from gpuguard.supervisor.service import Supervisor
 
 
-def health(stats: DaemonStats, store: LatestResults, fast_interval: float,
-           timeout: float) -> tuple[bool, dict[str, Any]]:
-    """Healthy: a fast cycle succeeded recently and the last one did not fail. The age is
-    on the monotonic clock: a wall clock set back or forward changes nothing."""
+def health(stats: DaemonStats, store: LatestResults,
+           freshness: Freshness) -> tuple[bool, dict[str, Any]]:
+    """Healthy: a fast cycle succeeded within the fast cadence's stale_after (the one
+    freshness rule, daemon/freshness.py) and the last one did not fail. The age is on the
+    monotonic clock: a wall clock set back or forward changes nothing."""
     with stats.lock:
         last_ok = stats.last_success_mono.get("fast")
         last_failed = stats.last_cycle_ok.get("fast") is False
     age = None if last_ok is None else round(time.monotonic() - last_ok, 3)
-    limit = 3 * fast_interval + timeout
+    limit = freshness.stale_after("fast")
     fresh = age is not None and age < limit and not last_failed
     return fresh, {"alive": True, "last_successful_cycle_age_s": age,
                    "fresh_within_s": limit, "last_cycle_failed": last_failed,
@@ -53,14 +55,17 @@ def line(last: Snapshot | None, store: LatestResults, supervisors: list[Supervis
     return text
 
 
-def cycles_progress(stats: DaemonStats, fast_interval: float, timeout: float) -> bool:
+def cycles_progress(stats: DaemonStats, fast_interval: float, timeout: float,
+                    stale_after: float = 0.0) -> bool:
     """Whether cycles still come to an end: one ended (or the daemon started) within
-    `3 x fast interval + 2 x timeout`, on the monotonic clock. Between cycles too: a
-    schedule that stopped starting them (it used to wait on the wall clock, which a step
-    back stalled for an hour) is as stuck as a cycle that never ends."""
+    `3 x fast interval + 2 x timeout`, or the fast cadence's stale_after where that is
+    longer (a service's probe may make a cycle that long by design), on the monotonic
+    clock. Between cycles too: a schedule that stopped starting them (it used to wait on
+    the wall clock, which a step back stalled for an hour) is as stuck as a cycle that
+    never ends."""
     with stats.lock:
         last_end = max(stats.last_cycle_mono.values(), default=stats.started_mono)
-    return time.monotonic() - last_end < 3 * fast_interval + 2 * timeout
+    return time.monotonic() - last_end < max(3 * fast_interval + 2 * timeout, stale_after)
 
 
 def source_failure(snap: Snapshot) -> str | None:

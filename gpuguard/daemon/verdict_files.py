@@ -7,7 +7,8 @@ plugin reads with `read`: the condition's worst fresh result (status, one line n
 the rule and GPU), when it was written on CLOCK_BOOTTIME (the plugin compares it with
 /proc/uptime: the same clock, monotonic, counting suspend), and how old it may get before
 the plugin answers Unknown: until the first result the daemon holds would be older than
-two cycles of its cadence, the freshness rule of `gpuguard status` (verdict_view.py). A
+its cadence's stale_after, the one freshness rule (daemon/freshness.py) that `gpuguard
+status` and /healthz read too. A
 file from before a reboot is newer than the clock: Unknown too.
 
 "Worst" here is NPD's order, not `check`'s exit code: critical, then unknown, then
@@ -24,7 +25,8 @@ from pathlib import Path
 
 import structlog
 
-from gpuguard.daemon.verdict_view import STALE_AFTER_CYCLES, daemon_verdict
+from gpuguard.daemon.freshness import Freshness
+from gpuguard.daemon.verdict_view import daemon_verdict
 from gpuguard.io.atomic import write_text
 from gpuguard.judge import registry
 from gpuguard.model.results import Result, Status, Verdict
@@ -88,13 +90,11 @@ def npd_status(results: list[Result]) -> Status | None:
     return None if worst is None else worst.status
 
 
-def fresh_for(ages: dict[str, float], intervals: dict[str, float]) -> float:
+def fresh_for(ages: dict[str, float], freshness: Freshness) -> float:
     """Seconds until the first result still fresh now turns stale (fresh_results' rule);
-    two fast cycles when none is fresh (the file says unknown already)."""
-    fast = intervals.get("fast", 5.0)
-    left = [STALE_AFTER_CYCLES * intervals.get(cadence, fast) - age
-            for cadence, age in ages.items()]
-    return min((s for s in left if s >= 0), default=STALE_AFTER_CYCLES * fast)
+    the fast cadence's stale_after when none is fresh (the file says unknown already)."""
+    left = [freshness.stale_after(cadence) - age for cadence, age in ages.items()]
+    return min((s for s in left if s >= 0), default=freshness.stale_after("fast"))
 
 
 def condition_text(results: list[Result], written: float, fresh_s: float) -> str:
@@ -126,22 +126,20 @@ def condition_text(results: list[Result], written: float, fresh_s: float) -> str
 
 
 class VerdictFiles:
-    def __init__(self, directory: Path, fast_interval: float) -> None:
+    def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.fast_interval = fast_interval
         self._failed_logged = False
 
-    def write(self, entries: list[tuple[Result, str, float]],
-              intervals: dict[str, float]) -> None:
+    def write(self, entries: list[tuple[Result, str, float]], freshness: Freshness) -> None:
         """The files of the daemon's verdict now (its latest results by cadence)."""
-        verdict, ages = daemon_verdict(entries, intervals, time.monotonic())
-        self.write_verdict(verdict, ages, intervals)
+        verdict, ages = daemon_verdict(entries, freshness, time.monotonic())
+        self.write_verdict(verdict, ages, freshness)
 
     def write_verdict(self, verdict: Verdict, ages: dict[str, float],
-                      intervals: dict[str, float]) -> None:
+                      freshness: Freshness) -> None:
         """The files of one verdict (the one `status` and Slurm get), whose cadences are
         `ages` seconds old."""
-        fresh_s = fresh_for(ages, {"fast": self.fast_interval, **intervals})
+        fresh_s = fresh_for(ages, freshness)
         written = boottime()
         by_condition: dict[str, list[Result]] = {name: [] for name in CONDITIONS}
         for result in verdict.results:

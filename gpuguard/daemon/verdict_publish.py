@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuguard.daemon.freshness import Freshness
 from gpuguard.daemon.latest import LatestResults
 from gpuguard.daemon.verdict_files import VerdictFiles
 from gpuguard.daemon.verdict_socket import VerdictSocket
@@ -18,17 +19,17 @@ from gpuguard.model.snapshot import Snapshot
 
 
 class VerdictPublisher:
-    def __init__(self, store: LatestResults, intervals: dict[str, float],
+    def __init__(self, store: LatestResults, freshness: Callable[[], Freshness],
                  rule_ids: Callable[[], list[str]], failover_rules: Callable[[], list[str]],
                  snapshot: Callable[[], Snapshot | None], cycle_s: Callable[[], float],
                  socket_path: Path | None, group: str | None, npd_dir: Path | None) -> None:
         self.store = store
-        self.intervals = intervals
-        view = DaemonView(store.by_cadence, intervals, rule_ids, failover_rules, snapshot,
+        self.freshness = freshness
+        view = DaemonView(store.by_cadence, freshness, rule_ids, failover_rules, snapshot,
                           cycle_s, os.getpid())
         self.view = view
         self.socket = VerdictSocket(socket_path, group, view) if socket_path else None
-        self.files = VerdictFiles(npd_dir, intervals["fast"]) if npd_dir else None
+        self.files = VerdictFiles(npd_dir) if npd_dir else None
 
     @classmethod
     def of(cls, daemon: Any) -> VerdictPublisher:
@@ -41,7 +42,7 @@ class VerdictPublisher:
             return [] if config is None else [
                 r.id for r in config[1].rules.values() if tag is None or tag in r.tags]
 
-        publisher = cls(daemon.store, {"fast": cfg.fast_interval, "slow": cfg.slow_interval},
+        publisher = cls(daemon.store, lambda: daemon.freshness,
                         rules, lambda: rules("failover"), lambda: daemon.current()[1],
                         lambda: float(daemon.stats.cycle_duration_s.get("fast", 0.0)),
                         cfg.status_socket, cfg.status_group, cfg.npd_dir)
@@ -57,11 +58,12 @@ class VerdictPublisher:
     def after_cycle(self) -> None:
         """NPD's files from the daemon's verdict, the one the socket serves."""
         if self.files is not None:
-            verdict, ages = daemon_verdict(self.store.by_cadence(), self.intervals,
+            fresh = self.freshness()
+            verdict, ages = daemon_verdict(self.store.by_cadence(), fresh,
                                            time.monotonic(),
                                            frozenset(self.view.failover_rules()),
                                            self.view.pid)
-            self.files.write_verdict(verdict, ages, self.intervals)
+            self.files.write_verdict(verdict, ages, fresh)
 
     def stop(self) -> None:
         if self.socket is not None:

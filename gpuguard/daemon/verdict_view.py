@@ -4,8 +4,9 @@ check's own renderers (gpuguard/outputs/render.py), here in the daemon, so the c
 stays a few milliseconds of standard library (gpuguard/cli/status_client.py).
 
 Freshness: a result is as old as the last cycle of its cadence that replaced it (the
-monotonic clock: a wall-clock jump either way changes no age). Older than two of its
-cycles, it is unknown, naming its age and what it was: never an old ok.
+monotonic clock: a wall-clock jump either way changes no age). Older than its cadence's
+stale_after (daemon/freshness.py, the one rule: two of its intervals and its longest
+cycle), it is unknown, naming its age and what it was: never an old ok.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuguard.daemon.freshness import Freshness
 from gpuguard.model.results import Result, Status, Verdict
 from gpuguard.model.rule_filter import filter_problem, selected
 from gpuguard.model.snapshot import Snapshot
@@ -27,7 +29,6 @@ from gpuguard.model.snapshot import Snapshot
 # json is a fifth of its time budget); results: the results as JSON (slurm health)
 WANTS = ("render", "text", "results")
 FAIL_ON = ("unknown", "warning", "critical")
-STALE_AFTER_CYCLES = 2
 
 
 class BadRequest(ValueError):
@@ -94,7 +95,7 @@ class DaemonView:
     intervals, the rules it runs, its last snapshot, and its pid for the note."""
 
     entries: Callable[[], list[tuple[Result, str, float]]]
-    intervals: dict[str, float]
+    freshness: Callable[[], Freshness]
     rule_ids: Callable[[], list[str]]
     failover_rules: Callable[[], list[str]]
     snapshot: Callable[[], Snapshot | None]
@@ -102,43 +103,43 @@ class DaemonView:
     pid: int = 0
 
 
-def fresh_results(entries: list[tuple[Result, str, float]], intervals: dict[str, float],
+def fresh_results(entries: list[tuple[Result, str, float]], freshness: Freshness,
                   now: float) -> tuple[list[Result], dict[str, float]]:
-    """The results, each older than two cycles of its cadence turned unknown, and each
+    """The results, each older than its cadence's stale_after turned unknown, and each
     cadence's age (seconds, monotonic)."""
     ages: dict[str, float] = {}
     out = []
     for result, cadence, updated in entries:
         age = max(0.0, now - updated)
         ages[cadence] = age
-        limit = STALE_AFTER_CYCLES * intervals.get(cadence, intervals.get("fast", 5.0))
-        out.append(result if age <= limit else _stale(result, cadence, age,
-                                                      intervals.get(cadence, 0.0)))
+        out.append(result if age <= freshness.stale_after(cadence) else
+                   _stale(result, cadence, age, freshness))
     return out, ages
 
 
-def _stale(result: Result, cadence: str, age: float, interval: float) -> Result:
+def _stale(result: Result, cadence: str, age: float, freshness: Freshness) -> Result:
     was = result.observed.get("last_status", result.status.value) \
         if result.observed.get("stale") else result.status.value
     return dataclasses.replace(
         result, status=Status.UNKNOWN, remediation=None, action="none", action_reason=None,
-        message=f"stale: the daemon's last {cadence} result is {age:.0f} s old (its "
-                f"{cadence} cycle runs every {interval:g} s); it was {was}: {result.message}",
+        message=f"stale: the daemon's last {cadence} result is {age:.0f} s old "
+                f"({freshness.why(cadence)}); it was {was}: {result.message}",
         observed={"stale": True, "age_s": round(age, 1), "cadence": cadence,
-                  "last_status": was})
+                  "last_status": was, "stale_after_s": freshness.stale_after(cadence)})
 
 
-def daemon_verdict(entries: list[tuple[Result, str, float]], intervals: dict[str, float],
+def daemon_verdict(entries: list[tuple[Result, str, float]], freshness: Freshness,
                    now: float, failover_rules: frozenset[str] = frozenset(), pid: int = 0,
                    only: list[str] | None = None, skip: list[str] | None = None,
                    fail_on: str = "unknown") -> tuple[Verdict, dict[str, float]]:
     """The daemon's verdict now, the one object its consumers take (`status`, Slurm
     through the socket, NPD's files): each result fresh or stale by its cadence, those
     selected by --only/--skip; and each cadence's age (seconds, monotonic)."""
-    results, ages = fresh_results(entries, intervals, now)
+    results, ages = fresh_results(entries, freshness, now)
     results = [r for r in results if selected(r.rule, only or [], skip or [])]
     note = "the daemon's verdict (pid {}): {}".format(pid, ", ".join(
-        f"{c} results {ages[c]:.0f} s old" for c in sorted(ages)))
+        f"{c} results {ages[c]:.0f} s old (stale after {freshness.stale_after(c):g} s)"
+        for c in sorted(ages)))
     return Verdict(results, fail_on, (note,), source=note,
                    failover_rules=failover_rules), ages
 
@@ -152,7 +153,7 @@ def answer(view: DaemonView, req: Request) -> dict[str, Any]:
     entries = view.entries()
     if not entries:
         return {"error": "the daemon has no results yet: its first cycle has not ended"}
-    verdict, _ = daemon_verdict(entries, view.intervals, time.monotonic(),
+    verdict, _ = daemon_verdict(entries, view.freshness(), time.monotonic(),
                                 frozenset(view.failover_rules()), view.pid, req.only,
                                 req.skip, req.fail_on)
     if req.want == "results":

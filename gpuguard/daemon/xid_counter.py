@@ -15,7 +15,7 @@ from gpuguard.daemon.recorder import EventRecorder
 from gpuguard.events.recording import kernel_log_repairs, xid_event
 from gpuguard.judge.actions import of_xid
 from gpuguard.judge.xids import grade
-from gpuguard.model.pci import nvml_pci
+from gpuguard.model.pci import normalise_pci, nvml_pci
 from gpuguard.model.rule import RuleSet
 from gpuguard.model.snapshot import Reading, Snapshot
 
@@ -79,6 +79,13 @@ class XidCounter:
         if self.recorder is not None:
             for repair in kernel_log_repairs(snap, "kmsg", fresh):
                 self.recorder.record(repair)
+
+    def add_nvml_event(self, event: dict[str, Any], ruleset: RuleSet,
+                       snap: Snapshot | None) -> None:
+        """An Xid from NVML's event set (daemon/sampler.py), as it happens."""
+        pci = normalise_pci(event["pci"]) if event.get("pci") else None
+        self.add(int(event["xid"]), pci, None, ruleset, snap or Snapshot(),
+                 float(event.get("time") or time.time()), None, "nvml")
 
     def add(self, xid: int, pci: str | None, text: str | None, ruleset: RuleSet,
             snap: Snapshot, when: float, seq: int | None = None, source: str = "nvml",

@@ -23,6 +23,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from gpuguard.daemon import socket_client, verdict_socket
+from gpuguard.daemon.freshness import Freshness
 from gpuguard.daemon.verdict_socket import VerdictSocket
 from gpuguard.daemon.verdict_view import DaemonView
 from gpuguard.model.results import Result, Status
@@ -172,7 +173,7 @@ def one_result() -> list[tuple[Result, str, float]]:
 
 
 def view(entries: Any = one_result) -> DaemonView:
-    return DaemonView(entries, {"fast": 5.0}, lambda: ["thermal.margin"], list,
+    return DaemonView(entries, lambda: Freshness({"fast": 5.0}), lambda: ["thermal.margin"], list,
                       lambda: None, lambda: 0.1, 1)
 
 
