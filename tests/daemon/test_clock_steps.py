@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuguard.daemon.freshness import Freshness
 from gpuguard.supervisor import state
 from tests.daemon.conftest import get, host_snapshot, metric_lines
 from tests.daemon.test_fail_safe_daemon import in_process_daemon
@@ -81,6 +82,8 @@ def test_the_watchdog_is_not_pinged_when_no_cycle_comes(tmp_path, monkeypatch):
     daemon, _ = in_process_daemon(tmp_path, host_snapshot(1))
     daemon.cfg.fast_interval = 0.2  # no cycle for 1.2 s: stuck
     daemon.cfg.inputs = dataclasses.replace(daemon.cfg.inputs, timeout=0.3)
+    # the freshness rule the watchdog also reads, for these settings: 2 x (0.2 + 0.3)
+    daemon.freshness = Freshness({"fast": 0.2, "slow": 60.0}, {"fast": 0.3, "slow": 0.3})
     reader = NotifyReader(tmp_path / "notify.sock")
     monkeypatch.setenv("NOTIFY_SOCKET", str(reader.path))
     monkeypatch.setenv("WATCHDOG_USEC", "100000")  # a ping every 50 ms while all is well
