@@ -68,6 +68,22 @@ def summary(fixture: Path) -> dict[str, Any]:
     return {k: v for k, v in reading.get().items() if k not in ("source", "records")}
 
 
+def ranked(found: dict[str, Any]) -> dict[str, Any]:
+    """The verdict with each event's `n` (its place among the driver's lines, which only
+    orders a repair against the lines before it) replaced by its rank: a line no longer
+    counted among the driver's (`NVRM objClInit...`, no colon, in no pattern) moves every
+    later `n` by one and changes nothing a rule reads."""
+    summary = found.get("summary", {})
+    places = sorted({e["n"] for name in ("xids", "gsp", "repairs")
+                     for e in summary.get(name) or [] if e.get("n") is not None})
+    rank = {n: i for i, n in enumerate(places)}
+    out = {**summary}
+    for name in ("xids", "gsp", "repairs"):
+        if summary.get(name):
+            out[name] = [{**e, "n": rank.get(e.get("n"), e.get("n"))} for e in summary[name]]
+    return {**found, "summary": out}
+
+
 # rules that read nothing of the kernel log: their results say nothing of this change, and
 # one of them (driver.responsive) times the run
 _NOT_KERNEL_LOG = ("driver.responsive",)
