@@ -63,7 +63,9 @@ _LOADING = re.compile(
 # second one proves no reset.
 # The whole record, at most behind a writer's tag ("nvsentinel: ", "reset-gpu[123]: "): a
 # reset clears findings, so the phrase quoted inside another message (a process or device
-# name, a path, a user's text relayed to the log) must not count (review 4).
+# name, a path, a user's text relayed to the log) must not count (review 4), nor another
+# record's continuation line (issue 28: sources/kmsg.py hands only a record's first line).
+# Its facility is not checked: a reset job writes it from userspace (facility user).
 _RESET = re.compile(r"(?:[A-Za-z0-9_.-]{1,32}(?:\[[0-9]{1,10}\])?: )?GPU reset occurred: "
                     r"(?:(?P<uuid>GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}"
                     rf"-[0-9a-fA-F]{{12}})|(?:PCI:)?(?P<pci>{_PCI}))\s*$")
