@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gpuguard.judge.engine import evaluate
@@ -162,33 +162,63 @@ def one_gpu(h200_base: Snapshot) -> Snapshot:
 BASE: list[Rec] = [([LOAD], 0, 1000), ([DRIVER["xid48"]], 0, 2000), (["eth0: link up"], 0, 3000)]
 
 
-@settings(max_examples=400, deadline=None,
+def quoted_case(fmt: str, name: str, other: Quote, where: int,
+                continuation: bool) -> list[Rec] | None:
+    """BASE with another subsystem's record quoting the driver's line `name` put in at
+    `where` (the quote on its first line, or on a continuation line of it); None where the
+    case says nothing: what the format cannot show, or a case that is the writer's own."""
+    label, shape, user = other
+    if user and fmt not in SHOWS_USER_RECORDS:
+        return None
+    if label == "echoed" and fmt not in CARRIES_FACILITY:
+        return None  # the driver's line as a whole record: nothing but the facility tells
+    if name.startswith("reset") and label in ("systemd", "echoed"):
+        return None  # the whole record of a userspace writer, at most behind its tag: a reset
+    if continuation and fmt == "dmesg-t":
+        return None  # no boundary: a continuation line is a line of its own there
+    lines = [shape(DRIVER[name])]
+    if continuation:
+        lines = ["lirc_dev: IR Remote Control driver registered", shape(DRIVER[name])]
+    return [*BASE[:where], (lines, 1 if user else 0, 1000 * where + 500), *BASE[where:]]
+
+
+def same_verdict(snapshot: Snapshot, rules: Any, fmt: str, quoted: list[Rec],
+                 why: tuple[Any, ...]) -> None:
+    before, after = summary(render(fmt, BASE)), summary(render(fmt, quoted))
+    assert kept(after) == kept(before), why
+    assert verdict(snapshot, rules, after) == verdict(snapshot, rules, before), why
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_quoted_driver_line_in_every_shape_changes_no_verdict(one_gpu, default_rules,
+                                                                   fmt):
+    """Every driver line x every other subsystem's shape x first or continuation line, in
+    this format: the summary and the verdict of a fatal Xid 48's host as without it (each
+    case at one place in the log, turning through them; the hypothesis test below tries
+    the places at random)."""
+    cases = 0
+    for i, (name, other, continuation) in enumerate(
+            (n, o, c) for n in sorted(DRIVER) for o in OTHERS for c in (False, True)):
+        quoted = quoted_case(fmt, name, other, i % (len(BASE) + 1), continuation)
+        if quoted is not None:
+            same_verdict(one_gpu, default_rules, fmt, quoted, (name, other[0], continuation))
+            cases += 1
+    assert cases >= 200, cases
+
+
+@settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fmt=st.sampled_from(FORMATS), name=st.sampled_from(sorted(DRIVER)),
        other=st.sampled_from(OTHERS), where=st.integers(0, len(BASE)),
        continuation=st.booleans())
 def test_a_quoted_driver_line_changes_no_verdict(one_gpu, default_rules, fmt, name, other,
                                                  where, continuation):
-    """A fatal Xid 48's host; another subsystem's record quoting a driver line (the quote in
-    its first line, or, where records have boundaries, on a continuation line of it): the
-    same verdict as without it."""
-    label, shape, user = other
-    if user and fmt not in SHOWS_USER_RECORDS:
-        return
-    if label == "echoed" and fmt not in CARRIES_FACILITY:
-        return  # the driver's line as a whole record: nothing but the facility tells
-    if name.startswith("reset") and label in ("systemd", "echoed"):
-        return  # the whole record of a userspace writer, at most behind its tag: a reset line
-    quote = DRIVER[name]
-    lines = [shape(quote)]
-    if continuation:
-        if fmt == "dmesg-t":
-            return  # no boundary: a continuation line is a line of its own there
-        lines = ["lirc_dev: IR Remote Control driver registered", shape(quote)]
-    quoted = [*BASE[:where], (lines, 1 if user else 0, 1000 * where + 500), *BASE[where:]]
-    before, after = summary(render(fmt, BASE)), summary(render(fmt, quoted))
-    assert kept(after) == kept(before), (fmt, name, label)
-    assert verdict(one_gpu, default_rules, after) == verdict(one_gpu, default_rules, before)
+    """A fatal Xid 48's host; another subsystem's record quoting a driver line anywhere in
+    the log: the same verdict as without it."""
+    quoted = quoted_case(fmt, name, other, where, continuation)
+    assume(quoted is not None)
+    assert quoted is not None
+    same_verdict(one_gpu, default_rules, fmt, quoted, (fmt, name, other[0], where))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
