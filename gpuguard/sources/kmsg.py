@@ -340,7 +340,12 @@ def read_device(path: Path,
     finally:
         os.close(fd)
     now = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1_000_000)
-    return Reading.ok(summarise(parse_lines(lines), str(path), now, gaps=overwritten))
+    # One read of /dev/kmsg is one record and its dictionary lines (` SUBSYSTEM=usb`); a
+    # file given as the device comes in 16 KiB pieces: split into lines either way, so a
+    # record is read whole and by its own header (sources/kmsg_records.py).
+    text = "".join(lines)
+    return Reading.ok(summarise(parse_lines(text.split("\n")), str(path), now,
+                                gaps=overwritten))
 
 
 def read_file(path: Path, deadline_s: float = 5.0) -> Reading[dict[str, Any]]:
@@ -360,4 +365,7 @@ def read_file(path: Path, deadline_s: float = 5.0) -> Reading[dict[str, Any]]:
         last = text.rsplit("\n", 1)[-1]
         return Reading.failed(f"{path}: ends in the middle of a line ({last[:40]!r}...): "
                               "truncated? save it again with `dmesg > file`")
-    return Reading.ok(summarise(parse_lines(text.splitlines()), str(path), None))
+    # lines end at "\n" only: str.splitlines() would also end one at U+2028, \x0b, \x1c or
+    # U+0085, which a USB string or a device name can hold, and a quote behind one would
+    # begin a line (and look like a record) of its own
+    return Reading.ok(summarise(parse_lines(text.split("\n")), str(path), None))

@@ -90,11 +90,13 @@ def writer(record: Record) -> str:
 def parse_lines(lines: Iterable[str]) -> Iterator[Record]:
     head: Record | None = None
     for line in lines:
-        line = line.rstrip("\n")
+        line = line.rstrip("\r\n")
         if not line.strip() or _DICTIONARY.match(line):
             continue
-        if line[0].isspace():
-            # a continuation; before any record (the log's start was cut), nobody's
+        if line[0] in " \t":
+            # a continuation (dmesg and journalctl indent with spaces: another white space
+            # character, U+2028 say, begins a record's text, not a continuation); before any
+            # record (the log's start was cut), nobody's
             yield continued(head, line.strip()) if head is not None else \
                 Record(line.strip(), head="")
             continue

@@ -265,3 +265,34 @@ def test_a_process_name_and_a_file_name_make_no_driver_line(tmp_path):
             ("nvidia-nvswitch", "SXid (PCI:0000:05:00.0): 20034, Fatal")])))
     log = kmsg.read_file(path).get()
     assert (log["xids"], log["gsp"], log["sxids"], log["api_mismatch"]) == ([], [], [], None)
+
+
+def test_a_device_read_is_split_into_its_records_lines(tmp_path):
+    """One read of /dev/kmsg is a record with its dictionary lines; a file read as the
+    device (`gpuguard xid ack --kmsg-file`) comes in 16 KiB pieces: both are read line by
+    line, so a record is judged by its own header, whole (before: a piece was a "line", and
+    the Xid across a piece's end was lost)."""
+    path = tmp_path / "kmsg"
+    pad = "".join(f"6,{i},{i * 1000},-;eth0: link flap {i:05d}\n" for i in range(500))
+    xid = ("4,900,9000000,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen "
+           "off the bus.\n")
+    filler = "6,800,8000000,-;"
+    end = 16384 * (len(pad) // 16384 + 1)  # the end of the piece the Xid's line starts in
+    cut = end - 20 - len(pad) - len(filler) - 1
+    assert cut > 0
+    path.write_text(pad + filler + "x" * cut + "\n" + xid +
+                    "6,901,9000001,-;usb 1-1: Product: hub\n SUBSYSTEM=usb\n DEVICE=c189:1\n")
+    log = kmsg.read_device(path).get()
+    assert [(e["xid"], e["seq"]) for e in log["xids"]] == [(79, 900)]
+    assert log["records"] == 503 and log["last_seq"] == 901
+
+
+def test_a_line_ends_at_a_newline_only(tmp_path):
+    """A USB string holding U+2028 (or \\x0b, \\x1c, U+0085) before an Xid line: one line,
+    the USB record's, not a driver line of its own (str.splitlines() splits there)."""
+    path = tmp_path / "dmesg.txt"
+    quote = "NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    path.write_text("".join(f"[ {i}.000000] usb 1-1: Product: hub{sep}{quote}\n"
+                            for i, sep in enumerate(["\u2028", "\x0b", "\x1c", "\x85"], 1)))
+    log = kmsg.read_file(path).get()
+    assert log["xids"] == [] and log["records"] == 4
