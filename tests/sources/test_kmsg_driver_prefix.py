@@ -113,17 +113,20 @@ def render(fmt: str, records: list[Rec]) -> list[str]:
                 "dmesg-T": time.strftime("[%a %b %e %H:%M:%S 2026] ", time.gmtime(sec)),
                 "dmesg-x": f"{'kern' if facility == 0 else 'user':<6}:warn  : "
                            f"[{sec:5d}.000000] ",
-                "journal": "Dec 01 10:00:00 node7 kernel: "}[fmt]
+                "journal": "Dec 01 10:00:00 node7 kernel: ",
+                "journal-full": "Tue 2026-12-01 10:00:00.123456 UTC node7 kernel: ",
+                "journal-monotonic": f"[{sec:5d}.000000] node7 kernel: "}[fmt]
         out.append(head + first)
         out.extend(" " * len(head) + line if head else line for line in rest)
     return out
 
 
-FORMATS = ["kmsg", "dmesg", "dmesg-r", "dmesg-t", "dmesg-T", "dmesg-x", "journal"]
+FORMATS = ["kmsg", "dmesg", "dmesg-r", "dmesg-t", "dmesg-T", "dmesg-x", "journal",
+           "journal-full", "journal-monotonic"]
 # where a record's boundary and its writer show: dmesg -t has neither
 CARRIES_FACILITY = {"kmsg", "dmesg-r", "dmesg-x"}
 # journalctl -k shows the kernel's records only (a userspace one is not "kernel:")
-SHOWS_USER_RECORDS = set(FORMATS) - {"journal"}
+SHOWS_USER_RECORDS = {f for f in FORMATS if not f.startswith("journal")}
 
 
 def summary(lines: list[str]) -> dict[str, Any]:
