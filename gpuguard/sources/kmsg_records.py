@@ -9,7 +9,8 @@ One header is stripped from each line, of the first of these forms it has:
   `dmesg --time-format iso`: `2025-01-25T10:34:54,859532+00:00 text`; any of these behind
   `dmesg -x`'s `kern  :err   : ` (facility and level by name)
 - `journalctl -k`: `Aug 30 19:01:01 host kernel: text` (or the stamp of `-o short-precise`,
-  `short-iso`, `short-full` or `short-monotonic`, whose `[  12.345678]` is kept as dmesg's)
+  `short-iso`, `short-full` or `short-monotonic`, whose `[  12.345678]` is kept as dmesg's);
+  syslog's kern.log: `Aug 30 19:01:01 host kernel: [   12.345678] text`
 - plain `text` (`dmesg -t`)
 
 A line that begins with white space continues the record before it (dmesg and journalctl
@@ -53,11 +54,13 @@ _CTIME = re.compile(rf"^\[{_DAY} {_MONTH} [ \d]\d \d\d:\d\d:\d\d \d{{4}}\]\s?(?P
 _ISO_STAMP = re.compile(rf"^{_ISO} (?P<text>.*)$")
 _DECODE = re.compile(r"^(?P<facility>[a-z0-9]{2,8}) *:(?P<level>[a-z]{3,6}) *: (?P<rest>.*)$")
 # journalctl -k -o short (the default), short-precise, short-iso(-precise), short-full,
-# short-monotonic (the time since boot, as dmesg's: kept)
+# short-monotonic (the time since boot, as dmesg's: kept); and syslog's kern.log (rsyslog:
+# `Dec  1 10:00:00 host kernel: [ 1234.567890] text`, the kernel's time kept)
 _JOURNAL = re.compile(
     rf"^(?:{_MONTH} [ \d]\d \d\d:\d\d:\d\d(?:\.\d{{1,9}})?|{_ISO}|"
     rf"{_DAY} \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{{1,9}})? [A-Za-z0-9+_/-]{{1,32}}|"
-    r"\[\s*(?P<sec>\d{1,12})\.(?P<frac>\d{1,9})\]) [^\s:\[\]]{1,255} kernel: (?P<text>.*)$")
+    r"\[\s*(?P<sec>\d{1,12})\.(?P<frac>\d{1,9})\]) [^\s:\[\]]{1,255} kernel: "
+    r"(?:\[\s*(?P<ksec>\d{1,12})\.(?P<kfrac>\d{1,9})\] ?)?(?P<text>.*)$")
 # The driver's own prefixes (issue 28): the Xid, load, GSP and fallen-off-the-bus lines
 # begin with the first, the SXid lines with the second.
 NVRM_PREFIX = "NVRM:"
@@ -133,9 +136,11 @@ def _header(line: str) -> Record:
     if m := _DECODE.match(line):
         facility = KERNEL_FACILITY if m["facility"] == "kern" else USER_FACILITY
         line = m["rest"]
-    if m := (_JOURNAL.match(line) or _HUMAN.match(line)):
-        usec = _usec(m["sec"], m["frac"]) if m["sec"] is not None else None
-        return Record(m["text"], None, usec, facility)
+    if m := _JOURNAL.match(line):
+        sec, frac = (m["sec"], m["frac"]) if m["sec"] is not None else (m["ksec"], m["kfrac"])
+        return Record(m["text"], None, _usec(sec, frac) if sec is not None else None, facility)
+    if m := _HUMAN.match(line):
+        return Record(m["text"], None, _usec(m["sec"], m["frac"]), facility)
     if m := (_CTIME.match(line) or _ISO_STAMP.match(line)):
         return Record(m["text"], None, None, facility)
     return Record(line, None, None, facility)

@@ -115,18 +115,19 @@ def render(fmt: str, records: list[Rec]) -> list[str]:
                            f"[{sec:5d}.000000] ",
                 "journal": "Dec 01 10:00:00 node7 kernel: ",
                 "journal-full": "Tue 2026-12-01 10:00:00.123456 UTC node7 kernel: ",
-                "journal-monotonic": f"[{sec:5d}.000000] node7 kernel: "}[fmt]
+                "journal-monotonic": f"[{sec:5d}.000000] node7 kernel: ",
+                "kern-log": f"Dec  1 10:00:00 node7 kernel: [{sec:5d}.000000] "}[fmt]
         out.append(head + first)
         out.extend(" " * len(head) + line if head else line for line in rest)
     return out
 
 
 FORMATS = ["kmsg", "dmesg", "dmesg-r", "dmesg-t", "dmesg-T", "dmesg-x", "journal",
-           "journal-full", "journal-monotonic"]
+           "journal-full", "journal-monotonic", "kern-log"]
 # where a record's boundary and its writer show: dmesg -t has neither
 CARRIES_FACILITY = {"kmsg", "dmesg-r", "dmesg-x"}
 # journalctl -k shows the kernel's records only (a userspace one is not "kernel:")
-SHOWS_USER_RECORDS = {f for f in FORMATS if not f.startswith("journal")}
+SHOWS_USER_RECORDS = {f for f in FORMATS if not f.startswith(("journal", "kern-log"))}
 
 
 def summary(lines: list[str]) -> dict[str, Any]:
