@@ -126,22 +126,29 @@ def continued(head: Record, text: str) -> Record:
 
 
 def _header(line: str) -> Record:
-    """The line without its one header, and what that header says."""
-    if m := _KMSG.match(line):
+    """The line without its one header, and what that header says. Each form is tried only
+    where the line's first character (or a word in it) allows it: a log is mostly lines of
+    one form, read every cycle."""
+    first = line[0]
+    if first.isdigit() and (m := _KMSG.match(line)):
         return Record(m["text"], int(m["seq"]), int(m["usec"]), int(m["prio"]) >> 3)
-    if m := _RAW.match(line):
+    if first == "<" and (m := _RAW.match(line)):
         usec = _usec(m["sec"], m["frac"]) if m["sec"] is not None else None
         return Record(m["text"], None, usec, int(m["prio"]) >> 3)
     facility = None
-    if m := _DECODE.match(line):
+    if first.islower() and (m := _DECODE.match(line)):
         facility = KERNEL_FACILITY if m["facility"] == "kern" else USER_FACILITY
         line = m["rest"]
-    if m := _JOURNAL.match(line):
+        first = line[:1]
+    if " kernel: " in line and (m := _JOURNAL.match(line)):
         sec, frac = (m["sec"], m["frac"]) if m["sec"] is not None else (m["ksec"], m["kfrac"])
         return Record(m["text"], None, _usec(sec, frac) if sec is not None else None, facility)
-    if m := _HUMAN.match(line):
-        return Record(m["text"], None, _usec(m["sec"], m["frac"]), facility)
-    if m := (_CTIME.match(line) or _ISO_STAMP.match(line)):
+    if first == "[":
+        if m := _HUMAN.match(line):
+            return Record(m["text"], None, _usec(m["sec"], m["frac"]), facility)
+        if m := _CTIME.match(line):
+            return Record(m["text"], None, None, facility)
+    elif first.isdigit() and (m := _ISO_STAMP.match(line)):
         return Record(m["text"], None, None, facility)
     return Record(line, None, None, facility)
 
