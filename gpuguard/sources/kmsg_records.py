@@ -135,11 +135,14 @@ def _header(line: str) -> Record:
     if first == "<" and (m := _RAW.match(line)):
         usec = _usec(m["sec"], m["frac"]) if m["sec"] is not None else None
         return Record(m["text"], None, usec, int(m["prio"]) >> 3)
-    facility = None
     if first.islower() and (m := _DECODE.match(line)):
-        facility = KERNEL_FACILITY if m["facility"] == "kern" else USER_FACILITY
-        line = m["rest"]
-        first = line[:1]
+        return _stamped(m["rest"], KERNEL_FACILITY if m["facility"] == "kern" else USER_FACILITY)
+    return _stamped(line, None)
+
+
+def _stamped(line: str, facility: int | None) -> Record:
+    """The line without its time stamp (dmesg's, journalctl's, syslog's), if it has one."""
+    first = line[:1]
     if " kernel: " in line and (m := _JOURNAL.match(line)):
         sec, frac = (m["sec"], m["frac"]) if m["sec"] is not None else (m["ksec"], m["kfrac"])
         return Record(m["text"], None, _usec(sec, frac) if sec is not None else None, facility)
