@@ -13,8 +13,10 @@ One header is stripped from each line, of the first of these forms it has:
   syslog's kern.log: `Aug 30 19:01:01 host kernel: [   12.345678] text`
 - plain `text` (`dmesg -t`)
 
-A line that begins with white space continues the record before it (dmesg and journalctl
-indent a record's further lines); /dev/kmsg's dictionary lines (` KEY=value`) are skipped.
+A line that begins with a space or a tab continues the record before it (dmesg, journalctl
+and syslog indent a record's further lines); /dev/kmsg's dictionary lines (` KEY=value`) are
+skipped. Lines end at "\n" only. `journalctl -k` and kern.log hold only the kernel's records:
+their `host kernel: ` is journald's or syslog's tag, not the record's text.
 
 Whose a record is (`writer`): the NVIDIA driver's where its first line begins with its own
 prefix (`NVRM:`; `nvidia-nvswitch<N>: ` for the NVSwitch driver), and only then. Text that
