@@ -1,14 +1,9 @@
 """Kernel log source: NVRM Xid lines (and what else the driver stack needs) from
 /dev/kmsg, or from a saved log (`--kmsg-file`).
 
-Record formats understood, one record per line:
-
-- /dev/kmsg and `dmesg -r`/`--raw` with the kmsg prefix: `6,353,579388,-;text`
-- `dmesg -r`: `<6>[   12.345678] text`
-- `dmesg`: `[   12.345678] text`, or plain `text` without timestamps (`dmesg -t`)
-
-Dictionary lines of /dev/kmsg (` KEY=value`) are skipped; other indented lines are the
-continuation of a multi-line message as dmesg prints it, and are kept as text.
+The records, the formats read and whose each record is: sources/kmsg_records.py. Only the
+driver's own records count as the driver's lines (issue 28): each pattern below matches
+from the first character of a line of a record `writer` calls the driver's.
 
 The log is summarised in the snapshot as JSON-native data: the Xid events with their
 kmsg sequence number and time since boot, the time the log was read at, and the few
@@ -21,9 +16,7 @@ import errno
 import os
 import re
 import time
-from collections import deque
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +25,9 @@ from gpuguard.model.pci import normalise_pci
 from gpuguard.model.snapshot import Reading
 from gpuguard.sources.kmsg_gpu import DriverLines, GspLines
 from gpuguard.sources.kmsg_kept import Lost, NewestKept, sxid_key, xid_key
+from gpuguard.sources.kmsg_oom import MAX_OOMS as MAX_OOMS
+from gpuguard.sources.kmsg_oom import OomKills
+from gpuguard.sources.kmsg_records import Record, parse_lines, writer
 
 # The kernel's ring buffer is at most 32 MiB (log_buf_len); twice that is not a kernel log.
 MAX_LOG_BYTES = 64 * MIB
@@ -40,22 +36,40 @@ MAX_LOG_BYTES = 64 * MIB
 # NVRM: Xid (PCI:0000:00:06): 119, pid='<unknown>', name=<unknown>, Timeout after 6s ...
 # NVRM: Xid (0000:3b:00): 48, An uncorrectable double bit error ...   (older drivers)
 _XID = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): "
+    r"^NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): "
     r"(?P<xid>\d{1,10}),\s*(?P<rest>.*)$"
 )
 _PID = re.compile(r"pid='?(?P<pid><unknown>|\d{1,10})'?,\s*name=(?P<name>[^,]*),\s*(?P<text>.*)$")
-# NVRM: GPU at PCI:0000:3b:00: GPU-...   /  NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.
+# NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.   NVRM: GPU has fallen off the bus.
+# The words between the GPU and the phrase hold no "[": a line the kernel begins with a
+# process's name (`comm[pid]: segfault at ... in <file>`) cannot reach the phrase through
+# a name or a file called "fallen off the bus".
 _FALLEN = re.compile(
-    r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
-    r"(?:\.[0-7])?)?.*fallen off the bus", re.IGNORECASE)
+    r"^NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
+    r"(?:\.[0-7])?)?[^\[\]]{0,40}?fallen off the bus", re.IGNORECASE)
+# At probe time, in three lines of one record (NVIDIA/NVSentinel#155, driver 570.158.01):
+# NVRM: The NVIDIA GPU 0000:b3:00.0
+# NVRM: (PCI ID: 10de:26b5) installed in this system has
+# NVRM: fallen off the bus and is not responding to commands.
+_PROBE_GPU = re.compile(
+    r"^NVRM: The NVIDIA GPU (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)")
+_PROBE_FALLEN = re.compile(r"^NVRM: (?:[^\[\]]{0,80}\s)?fallen off the bus and is not responding")
 _UNSIGNED = re.compile(
     r"(Loading of unsigned module is rejected|module verification failed|"
     r"Lockdown: .*unsigned module|Key was rejected by service)")
 
 # NVRM: API mismatch: the client has the version 580.95.05, but
 # NVRM: this kernel module has the version 570.133.20.  Please ...
-_CLIENT_VERSION = re.compile(r"client has the version (\d+\.\d+(?:\.\d+)?)")
-_MODULE_VERSION = re.compile(r"kernel module has the version (\d+\.\d+(?:\.\d+)?)")
+_CLIENT_VERSION = re.compile(
+    r"^NVRM: API mismatch: the client has the version (\d+\.\d+(?:\.\d+)?)")
+_MODULE_VERSION = re.compile(r"^NVRM: this kernel module has the version (\d+\.\d+(?:\.\d+)?)")
+# Drivers 575 and later name the client (NVIDIA/open-gpu-kernel-modules#829):
+# NVRM: API mismatch: the client 'nvidia-powerd' (pid 849)
+# NVRM: has the version 570.133.07, but this kernel module has
+# NVRM: the version 575.51.02.  Please make sure that this
+_CLIENT_NAMED = re.compile(r"^NVRM: API mismatch: the client '[^']{0,64}' \(pid \d{1,10}\)")
+_CLIENT_LATER = re.compile(r"^NVRM: has the version (\d+\.\d+(?:\.\d+)?), but this kernel module")
+_MODULE_LATER = re.compile(r"^NVRM: the version (\d+\.\d+(?:\.\d+)?)\.")
 
 # NVSwitch errors (SXid), logged by the nvswitch driver of HGX hosts, one event in up to
 # three lines of one switch and code:
@@ -63,89 +77,42 @@ _MODULE_VERSION = re.compile(r"kernel module has the version (\d+\.\d+(?:\.\d+)?
 # nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Non-fatal, Link 44 Minion Link DLREQ interrupt
 # nvidia-nvswitch3: SXid (PCI:0000:04:00.0): 22013, Severity 0 Engine instance 44 Sub-engine ...
 _SXID = re.compile(
-    r"SXid \((?:PCI:)?(?P<switch>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): "
+    r"^nvidia-nvswitch\d{1,4}: SXid "
+    r"\((?:PCI:)?(?P<switch>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): "
     r"(?P<sxid>\d{1,10}),\s*(?P<rest>.*)$")
 _SXID_LINK = re.compile(r"\bLink (\d{1,6})\b")
-
-# Out-of-memory kills (mm/oom_kill.c). Since Linux 5.0 one kill logs a summary line, then
-# the kill itself, whose prefix says whether the whole host or one cgroup ran out:
-# oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,
-#   task_memcg=/user.slice/...,task=python3,pid=2345,uid=1000
-# Out of memory: Killed process 2345 (python3) total-vm:..kB, anon-rss:..kB, ...
-# oom-kill:constraint=CONSTRAINT_MEMCG,...,oom_memcg=/system.slice/docker-ab.scope,
-#   task_memcg=/system.slice/docker-ab.scope,task=vllm,pid=4242,uid=0
-# Memory cgroup out of memory: Killed process 4242 (vllm) total-vm:..kB, ...
-# Before 5.0: "Out of memory: Kill process 2345 (python3) score 912 or sacrifice child",
-# then "Killed process 2345 (python3) total-vm:..". "Out of memory (oom_kill_allocating_task):"
-# is the same kill under that sysctl. Lines of one kill become one event (same pid).
-_OOM_KILL = re.compile(
-    r"^(?:(?P<scope>Out of memory|Memory cgroup out of memory)(?: \([a-z_]{1,40}\))?: )?"
-    r"Kill(?:ed)? process (?P<pid>\d{1,10}) \((?P<name>[^)]{0,64})\)")
-_OOM_SUMMARY = re.compile(r"^oom-kill:constraint=(?P<constraint>[A-Z_]{1,32},)?(?P<rest>.*)$")
-_OOM_FIELD = re.compile(r"(?:^|,)(oom_memcg|task_memcg|task|pid)=([^,]{0,512})")
-# OOM kills kept in a summary: the newest ones (a host in an OOM loop logs one a second).
-MAX_OOMS = 500
-
-# Numbers are bounded (a 64-bit sequence, microseconds since boot): a line with a
-# longer "number" is text, not a record header, and never a huge int to convert.
-_KMSG = re.compile(r"^(?P<prio>\d{1,4}),(?P<seq>\d{1,19}),(?P<usec>\d{1,19}),[^;]*;(?P<text>.*)$")
-_RAW = re.compile(
-    r"^<(?P<prio>\d{1,4})>(?:\[\s*(?P<sec>\d{1,12})\.(?P<frac>\d{1,9})\]\s?)?(?P<text>.*)$")
-_DICTIONARY = re.compile(r"^ [A-Z_]+=")
-_HUMAN = re.compile(r"^\[\s*(?P<sec>\d{1,12})\.(?P<frac>\d{1,9})\]\s?(?P<text>.*)$")
-
-
-@dataclass(frozen=True)
-class Record:
-    text: str
-    seq: int | None = None
-    usec: int | None = None
 
 
 class KernelLogError(Exception):
     pass
 
 
-def parse_lines(lines: Iterable[str]) -> Iterator[Record]:
-    for line in lines:
-        line = line.rstrip("\n")
-        if not line.strip() or _DICTIONARY.match(line):
-            continue
-        if line[0].isspace():
-            yield Record(line.strip())
-            continue
-        if m := _KMSG.match(line):
-            yield Record(m["text"], int(m["seq"]), int(m["usec"]))
-        elif m := _RAW.match(line):
-            usec = _usec(m["sec"], m["frac"]) if m["sec"] is not None else None
-            yield Record(m["text"], None, usec)
-        elif m := _HUMAN.match(line):
-            yield Record(m["text"], None, _usec(m["sec"], m["frac"]))
-        else:
-            yield Record(line)
-
-
-def _usec(sec: str, frac: str) -> int:
-    return int(sec) * 1_000_000 + int(frac.ljust(6, "0")[:6])
-
-
 def xid_event(record: Record) -> dict[str, Any] | None:
-    """The Xid a record reports, or None; a 'fallen off the bus' line counts as Xid 79."""
-    if m := _XID.search(record.text):
+    """The Xid a record reports, or None; a 'fallen off the bus' line counts as Xid 79.
+    Only a line of the driver's own record is one (sources/kmsg_records.py)."""
+    if writer(record) != "nvrm":
+        return None
+    if m := _XID.match(record.text):
         event: dict[str, Any] = {"xid": int(m["xid"]), "pci": normalise_pci(m["pci"]),
                                  "pid": None, "process": None, "text": m["rest"].strip()}
         if p := _PID.match(m["rest"]):
             event["pid"] = None if p["pid"] == "<unknown>" else int(p["pid"])
             event["process"] = None if p["name"] in ("<unknown>", "") else p["name"]
             event["text"] = p["text"].strip()
-    elif m := _FALLEN.search(record.text):
-        event = {"xid": 79, "pci": normalise_pci(m["pci"]) if m["pci"] else None, "pid": None,
-                 "process": None, "text": "GPU has fallen off the bus."}
+    elif m := _FALLEN.match(record.text):
+        return fallen_off(record, m["pci"])
     else:
         return None
     event["seq"] = record.seq
     event["usec"] = record.usec
     return event
+
+
+def fallen_off(record: Record, pci: str | None) -> dict[str, Any]:
+    """Xid 79 for the GPU at `pci` (None: the line names none)."""
+    return {"xid": 79, "pci": normalise_pci(pci) if pci else None, "pid": None,
+            "process": None, "text": "GPU has fallen off the bus.", "seq": record.seq,
+            "usec": record.usec}
 
 
 class SxidEvents:
@@ -159,7 +126,7 @@ class SxidEvents:
         self._parts: set[str] = set()
 
     def add(self, record: Record) -> None:
-        m = _SXID.search(record.text)
+        m = _SXID.match(record.text) if writer(record) == "nvswitch" else None
         if m is None:
             return
         rest = m["rest"].strip()
@@ -180,47 +147,6 @@ class SxidEvents:
             self.kept.rekeyed()
 
 
-class OomKills:
-    """Out-of-memory kills, the newest MAX_OOMS kept: {"pid", "process", "scope": host |
-    cgroup, "cgroup", "seq", "usec"}; the stamp is that of the kill's first line."""
-
-    def __init__(self) -> None:
-        self.events: deque[dict[str, Any]] = deque(maxlen=MAX_OOMS)
-        self.seen = 0
-
-    def add(self, record: Record) -> None:
-        text = record.text
-        if m := _OOM_SUMMARY.match(text):
-            fields = dict(_OOM_FIELD.findall(m["rest"]))
-            pid = fields.get("pid", "")
-            if not pid.isdigit() or len(pid) > 10:
-                return
-            memcg = fields.get("oom_memcg")
-            constraint = (m["constraint"] or "").rstrip(",")
-            self._event(record, int(pid), fields.get("task") or None,
-                        "cgroup" if constraint == "CONSTRAINT_MEMCG" else "host",
-                        memcg or fields.get("task_memcg") or None)
-        elif m := _OOM_KILL.match(text):
-            scope = "cgroup" if m["scope"] == "Memory cgroup out of memory" else \
-                "host" if m["scope"] else None
-            self._event(record, int(m["pid"]), m["name"] or None, scope, None)
-
-    def _event(self, record: Record, pid: int, name: str | None, scope: str | None,
-               cgroup: str | None) -> None:
-        last = self.events[-1] if self.events else None
-        if last is not None and last["pid"] == pid:  # another line of the same kill
-            last["process"] = last["process"] or name
-            last["scope"] = last["scope"] or scope
-            last["cgroup"] = last["cgroup"] or cgroup
-            return
-        self.events.append({"pid": pid, "process": name, "scope": scope, "cgroup": cgroup,
-                            "seq": record.seq, "usec": record.usec})
-        self.seen += 1
-
-    def dropped(self) -> int:
-        return self.seen - len(self.events)
-
-
 # Xid events kept in a summary: the newest ones, and outside them the latest of each (GPU,
 # code) (sources/kmsg_kept.py). A log holding more (a storm of one Xid, or a hostile log)
 # keeps the snapshot, the daemon's memory and /status bounded; the number left out is kept
@@ -230,11 +156,11 @@ MAX_XIDS = 2000
 
 class NvrmLines:
     """The NVIDIA driver's own lines: Xid events (the newest MAX_XIDS, and the latest of each
-    GPU and code), the versions the
-    last "API mismatch" named (library (client) and kernel module), GSP errors without an
-    Xid, the driver's loads and the repairs (a GPU reset, a driver reload) after which the
-    lines before them no longer count (sources/kmsg_gpu.py). Each Xid, GSP line and repair
-    carries `n`, its place among these lines: a repair clears what came before it."""
+    GPU and code), the versions the last "API mismatch" named (library (client) and kernel
+    module), GSP errors without an Xid, the driver's loads and the repairs (a GPU reset, a
+    driver reload) after which the lines before them no longer count (sources/kmsg_gpu.py).
+    Each Xid, GSP line and repair carries `n`, its place among these lines: a repair clears
+    what came before it."""
 
     def __init__(self) -> None:
         self.xids = NewestKept(MAX_XIDS, xid_key)
@@ -242,32 +168,73 @@ class NvrmLines:
         self.gsp = GspLines()
         self.driver = DriverLines()
         self.n = 0
+        self.probe: tuple[str, int] | None = None  # a GPU probed: (its address, lines left)
+        self.expect: str | None = None  # the next line of a 575+ API mismatch
 
-    def add(self, record: Record) -> None:
+    def add(self, record: Record, kind: str = "nvrm") -> None:
+        """A line of the driver's record (kind "nvrm"), or a reset line (kind "reset": the
+        whole record of whatever wrote it, sources/kmsg_gpu.py)."""
         self.n += 1
-        event = xid_event(record)
+        if kind == "reset":
+            self.driver.reset(record, self.n)
+            return
+        event = xid_event(record) or self._probed(record)
         if event is not None:
             event["n"] = self.n
             self.xids.append(event)
-        elif self.gsp.add(record.text, record.seq, record.usec, self.n) or \
-                self.driver.add(record, self.n,
-                                after_lines=bool(self.xids.seen or self.gsp.kept.seen)):
-            return
-        elif m := _CLIENT_VERSION.search(record.text):
+        elif not (self.gsp.add(record.text, record.seq, record.usec, self.n) or
+                  self.driver.add(record, self.n,
+                                  after_lines=bool(self.xids.seen or self.gsp.kept.seen))):
+            self._mismatch(record.text)
+
+    def _probed(self, record: Record) -> dict[str, Any] | None:
+        """Xid 79 from the probe's three-line "fallen off the bus" record, its GPU named on
+        the first line (on a line of its own in dmesg -t: the next lines are looked at)."""
+        if m := _PROBE_GPU.match(record.text):
+            self.probe = (m["pci"], 3)
+            return None
+        if self.probe is None:
+            return None
+        pci, left = self.probe
+        self.probe = (pci, left - 1) if left > 1 else None
+        if _PROBE_FALLEN.match(record.text):
+            self.probe = None
+            return fallen_off(record, pci)
+        return None
+
+    def _mismatch(self, text: str) -> None:
+        if m := _CLIENT_VERSION.match(text):
             self.mismatch["client"] = m.group(1)
-        if m := _MODULE_VERSION.search(record.text):
+        elif m := _MODULE_VERSION.match(text):
             self.mismatch["kernel"] = m.group(1)
+        elif _CLIENT_NAMED.match(text):
+            self.expect = "client"
+            return
+        elif self.expect == "client" and (m := _CLIENT_LATER.match(text)):
+            self.mismatch["client"] = m.group(1)
+            self.expect = "kernel"
+            return
+        elif self.expect == "kernel" and (m := _MODULE_LATER.match(text)):
+            self.mismatch["kernel"] = m.group(1)
+        self.expect = None
 
 
-
-def _line_kind(text: str) -> str | None:
-    """Which summary a line belongs to: nvrm, sxid, oom or unsigned (a module refused
-    under Secure Boot); None for the rest. Plain substring tests first: nearly every line
-    of a kernel log is none of them."""
-    if "NVRM" in text or "fallen off the bus" in text or "GPU reset occurred" in text:
+def _line_kind(record: Record) -> str | None:
+    """Which summary a line belongs to: nvrm (a line of the driver's record), sxid (of the
+    NVSwitch driver's), reset (a GPU reset line: sources/kmsg_gpu.py), oom or unsigned (a
+    module refused under Secure Boot); None for the rest. A record userspace wrote is never
+    the kernel's (sources/kmsg_records.py)."""
+    who = writer(record)
+    if who == "nvrm":
         return "nvrm"
-    if "SXid" in text:
+    if who == "nvswitch":
         return "sxid"
+    text = record.text
+    # the whole record of the reset job, a userspace writer (its facility is not checked)
+    if record.head is None and "GPU reset occurred" in text:
+        return "reset"
+    if who == "user":
+        return None
     if ("Kill" in text and " process " in text) or text.startswith("oom-kill:"):
         return "oom"
     if _UNSIGNED.search(text) and "nvidia" in text.lower():
@@ -285,15 +252,17 @@ def summarise(records: Iterable[Record], source: str, now_usec: int | None,
     last_usec: int | None = None
     unsigned_rejected = False
     for record in records:
-        count += 1
-        lost.add(record.seq, record.usec)
+        if not record.split:  # a further line of one /dev/kmsg record is no line of the log
+            count += 1
+        if record.head is None:
+            lost.add(record.seq, record.usec)
         if record.usec is not None:
             # the highest, not the last: a saved log may hold an earlier boot after a later
             # one, and an age is never negative
             last_usec = record.usec if last_usec is None else max(last_usec, record.usec)
-        kind = _line_kind(record.text)
-        if kind == "nvrm":
-            nvrm.add(record)
+        kind = _line_kind(record)
+        if kind in ("nvrm", "reset"):
+            nvrm.add(record, kind)
         elif kind == "sxid":
             sxids.add(record)
         elif kind == "oom":
@@ -371,7 +340,12 @@ def read_device(path: Path,
     finally:
         os.close(fd)
     now = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1_000_000)
-    return Reading.ok(summarise(parse_lines(lines), str(path), now, gaps=overwritten))
+    # One read of /dev/kmsg is one record and its dictionary lines (` SUBSYSTEM=usb`); a
+    # file given as the device comes in 16 KiB pieces: split into lines either way, so a
+    # record is read whole and by its own header (sources/kmsg_records.py).
+    text = "".join(lines)
+    return Reading.ok(summarise(parse_lines(text.split("\n")), str(path), now,
+                                gaps=overwritten))
 
 
 def read_file(path: Path, deadline_s: float = 5.0) -> Reading[dict[str, Any]]:
@@ -391,4 +365,7 @@ def read_file(path: Path, deadline_s: float = 5.0) -> Reading[dict[str, Any]]:
         last = text.rsplit("\n", 1)[-1]
         return Reading.failed(f"{path}: ends in the middle of a line ({last[:40]!r}...): "
                               "truncated? save it again with `dmesg > file`")
-    return Reading.ok(summarise(parse_lines(text.splitlines()), str(path), None))
+    # lines end at "\n" only: str.splitlines() would also end one at U+2028, \x0b, \x1c or
+    # U+0085, which a USB string or a device name can hold, and a quote behind one would
+    # begin a line (and look like a record) of its own
+    return Reading.ok(summarise(parse_lines(text.split("\n")), str(path), None))

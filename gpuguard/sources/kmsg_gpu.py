@@ -2,7 +2,13 @@
 GSP errors that carry no Xid (gsp.firmware), each time the driver loaded, and the repairs
 that clear a GPU's kernel-log findings (a GPU reset, a driver reload: issue 21, item 3).
 Each pattern names its source; each has a fixture line in tests/fixtures/kmsg/gsp.kmsg or
-tests/fixtures/kmsg/repairs.kmsg."""
+tests/fixtures/kmsg/repairs.kmsg.
+
+Every pattern of the driver's own lines matches from the start of a line of the driver's
+record (sources/kmsg_records.py: the caller hands only those here), its fixed words long
+enough that no other line can begin with them: the kernel begins some lines with a
+process's name (`comm[pid]: segfault at ... in <file>`), at most 15 characters chosen by
+the process, and the file name after it is anyone's."""
 
 from __future__ import annotations
 
@@ -22,16 +28,18 @@ GSP_PATTERNS = (
     # "NVRM: Rate limiting GSP RPC error prints for GPU at PCI:0000:9b:00 (printing 1 of
     # every 30).  The GPU likely needs to be reset."
     ("rpc_timeout",
-     re.compile(rf"Rate limiting GSP RPC error prints for GPU at PCI:(?P<pci>{_PCI})")),
+     re.compile(rf"NVRM: Rate limiting GSP RPC error prints for GPU at PCI:(?P<pci>{_PCI})")),
     # kernel_gsp_tu102.c, kgspHealthCheck_TU102 (GSP crashed; usually with Xid 120):
     # "NVRM: GPU0 kgspHealthCheck_TU102: ********* GSP-CrashCat Report *********"
-    ("crash", re.compile(r"GSP-CrashCat Report")),
+    ("crash", re.compile(r"NVRM: (?:GPU\d{1,4} )?(?:[A-Za-z0-9_]{1,64}: )?\*{0,80} ?"
+                         r"GSP-CrashCat Report")),
     # kernel_gsp.c, _kgspBootGspRm, and RmInitAdapter (the GPU is left uninitialised; users'
     # reports: a bus reset or cold reboot clears it):
     # "NVRM: GPU7 _kgspBootGspRm: unexpected WPR2 already up, cannot proceed with booting GSP"
     # "NVRM: GPU7 RmInitAdapter: Cannot initialize GSP firmware RM"
-    ("boot_failed", re.compile(r"cannot proceed with booting GSP|"
-                               r"Cannot initialize GSP firmware RM")),
+    ("boot_failed", re.compile(r"NVRM: (?:GPU\d{1,4} )?(?:_kgspBootGspRm: [^\[\]]{0,120}"
+                               r"cannot proceed with booting GSP|"
+                               r"RmInitAdapter: Cannot initialize GSP firmware RM)")),
 )
 assert tuple(kind for kind, _ in GSP_PATTERNS) == GSP_KINDS
 # The driver's own number of a GPU ("NVRM: GPU7 ..."), which is not NVML's index.
@@ -55,7 +63,9 @@ _LOADING = re.compile(
 # second one proves no reset.
 # The whole record, at most behind a writer's tag ("nvsentinel: ", "reset-gpu[123]: "): a
 # reset clears findings, so the phrase quoted inside another message (a process or device
-# name, a path, a user's text relayed to the log) must not count (review 4).
+# name, a path, a user's text relayed to the log) must not count (review 4), nor another
+# record's continuation line (issue 28: sources/kmsg.py hands only a record's first line).
+# Its facility is not checked: a reset job writes it from userspace (facility user).
 _RESET = re.compile(r"(?:[A-Za-z0-9_.-]{1,32}(?:\[[0-9]{1,10}\])?: )?GPU reset occurred: "
                     r"(?:(?P<uuid>GPU-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}"
                     rf"-[0-9a-fA-F]{{12}})|(?:PCI:)?(?P<pci>{_PCI}))\s*$")
@@ -79,12 +89,12 @@ class GspLines:
         lines (what a later repair is compared with)."""
         if "GSP" not in text:
             return False
-        kind, match = next(((k, m) for k, p in GSP_PATTERNS if (m := p.search(text))),
+        kind, match = next(((k, m) for k, p in GSP_PATTERNS if (m := p.match(text))),
                            (None, None))
         if kind is None or match is None:
             return False
         pci = match.groupdict().get("pci")
-        rm = _RM_GPU.search(text)
+        rm = _RM_GPU.match(text)
         event = {"kind": kind, "pci": normalise_pci(pci) if pci else None,
                  "rm_gpu": int(rm["n"]) if rm else None, "text": text.strip()[:300],
                  "seq": seq, "usec": usec, "n": n}
@@ -98,7 +108,7 @@ class GspLines:
 
 def driver_load(text: str, seq: int | None, usec: int | None) -> dict[str, Any] | None:
     """The driver's "loading" line: when it (re)loaded, and which version."""
-    found = _LOADING.search(text + " ")
+    found = _LOADING.match(text + " ")
     if found is None:
         return None
     return {"version": found["version"], "seq": seq, "usec": usec}
@@ -125,16 +135,20 @@ class DriverLines:
         self.repairs: deque[dict[str, Any]] = deque(maxlen=MAX_REPAIRS)
 
     def add(self, record: Any, n: int, after_lines: bool) -> bool:
-        """Take the record (a kmsg.Record) if it is a load or a reset; `after_lines`: the
+        """Take the driver's line (a kmsg.Record) if it is a load; `after_lines`: the
         driver's Xid or GSP lines came before it."""
         text, seq, usec = record.text, record.seq, record.usec
-        if self.loads.add(text, seq, usec):
-            # the boot's first load clears nothing; a later one, or one after the driver's
-            # lines (the log's start was overwritten), is a reload
-            if self.loads.seen > 1 or after_lines:
-                self.repairs.append(driver_reload(self.loads.events[-1], text, n))
-            return True
-        reset = gpu_reset(text, seq, usec, n) if "GPU reset" in text else None
+        if not self.loads.add(text, seq, usec):
+            return False
+        # the boot's first load clears nothing; a later one, or one after the driver's lines
+        # (the log's start was overwritten), is a reload
+        if self.loads.seen > 1 or after_lines:
+            self.repairs.append(driver_reload(self.loads.events[-1], text, n))
+        return True
+
+    def reset(self, record: Any, n: int) -> bool:
+        """Take a record's first line (a kmsg.Record) if it is a GPU reset line."""
+        reset = gpu_reset(record.text, record.seq, record.usec, n)
         if reset is None:
             return False
         self.repairs.append(reset)

@@ -217,3 +217,82 @@ def test_the_reset_phrase_quoted_inside_another_message_is_no_reset(tmp_path):
     log = kmsg.read_file(path).get()
     assert [(r["seq"], r["uuid"], r["pci"]) for r in log["repairs"]] == [
         (3, uuid, None), (4, None, "0000:11:00.0")]
+
+
+# -- the driver's own records only (issue 28, item 1; sources/kmsg_records.py) -----------
+
+def test_the_probes_fallen_off_the_bus_record_is_xid_79_of_the_gpu_it_names():
+    """NVIDIA/NVSentinel#155: three lines of one record, no Xid (the old code read none)."""
+    log = xids("fallen-off-probe.log")
+    assert [(e["xid"], e["pci"], e["usec"]) for e in log["xids"]] == [
+        (79, "0000:b3:00.0", 1_843_308_145)]
+    assert [d["version"] for d in log["driver_loads"]] == ["570.158.01"]
+
+
+def test_the_api_mismatch_that_names_its_client_gives_both_versions():
+    """Drivers 575 and later (NVIDIA/open-gpu-kernel-modules#829), as journalctl -k prints
+    them (the old code read neither version)."""
+    assert xids("api-mismatch-575.log")["api_mismatch"] == {"client": "570.133.07",
+                                                             "kernel": "575.51.02"}
+
+
+def test_each_decorated_format_is_read_as_its_record(tmp_path):
+    """dmesg -T, dmesg -x with ISO times, journalctl -k: one header stripped, the rest the
+    record (tests/fixtures/kmsg/README.md names the sources)."""
+    assert [e["xid"] for e in xids("dmesg-ctime.log")["xids"]] == [13, 13, 13, 109]
+    assert [e["xid"] for e in xids("journal-k.log")["xids"]] == [45, 45, 45]
+    assert xids("journal-k.log")["api_mismatch"] == {"client": "535.54.03",
+                                                     "kernel": "530.30.02"}
+    iso = xids("dmesg-decode-iso.log")
+    assert [(e["sxid"], e["switch"]) for e in iso["sxids"]] == [(12028, "0000:84:00.0"),
+                                                                 (20034, "0000:07:00.0")]
+    assert [e["xid"] for e in iso["xids"]] == [48]
+
+
+def test_a_process_name_and_a_file_name_make_no_driver_line(tmp_path):
+    """The kernel begins a segfault's line with the process's name (15 characters it
+    chooses) and ends it with the mapped file's name (anyone's): `NVRM: GPU x` and a file
+    called "fallen off the bus" (or "GSP-CrashCat Report") is no Xid 79 (no GSP crash)."""
+    path = tmp_path / "segv.kmsg"
+    path.write_text("".join(
+        f"6,{i},{i * 1000},-;{comm}[4242]: segfault at 0 ip 00007f0000001000 sp "
+        f"00007ffd00000000 error 4 in {file}[7f0000000000+1000]\n"
+        for i, (comm, file) in enumerate([
+            ("NVRM: GPU x", "GPU has fallen off the bus"),
+            ("NVRM: GPU0 x", "GSP-CrashCat Report"),
+            ("NVRM: GPU7 x: a", "cannot proceed with booting GSP"),
+            ("NVRM: x", "kernel module has the version 1.2.3"),
+            ("nvidia-nvswitch", "SXid (PCI:0000:05:00.0): 20034, Fatal")])))
+    log = kmsg.read_file(path).get()
+    assert (log["xids"], log["gsp"], log["sxids"], log["api_mismatch"]) == ([], [], [], None)
+
+
+def test_a_device_read_is_split_into_its_records_lines(tmp_path):
+    """One read of /dev/kmsg is a record with its dictionary lines; a file read as the
+    device (`gpuguard xid ack --kmsg-file`) comes in 16 KiB pieces: both are read line by
+    line, so a record is judged by its own header, whole (before: a piece was a "line", and
+    the Xid across a piece's end was lost)."""
+    path = tmp_path / "kmsg"
+    pad = "".join(f"6,{i},{i * 1000},-;eth0: link flap {i:05d}\n" for i in range(500))
+    xid = ("4,900,9000000,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen "
+           "off the bus.\n")
+    filler = "6,800,8000000,-;"
+    end = 16384 * (len(pad) // 16384 + 1)  # the end of the piece the Xid's line starts in
+    cut = end - 20 - len(pad) - len(filler) - 1
+    assert cut > 0
+    path.write_text(pad + filler + "x" * cut + "\n" + xid +
+                    "6,901,9000001,-;usb 1-1: Product: hub\n SUBSYSTEM=usb\n DEVICE=c189:1\n")
+    log = kmsg.read_device(path).get()
+    assert [(e["xid"], e["seq"]) for e in log["xids"]] == [(79, 900)]
+    assert log["records"] == 503 and log["last_seq"] == 901
+
+
+def test_a_line_ends_at_a_newline_only(tmp_path):
+    """A USB string holding U+2028 (or \\x0b, \\x1c, U+0085) before an Xid line: one line,
+    the USB record's, not a driver line of its own (str.splitlines() splits there)."""
+    path = tmp_path / "dmesg.txt"
+    quote = "NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    path.write_text("".join(f"[ {i}.000000] usb 1-1: Product: hub{sep}{quote}\n"
+                            for i, sep in enumerate(["\u2028", "\x0b", "\x1c", "\x85"], 1)))
+    log = kmsg.read_file(path).get()
+    assert log["xids"] == [] and log["records"] == 4
