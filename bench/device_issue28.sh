@@ -89,6 +89,7 @@ echo "expected fast stale_after: $EXPECT s"
 
 $GP "$here/issue28_drive.py" --engine "http://127.0.0.1:$GPU_PORT" \
     --socket "$W/status.sock" --npd "$W/npd" --plugin "$repo/packaging/kubernetes/gpuguard-npd-plugin.sh" \
+    --metrics "http://$LISTEN/metrics" --max-tokens "${MAX_TOKENS:-512}" \
     --daemon-pid $D --daemon-log "$R/daemon.log" --expect-stale-after "$EXPECT" --out "$R" \
     -- "${G[@]}" 2>&1 | tee "$R/summary.txt"
 rc=${PIPESTATUS[0]}

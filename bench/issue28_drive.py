@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 
-def client(url: str, stop: threading.Event, counts: dict[str, int]) -> None:
-    body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 64}).encode()
+def client(url: str, stop: threading.Event, counts: dict[str, int], tokens: int) -> None:
+    body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": tokens}).encode()
     while not stop.is_set():
         try:
             req = urllib.request.Request(url, body, {"Content-Type": "application/json"})
@@ -48,6 +48,24 @@ def status(gpuguard: list[str], sock: str, *extra: str) -> dict[str, Any]:
     out["failing"] = sorted({f"{r['rule']}={r['status']}" for r in doc.get("results", [])
                              if r.get("status") in ("warning", "critical", "unknown")})
     out["notes"] = doc.get("notes", [])
+    return out
+
+
+def scrape(url: str) -> dict[str, float]:
+    """The fast cycle's last duration and the service's engine state, from /metrics."""
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith('gpuguard_cycle_duration_seconds{cadence="fast"}'):
+            out["fast_cycle_s"] = float(line.split()[-1])
+        elif line.startswith("gpuguard_service_engine_state{"):
+            # 0 ok, 1 saturated, 2 capacity, 3 stuck, 4 unknown (daemon/service_metrics.py)
+            out["engine_state"] = float(line.split()[-1])
+        elif line.startswith("gpuguard_failover_active{"):
+            out["failover_active"] = float(line.split()[-1])
     return out
 
 
@@ -95,12 +113,14 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--clients", type=int, default=96)
     ap.add_argument("--samples", type=int, default=60)
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--metrics", required=True)
     ap.add_argument("gpuguard", nargs="+")
     a = ap.parse_args()
     summary: dict[str, Any] = {"clients": a.clients}
     stop, counts = threading.Event(), {"ok": 0, "failed": 0}
     threads = [threading.Thread(target=client, args=(a.engine + "/v1/completions", stop,
-                                                     counts), daemon=True)
+                                                     counts, a.max_tokens), daemon=True)
                for _ in range(a.clients)]
     for t in threads:
         t.start()
@@ -109,7 +129,8 @@ def main() -> int:
     for _ in range(a.samples):
         began = time.monotonic()
         samples.append({"all": status(a.gpuguard, a.socket),
-                        "service": status(a.gpuguard, a.socket, "--only", "service.*")})
+                        "service": status(a.gpuguard, a.socket, "--only", "service.*"),
+                        "metrics": scrape(a.metrics)})
         time.sleep(max(0.0, 1.0 - (time.monotonic() - began)))
     summary["requests"] = dict(counts)
     stop.set()
@@ -122,6 +143,14 @@ def main() -> int:
                                     for r in s[k].get("stale", [])})
     summary["failing_seen"] = sorted({r for s in samples for r in s["all"].get("failing", [])})
     summary["first_notes"] = samples[0]["all"].get("notes")
+    cycles = [s["metrics"].get("fast_cycle_s") for s in samples]
+    summary["fast_cycle_s_max"] = max((c for c in cycles if c is not None), default=None)
+    summary["fast_cycles_over_2s"] = sum(1 for c in cycles if c is not None and c > 2.0)
+    names = {0.0: "ok", 1.0: "saturated", 2.0: "capacity", 3.0: "stuck", 4.0: "unknown"}
+    summary["engine_states"] = sorted({names.get(s["metrics"].get("engine_state", -1), "none")
+                                       for s in samples})
+    summary["failover_active_max"] = max((s["metrics"].get("failover_active", 0.0)
+                                          for s in samples), default=0.0)
     (a.out / "samples.json").write_text(json.dumps(samples, indent=1))
     os.kill(a.daemon_pid, signal.SIGSTOP)
     try:
