@@ -90,7 +90,7 @@ def test_slurm_health_keeps_the_node_drained_for_xid_48_after_a_quoted_load(tmp_
     log = tmp_path / "kmsg.log"
     first = health(fleet, write_log(log, "kmsg", xid48("0000:18:00")))
     state, reason = fleet.node()
-    assert state == "drained" and "xid.recent" in reason, (state, reason, first)
+    assert state == "IDLE+DRAIN" and "xid.recent" in reason, (state, reason, first)
     out = health(fleet, write_log(log, "kmsg", xid48("0000:18:00"), input_device()))
     assert fleet.node() == (state, reason), out
 
@@ -98,4 +98,4 @@ def test_slurm_health_keeps_the_node_drained_for_xid_48_after_a_quoted_load(tmp_
 def test_slurm_health_drains_no_node_for_an_xid_quoted_in_a_usb_product_string(tmp_path):
     fleet = Fleet(tmp_path)
     out = health(fleet, write_log(tmp_path / "kmsg.log", "kmsg", usb_product("0000:18:00")))
-    assert fleet.node() == ("idle", "none"), out
+    assert fleet.node() == ("IDLE", "none"), out
