@@ -221,3 +221,43 @@ def test_the_differential_covers_every_recorded_snapshot() -> None:
             if "ctx.samples" in block.split("\n@", 1)[0]:
                 windowed.add(block.split('"')[1])
     assert windowed == set(WINDOWED)
+
+
+@pytest.mark.parametrize("state", ("no store", "a GPU missing"))
+def test_status_cold_joins_them_on_the_live_host(state: str, tmp_path: Path,
+                                                 fake_env: Any) -> None:
+    """The live fake NVML host (2 GPUs): `check`, `status --cold` (no daemon answers; it
+    takes no --input, so the host's default paths are this test's, through the guard's
+    redirects), the daemon's first cycle and slurm health's cold verdict agree."""
+    host = own_host(tmp_path / "host")
+    proc, sysfs, rootfs, kmsg, state_dir = (Path(host[i]) for i in (1, 3, 5, 7, 9))
+    state_dir.mkdir(parents=True, exist_ok=True)
+    env = fake_env(gpus=2)
+    if state == "a GPU missing":
+        gone = {"uuid": "GPU-00000000-0000-0000-0000-0000000000aa",
+                "pci_bus_id": "00000000:AA:00.0", "index": 2, "name": "NVIDIA H200"}
+        (state_dir / FILE).write_text(json.dumps({"boot_id": TEST_BOOT_ID, "gpus": [gone]}))
+    out = gpuguard("check", *host, "--format", "json", env=env)
+    checked = seen(json.loads(out.stdout)["results"])
+    redirects = (f"procfs={proc},sysfs={sysfs},rootfs={rootfs},kmsg={kmsg},"
+                 f"state={state_dir},run={tmp_path / 'no-daemon'},etc={tmp_path / 'etc'},"
+                 f"boot_id={proc / 'sys/kernel/random/boot_id'}")
+    (tmp_path / "etc").mkdir()
+    cold = gpuguard("status", "--cold", "--format", "json",
+                    env={**env, "GPUGUARD_FORBID_HOST": redirects})
+    assert "checking this host now" in cold.stderr, cold.stderr
+    assert seen(json.loads(cold.stdout)["results"]) == checked
+    daemon = DaemonProcess(["--fast-interval", "30", "--slow-interval", "30", "--no-docker",
+                            "--no-host-resources", *host], env, tmp_path / "daemon")
+    try:
+        daemon.wait_healthy()
+        daemon.wait_for(lambda: all(f'gpuguard_cycles_total{{cadence="{c}"}} 1.0' in
+                                    daemon.metrics() for c in ("fast", "slow")),
+                        what="the first fast and slow cycles")
+        by_daemon_live = seen(daemon.status()["results"])
+    finally:
+        daemon.stop()
+    assert by_daemon_live == checked, (sorted(checked - by_daemon_live),
+                                       sorted(by_daemon_live - checked))
+    if state == "a GPU missing":
+        assert any(r == "gpu.count" and s == "critical" for r, _, s, _ in checked)
