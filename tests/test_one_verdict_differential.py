@@ -228,7 +228,8 @@ def test_status_cold_joins_them_on_the_live_host(state: str, tmp_path: Path,
                                                  fake_env: Any) -> None:
     """The live fake NVML host (2 GPUs): `check`, `status --cold` (no daemon answers; it
     takes no --input, so the host's default paths are this test's, through the guard's
-    redirects), the daemon's first cycle and slurm health's cold verdict agree."""
+    redirects) and the daemon's first cycle agree (slurm health's cold verdict is the
+    same Judgement as check's: the replays above hold it)."""
     host = own_host(tmp_path / "host")
     proc, sysfs, rootfs, kmsg, state_dir = (Path(host[i]) for i in (1, 3, 5, 7, 9))
     state_dir.mkdir(parents=True, exist_ok=True)
