@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Write docs/rules.md from the rule pack, so the page matches what ships.
+"""Write docs/rules.md, and the table of failover rules in docs/supervisor.md, from the rule
+pack, so the pages match what ships.
 
-    python scripts/gen_rules_doc.py          # rewrite docs/rules.md
-    python scripts/gen_rules_doc.py --check  # exit 1 if it is out of date (the tests do this)
+    python scripts/gen_rules_doc.py          # rewrite them
+    python scripts/gen_rules_doc.py --check  # exit 1 if one is out of date (the tests do this)
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -15,6 +17,10 @@ from gpuguard.judge import xid_buckets
 from gpuguard.model.rule import RuleSet, XidEntry
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "rules.md"
+SUPERVISOR_DOC = DOC.parent / "supervisor.md"
+# The generated part of docs/supervisor.md: the lines between these two markers.
+FAILOVER_TABLE = re.compile(r"(?P<start>^<!-- failover rules: .*? -->\n)(?P<body>.*?)"
+                            r"(?P<end>^<!-- end of the failover rules -->$)", re.M | re.S)
 
 HEAD = """# Rules
 
@@ -235,6 +241,22 @@ def render() -> str:
     return HEAD + "\n".join(rows) + "\n" + _catalogs(ruleset)
 
 
+def failover_table(ruleset: RuleSet) -> str:
+    """The rules the supervisor counts by default (tagged `failover`), for supervisor.md."""
+    rows = [f"| `{r.id}` | {r.scope} | {r.problem or r.summary} |"
+            for r in ruleset.ordered() if "failover" in r.tags]
+    return "| rule | scope | its critical result, counted |\n| --- | --- | --- |\n" + \
+        "\n".join(rows) + "\n"
+
+
+def render_supervisor(text: str) -> str:
+    """docs/supervisor.md with its table of failover rules written again."""
+    if FAILOVER_TABLE.search(text) is None:
+        raise SystemExit(f"{SUPERVISOR_DOC}: the failover rules' markers are missing")
+    table = failover_table(load_ruleset())
+    return FAILOVER_TABLE.sub(lambda m: m["start"] + table + m["end"], text, count=1)
+
+
 def _catalogs(ruleset: RuleSet) -> str:
     """The bucket tables (gpuguard/judge/xid_buckets.py) and both catalogs."""
     def row(code: int, e: XidEntry) -> str:
@@ -257,13 +279,14 @@ def _catalogs(ruleset: RuleSet) -> str:
 
 
 def main() -> int:
-    text = render()
+    pages = {DOC: render(), SUPERVISOR_DOC: render_supervisor(SUPERVISOR_DOC.read_text())}
     if "--check" in sys.argv:
-        if DOC.read_text() != text:
-            print(f"{DOC} is out of date: run scripts/gen_rules_doc.py", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(text)
+        stale = [doc for doc, text in pages.items() if doc.read_text() != text]
+        for doc in stale:
+            print(f"{doc} is out of date: run scripts/gen_rules_doc.py", file=sys.stderr)
+        return 1 if stale else 0
+    for doc, text in pages.items():
+        doc.write_text(text)
     return 0
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -203,6 +204,22 @@ def _shows(line: str, want: str) -> bool:
     return line == want
 
 
+def reader_env(tmp: Path, live: bool) -> dict[str, str]:
+    """The environment of the README's reader after its first command, with a HOME and a
+    TMPDIR of its own under `tmp`."""
+    assert (VENV_BIN / "gpuguard").exists(), \
+        f"no gpuguard in {VENV_BIN}: run the README's first command or ./scripts/test.sh"
+    home, tmpdir = tmp / "home", tmp / "tmp"
+    home.mkdir(parents=True)
+    tmpdir.mkdir()
+    # Under the host guard as the rest of the suite (conftest set it in os.environ), unless
+    # the block reads this machine on purpose. COLUMNS: the table wraps at a known width.
+    env = live_env() if live else dict(os.environ)
+    env.update(HOME=str(home), TMPDIR=str(tmpdir), PATH=f"{VENV_BIN}{os.pathsep}{env['PATH']}",
+               NO_COLOR="1", COLUMNS="120")
+    return env
+
+
 def check_block(block: Block, checkout: Path, tmp: Path, name: str = "README.md") -> None:
     """Run one block as the README's reader would, and fail (AssertionError) where it does
     not do what its marker and its sample say."""
@@ -215,16 +232,7 @@ def check_block(block: Block, checkout: Path, tmp: Path, name: str = "README.md"
         unmet = NEEDS[need]()
         if unmet:
             pytest.skip(f"{name}:{block.line}: {unmet}")
-    assert (VENV_BIN / "gpuguard").exists(), \
-        f"no gpuguard in {VENV_BIN}: run the README's first command or ./scripts/test.sh"
-    home, tmpdir = tmp / "home", tmp / "tmp"
-    home.mkdir(parents=True)
-    tmpdir.mkdir()
-    # Under the host guard as the rest of the suite (conftest set it in os.environ), unless
-    # the block reads this machine on purpose. COLUMNS: the table wraps at a known width.
-    env = live_env() if marker.live else dict(os.environ)
-    env.update(HOME=str(home), TMPDIR=str(tmpdir), PATH=f"{VENV_BIN}{os.pathsep}{env['PATH']}",
-               NO_COLOR="1", COLUMNS="120")
+    env = reader_env(tmp, marker.live)
     before = _tree(checkout)
     proc = subprocess.run(["bash", "-e", "-c", block.code], cwd=checkout, env=env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -270,6 +278,67 @@ def test_the_readme_parses():
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
 def test_readme_block(block: Block, checkout: Path, tmp_path: Path):
     check_block(block, checkout, tmp_path / "run")
+
+
+# What a block must never leave in the reader's shell: their next `gpuguard check` on a
+# machine without a GPU would judge the fake's GPUs, with no sign that they are fake
+# (issue 28).
+LEAKS = re.compile(r"^(?:FAKE_NVML_\w*|LD_LIBRARY_PATH)=", re.MULTILINE)
+
+
+def one_shell(blocks: list[Block], checkout: Path, tmp: Path, name: str = "README.md"
+              ) -> tuple[dict[int, int], str, str]:
+    """Run the blocks one after the other in ONE bash, as a reader pasting them into one
+    terminal would (no -e: an interactive shell goes on after a failure), skipping those
+    marked skip and those whose needs are unmet, as test_readme_block does; then `env`.
+    Returns each block's status (its last command's) by line, the environment left at
+    the end, and the whole output."""
+    runs = [b for b in blocks if b.marker is not None and not b.marker.skip
+            and not any(NEEDS[need]() for need in b.marker.needs)]
+    assert runs, f"{name}: no block to run"
+    # A live block reads this machine: the one shell is then the live one, for all.
+    env = reader_env(tmp, any(b.marker is not None and b.marker.live for b in runs))
+    # Whatever is found at the end came from a block, not from the shell running the tests.
+    for var in [v for v in env if v.startswith("FAKE_NVML_") or v == "LD_LIBRARY_PATH"]:
+        del env[var]
+    envfile = tmp / "env-at-the-end"
+    script = "".join(f"{b.code}echo \"readme-block {b.line} status $?\"\n" for b in runs)
+    script += f"env > {shlex.quote(str(envfile))}\n"
+    (tmp / "pasted.sh").write_text(script)
+    proc = subprocess.run(["bash", "--norc", "--noprofile", str(tmp / "pasted.sh")],
+                          cwd=checkout, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300, check=False)
+    output = proc.stdout + proc.stderr
+    statuses = {int(m[1]): int(m[2])
+                for m in re.finditer(r"^readme-block (\d+) status (\d+)$", proc.stdout,
+                                     re.MULTILINE)}
+    assert envfile.exists(), f"{name}: the shell did not reach the end:\n{output}"
+    return statuses, envfile.read_text(), output
+
+
+@pytest.mark.live(needs="the blocks' own: the events block reads this machine's boot id")
+def test_every_block_in_one_shell_leaves_no_fake_behind(checkout: Path, tmp_path: Path):
+    statuses, left, output = one_shell(BLOCKS, checkout, tmp_path / "run")
+    leaked = LEAKS.findall(left)
+    assert not leaked, (f"README.md leaves {sorted(set(leaked))} in the reader's shell: keep "
+                        f"them inside the block (a subshell, or VAR=... on the command)")
+    for block in BLOCKS:
+        if block.line in statuses:
+            assert block.marker is not None
+            assert statuses[block.line] == block.marker.exit_code, \
+                f"README.md:{block.line}: exit {statuses[block.line]} in one shell:\n{output}"
+
+
+def test_a_block_that_exports_the_fake_is_caught(tmp_path: Path):
+    blocks, _ = parse("<!-- readme-test: run, exit 0 -->\n```sh\n"
+                      "export FAKE_NVML_GPUS=4\n```\n\n"
+                      "<!-- readme-test: run, exit 0 -->\n```sh\n"
+                      "(export LD_LIBRARY_PATH=/x; true)\nFAKE_NVML_TEMP=9 true\n```\n", "t.md")
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    statuses, left, _ = one_shell(blocks, checkout, tmp_path / "run", "t.md")
+    assert statuses == {2: 0, 7: 0}
+    assert LEAKS.findall(left) == ["FAKE_NVML_GPUS="]  # the subshell and VAR=cmd leave none
 
 
 def test_the_readme_links_resolve():

@@ -106,7 +106,8 @@ class Judgement:
 
         results = self.results(only, skip, record)
         _, ruleset = self.configure()
-        return Verdict(results, fail_on, source=source,
+        fake = self.snapshot().nvml.fake_note()
+        return Verdict(results, fail_on, notes=(fake,) if fake else (), source=source,
                        failover_rules=frozenset(ruleset.failover_rules()))
 
     def probe(self, gpus: list[int], budget_s: float) -> list[Result]:

@@ -1,5 +1,5 @@
 """The inference engines' own metrics, read each fast cycle for the service.engine rules
-(issue 23; gpuguard/checks/service_engine.py judges them).
+(issue 23; gpuguard/checks/service.py judges them).
 
 For each supervised service with an engine (`engine:` in gpuguard.yaml, default `auto`):
 the active variant's metrics URL (`engine.metrics`, else the probe URL's origin and the

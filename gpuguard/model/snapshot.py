@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 from gpuguard.model import readings
 from gpuguard.model.identity import GpuId
+from gpuguard.model.nvml_status import NvmlStatus as NvmlStatus
+from gpuguard.model.nvml_status import nvml_status
 from gpuguard.model.pci import normalise_pci
 
 # Reading and Unavailable belong to the snapshot's vocabulary: importable from here too
@@ -221,21 +223,6 @@ class HostInfo(Validated):
 
 
 @dataclass
-class NvmlStatus:
-    """How the NVML sweep went, as facts the driver.* rules judge."""
-
-    # None when NVML initialised; otherwise the error name and text.
-    init_error: str | None = None
-    init_error_kind: str | None = None
-    # The NVML call still running when the deadline passed, with the GPU it was for.
-    hung_call: str | None = None
-    # The sweep stopped on an unexpected error after NVML started (GPUs after it are missing).
-    sweep_error: str | None = None
-    deadline_s: float | None = None
-    elapsed_s: float | None = None
-
-
-@dataclass
 class SourceRun:
     """How one source did in this snapshot: gpuguard_source_success{source} and
     gpuguard_source_duration_seconds{source}. Success: it answered in time and none of its
@@ -313,7 +300,7 @@ class Snapshot:
         if not isinstance(raw.get("gpus", []), list):
             raise ValueError("gpus must be a list")
         host = from_json(HostInfo, raw.get("host", {}))
-        nvml = _nvml_status(raw.get("nvml", {}))
+        nvml = nvml_status(raw.get("nvml", {}))
         gpus = [from_json(GpuSnapshot, g) for g in raw.get("gpus", [])]
         sources = raw.get("sources", {})
         if not isinstance(sources, dict) or not all(
@@ -324,24 +311,6 @@ class Snapshot:
         # How the recorded host's sources did stays in the file: `sources` of a replay says
         # how this run's reads went (the input file, the roots named beside it).
         return cls(host=host, nvml=nvml, gpus=gpus, schema=schema)
-
-
-def _nvml_status(raw: Any) -> NvmlStatus:
-    if not isinstance(raw, dict):
-        raise ValueError("nvml must be a mapping")
-    known = {f.name for f in dataclasses.fields(NvmlStatus)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ValueError(f"unknown nvml fields: {', '.join(unknown)}")
-    for name, value in raw.items():
-        if name.endswith("_s"):
-            if value is not None and (isinstance(value, bool) or
-                                      not isinstance(value, int | float) or
-                                      not math.isfinite(value) or value < 0):
-                raise ValueError(f"nvml.{name} must be seconds, not {value!r}")
-        elif value is not None and not isinstance(value, str):
-            raise ValueError(f"nvml.{name} must be text, not {value!r}")
-    return NvmlStatus(**raw)
 
 
 GPU_READING_FIELDS: tuple[str, ...] = tuple(

@@ -163,6 +163,9 @@ def assemble(messages: list[dict[str, Any]]) -> Snapshot:
         elif kind == "init_error":
             snapshot.nvml.init_error = msg.get("error")
             snapshot.nvml.init_error_kind = msg.get("kind")
+        elif kind == "fake":  # the tests' fake NVML (sources/nvml_fake.py)
+            snapshot.nvml.fake_library = str(msg.get("library"))
+            snapshot.nvml.fake_settings = str(msg.get("settings", ""))
         elif kind == "fatal":
             snapshot.nvml.sweep_error = f"{msg.get('kind', 'error')}: {msg.get('error')}"
     snapshot.gpus.sort(key=lambda g: g.index)  # worker threads finish in any order

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuguard.model.cuda_compat import NVML_BRANDS
-from gpuguard.sources import nvml_multi
+from gpuguard.sources import nvml_fake, nvml_multi
 from gpuguard.sources.nvml_progress import Progress
 
 RECOVERY_ACTIONS = {
@@ -71,6 +71,9 @@ def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
     left out (None): `gpuguard check` never judges them, and they are most of an NVLink
     GPU's sweep (2-3 ms a call on an H200, four per link)."""
     read = _reader(nv, progress, 0)
+    fake = nvml_fake.fake_library(nv)
+    if fake is not None:
+        emit(fake)
     count = read("nvmlDeviceGetCount", nv.nvmlDeviceGetCount)
     emit(
         {

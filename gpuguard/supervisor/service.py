@@ -55,7 +55,7 @@ from gpuguard.supervisor.steps import STEP_ERRORS, converge, other, roll_back, r
 log = structlog.get_logger("gpuguard.failover")
 
 # Test hook: pause this many seconds after writing the state of the named step, so a
-# test can SIGKILL the daemon exactly there (tests/supervisor/test_crash.py).
+# test can SIGKILL the daemon exactly there (tests/supervisor/test_failover.py).
 PAUSE_ENV = "GPUGUARD_FAILOVER_PAUSE_AT"
 
 

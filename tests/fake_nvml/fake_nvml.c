@@ -77,6 +77,11 @@ typedef fake_device *nvmlDevice_t;
 
 static fake_device devices[64];
 
+/* Says "this is the tests' fake, not a driver": gpuguard looks it up in the loaded NVML
+ * (gpuguard/sources/nvml_fake.py) and `check` prints a note naming this library, so a
+ * fake left on LD_LIBRARY_PATH is never taken for GPUs. No real libnvidia-ml has it. */
+const int gpuguard_fake_nvml_marker = 1;
+
 static int env_int(const char *name, int fallback) {
     const char *v = getenv(name);
     return v && *v ? atoi(v) : fallback;

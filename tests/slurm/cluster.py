@@ -128,6 +128,7 @@ MpiDefault=none
 GresTypes=gpu
 HealthCheckProgram={r}/health.sh
 HealthCheckInterval={HEALTH_INTERVAL}
+HealthCheckNodeState=ANY
 Prolog={r}/prolog.sh
 Epilog={r}/epilog.sh
 JobRequeue=1
