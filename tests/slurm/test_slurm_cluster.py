@@ -445,10 +445,13 @@ def test_a_read_only_state_dir_with_a_fault_still_drains(slurm: Cluster) -> None
                              "gpuguard: inspect_hardware: thermal.margin GPU 0"), \
         c.output("health")[-2000:]
     assert runs <= 2, f"{runs} health runs before the drain"
-    out = c.output("health")
+    # the run prints its lines when it ends, after the drain it made: wait for them
+    said = f"state: the state dir {ro / 'gg-state'} cannot be made (Read-only file system)"
+    end = time.monotonic() + 30
+    while said not in (out := c.output("health")):
+        assert time.monotonic() < end, out[-2000:]
+        time.sleep(0.2)
     assert "Traceback" not in out
-    assert f"state: the state dir {ro / 'gg-state'} cannot be made (Read-only file " \
-           "system)" in out
     lost = f'gpuguard_slurm_state_lost{{node="{c.node}"}} 1'
     metrics, end = c.root / "metrics.prom", time.monotonic() + 30
     while not (metrics.exists() and lost in metrics.read_text()):  # written after the drain
