@@ -82,6 +82,8 @@ class SeenGpus:
             raw = json.loads(bounded.read_text(self.path, MAX_FILE_BYTES, 1.0))
         except (OSError, ValueError) as exc:
             return self._doubt(f"{self.path} cannot be read: {exc}")
+        except RecursionError:  # not a ValueError: 100,000 `[` crashed every check
+            return self._doubt(f"{self.path} cannot be read: JSON nested too deep")
         if not isinstance(raw, dict) or not isinstance(raw.get("gpus"), list) or \
                 not all(_valid(g) for g in raw["gpus"]):
             return self._doubt(f"{self.path} is not a list of GPUs")

@@ -24,6 +24,7 @@ from gpuguard.cli.options import (
     path_options,
     rule_options,
 )
+from gpuguard.cli.values import MAX_WAIT_S, FilePath, Finite
 
 if TYPE_CHECKING:
     from gpuguard.model.profile import Profile
@@ -35,14 +36,14 @@ if TYPE_CHECKING:
 @click.command()
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]),
               default="table", show_default=True)
-@click.option("--output", "-o", type=click.Path(path_type=Path),
+@click.option("--output", "-o", type=FilePath(),
               help="Write here (atomically) instead of stdout.")
 @click.option("--only", multiple=True, metavar="RULE",
               help="Run only these rules (ids or globs such as 'pcie.*'; repeatable).")
 @click.option("--skip", multiple=True, metavar="RULE", help="Do not run these rules (repeatable).")
-@click.option("--input", "input_path", type=click.Path(path_type=Path),
+@click.option("--input", "input_path", type=FilePath(),
               help="Check a saved snapshot or an `nvidia-smi -q -x` dump instead of this host.")
-@click.option("--timeout", type=click.FloatRange(min=0.2), default=10.0, show_default=True,
+@click.option("--timeout", type=Finite(min=0.2, max=MAX_WAIT_S), default=10.0, show_default=True,
               help="Seconds before a hung driver is reported (driver.responsive).")
 @click.option("--quiet", "-q", is_flag=True, help="Print only problems; nothing when all is well.")
 @click.option("--fail-on", type=click.Choice(["unknown", "warning", "critical"]),
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
               default=None, help="Also run the active probe (docs/active-probe.md): a kernel, "
                                  "a memory pattern and PCIe, HBM and NVLink copies on every "
                                  "idle GPU; `--active=force` probes busy GPUs too.")
-@click.option("--active-deadline", type=click.FloatRange(min=0.5, max=600), metavar="S",
+@click.option("--active-deadline", type=Finite(min=0.5, max=600), metavar="S",
               help="Seconds the active probe may take [default: the profile's "
                    "active_probe.deadline_s, else 10].")
 @click.option("--active-buffer-mib", type=click.IntRange(min=1, max=16384), metavar="MIB",
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
               help="Judge whether this container image's CUDA runs on this host (image.cuda; "
                    "repeatable): its configuration is read through Docker, never pulled or run.")
 @click.option("--python-env", "python_envs", multiple=True, metavar="PATH",
-              type=click.Path(path_type=Path),
+              type=FilePath(),
               help="Judge the CUDA build of the PyTorch installed in this virtualenv, prefix "
                    "or site-packages (image.cuda; repeatable), read without importing it.")
 @click.option("--record", is_flag=True,
@@ -124,10 +125,10 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
 
 
 @click.command()
-@click.option("--output", "-o", type=click.Path(path_type=Path), help="Write here (atomically).")
-@click.option("--input", "input_path", type=click.Path(path_type=Path),
+@click.option("--output", "-o", type=FilePath(), help="Write here (atomically).")
+@click.option("--input", "input_path", type=FilePath(),
               help="Convert an `nvidia-smi -q -x` dump into a snapshot instead of reading NVML.")
-@click.option("--timeout", type=click.FloatRange(min=0.2), default=10.0, show_default=True)
+@click.option("--timeout", type=Finite(min=0.2, max=MAX_WAIT_S), default=10.0, show_default=True)
 @host_source_options
 @path_options
 def snapshot(output: Path | None, input_path: Path | None, timeout: float,

@@ -8,46 +8,48 @@ from pathlib import Path
 import click
 
 from gpuguard.cli.options import host_source_options, path_options, rule_options
+from gpuguard.cli.values import MAX_INTERVAL_S, MAX_WAIT_S, FilePath, Finite
 
 
 @click.command()
 @click.option("--listen", default="127.0.0.1:9412", show_default=True,
               help="HOST:PORT for /metrics, /healthz and /status (9412: clashes with neither "
                    "node_exporter 9100 nor dcgm-exporter 9400).")
-@click.option("--fast-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+@click.option("--fast-interval", type=Finite(min=0.1, max=MAX_INTERVAL_S), default=5.0,
+              show_default=True,
               help="Seconds between fast cycles (clocks, ECC, Xid, PCIe, ...).")
-@click.option("--slow-interval", type=click.FloatRange(min=0.1), default=60.0,
+@click.option("--slow-interval", type=Finite(min=0.1, max=MAX_INTERVAL_S), default=60.0,
               show_default=True, help="Seconds between slow cycles (versions, VBIOS, toolkit).")
-@click.option("--timeout", type=click.FloatRange(min=0.2), default=4.0, show_default=True,
+@click.option("--timeout", type=Finite(min=0.2, max=MAX_WAIT_S), default=4.0, show_default=True,
               help="Deadline of one NVML sweep; past it driver.responsive is critical.")
-@click.option("--input", "input_path", type=click.Path(path_type=Path),
+@click.option("--input", "input_path", type=FilePath(),
               help="Replay this snapshot or nvidia-smi XML, read again every cycle.")
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto",
               show_default=True, help="auto: JSON lines unless stderr is a terminal.")
 @click.option("--udev/--no-udev", default=True, show_default=True,
               help="React to PCI add/remove events of NVIDIA devices at once.")
-@click.option("--config", "config_path", type=click.Path(path_type=Path),
+@click.option("--config", "config_path", type=FilePath(),
               help="Services the supervisor fails over to CPU (docs/supervisor.md) "
                    "[default: /etc/gpuguard/gpuguard.yaml if present].")
 @click.option("--dry-run", is_flag=True,
               help="Supervisor: log the transitions it would make, change nothing.")
-@click.option("--active-probe-interval", type=click.FloatRange(min=0), default=0.0,
+@click.option("--active-probe-interval", type=Finite(min=0), default=0.0,
               show_default=True, metavar="S",
               help="Run the active probe (docs/active-probe.md) on idle GPUs every S seconds "
                    "(0: never); its results are stale after 2 intervals.")
 @click.option("--event-store/--no-event-store", default=True, show_default=True,
               help="Record rule transitions, Xids and failovers in STATE_DIR/events.db "
                    "(docs/events.md); history escalates the suggested actions.")
-@click.option("--events-file", type=click.Path(path_type=Path),
+@click.option("--events-file", type=FilePath(),
               help="Also read udev-style events as JSON lines appended to this file "
                    "({\"action\": \"remove\", \"properties\": {...}}): a replay of a udev log.")
-@click.option("--status-socket", type=click.Path(path_type=Path), metavar="PATH",
+@click.option("--status-socket", type=FilePath(), metavar="PATH",
               help="Serve the latest verdict to `gpuguard status` and `gpuguard slurm health` "
                    "on this Unix socket (the unit uses /run/gpuguard/status.sock).")
 @click.option("--status-group", default="gpuguard", show_default=True, metavar="GROUP",
               help="Group (name or gid) that may read the status socket besides root; "
                    "root only where it does not exist.")
-@click.option("--npd-dir", type=click.Path(path_type=Path), metavar="DIR",
+@click.option("--npd-dir", type=FilePath(), metavar="DIR",
               help="Write one verdict file per node condition here each cycle, for "
                    "node-problem-detector's plugin (docs/kubernetes.md).")
 @rule_options

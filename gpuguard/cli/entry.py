@@ -30,7 +30,7 @@ def _start_worker_early(args: list[str]) -> None:
         timeout = float(_option(args, "--timeout") or DEFAULT_TIMEOUT)
     except ValueError:
         return  # click will explain the bad value
-    if timeout < 0.2:
+    if not 0.2 <= timeout <= 3600:  # NaN and inf too: click refuses them (cli/values.py)
         return
     from gpuguard.io.guard import HostPathForbidden, host_default_text
     from gpuguard.sources import nvml

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from gpuguard.cli.options import ConfigProblem, state_dir_option
+from gpuguard.cli.values import MAX_WAIT_S, Finite
 
 
 @click.group()
@@ -41,7 +42,7 @@ def failover_status(state_dir: Path | None) -> None:
 @click.argument("service")
 @click.option("--reason", required=True, help="Why, for the log and `failover status`.")
 @state_dir_option()
-@click.option("--wait", type=float, default=120.0, show_default=True,
+@click.option("--wait", type=Finite(min=0, max=MAX_WAIT_S), default=120.0, show_default=True,
               help="Seconds to wait for the daemon to finish the move (0: do not wait).")
 def failover_to(variant: str, service: str, reason: str, state_dir: Path | None,
                 wait: float) -> None:

@@ -17,6 +17,7 @@ from gpuguard.cli.options import (
     span_option,
     state_dir_option,
 )
+from gpuguard.cli.values import FilePath
 
 
 @click.group()
@@ -27,7 +28,7 @@ def xid() -> None:
 @xid.command("ack")
 @state_dir_option()
 @click.option("--path.procfs", "path_procfs", show_default="/proc",
-              type=click.Path(path_type=Path), help="procfs mount point (for the boot id).")
+              type=FilePath(), help="procfs mount point (for the boot id).")
 @kmsg_device_option()
 def xid_ack(state_dir: Path | None, path_procfs: Path | None, kmsg_device: Path | None) -> None:
     """Stop the Xids logged so far (this boot) from counting in xid.recent."""
@@ -102,7 +103,7 @@ def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[st
                    "changes).")
 @state_dir_option()
 @click.option("--path.procfs", "path_procfs", show_default="/proc",
-              type=click.Path(path_type=Path), help="procfs mount point (for the boot id).")
+              type=FilePath(), help="procfs mount point (for the boot id).")
 @kmsg_device_option()
 @rule_options
 def ack(rule_id: str, gpu: str | None, reason: str, duration: str, state_dir: Path | None,

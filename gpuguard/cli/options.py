@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from gpuguard.cli.values import FilePath
+
 if TYPE_CHECKING:
     from gpuguard.io.paths import Paths
 
@@ -20,11 +22,11 @@ EXIT_UNKNOWN = 3
 def path_options(fn: Any) -> Any:
     for option in reversed([
         click.option("--path.sysfs", "path_sysfs", show_default="/sys",
-                     type=click.Path(path_type=Path), help="sysfs mount point."),
+                     type=FilePath(), help="sysfs mount point."),
         click.option("--path.procfs", "path_procfs", show_default="/proc",
-                     type=click.Path(path_type=Path), help="procfs mount point."),
+                     type=FilePath(), help="procfs mount point."),
         click.option("--path.rootfs", "path_rootfs", show_default="/",
-                     type=click.Path(path_type=Path), help="Host root filesystem (for /etc)."),
+                     type=FilePath(), help="Host root filesystem (for /etc)."),
     ]):
         fn = option(fn)
     return fn
@@ -35,19 +37,19 @@ STATE_DIR_HELP = ("Where gpuguard keeps its state: the event store (events.db), 
 
 
 def state_dir_option() -> Callable[[Any], Any]:
-    return click.option("--state-dir", type=click.Path(path_type=Path),
+    return click.option("--state-dir", type=FilePath(),
                         show_default="/var/lib/gpuguard", help=STATE_DIR_HELP)
 
 
 def kmsg_device_option() -> Callable[[Any], Any]:
-    return click.option("--kmsg-file", "kmsg_device", type=click.Path(path_type=Path),
+    return click.option("--kmsg-file", "kmsg_device", type=FilePath(),
                         help="The live kernel log device to acknowledge [default: /dev/kmsg; "
                              "e.g. the host's, mounted into a container].")
 
 
 def host_source_options(fn: Any) -> Any:
     for option in reversed([
-        click.option("--kmsg-file", type=click.Path(path_type=Path),
+        click.option("--kmsg-file", type=FilePath(),
                      help="Read the kernel log from this file (dmesg, dmesg -r or /dev/kmsg "
                           "records) instead of /dev/kmsg."),
         state_dir_option(),
@@ -69,9 +71,9 @@ def host_source_options(fn: Any) -> Any:
 
 def rule_options(fn: Any) -> Any:
     for option in reversed([
-        click.option("--profile", "profile_path", type=click.Path(path_type=Path),
+        click.option("--profile", "profile_path", type=FilePath(),
                      help="Host profile [default: /etc/gpuguard/profile.yaml if present]."),
-        click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=Path),
+        click.option("--rules", "rules_dirs", multiple=True, type=FilePath(),
                      help="Directory of extra rule files (repeatable) "
                           "[default: /etc/gpuguard/rules.d if present]."),
     ]):

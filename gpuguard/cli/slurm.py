@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from gpuguard.cli.options import path_options, rule_options, state_dir_option
+from gpuguard.cli.values import MAX_WAIT_S, FilePath, Finite
 
 
 def input_options(fn: Any) -> Any:
@@ -20,12 +21,12 @@ def input_options(fn: Any) -> Any:
         click.option("--node", metavar="NAME",
                      help="This node's Slurm name [default: $SLURMD_NODENAME, else the short "
                           "host name]."),
-        click.option("--input", "input_path", type=click.Path(path_type=Path),
+        click.option("--input", "input_path", type=FilePath(),
                      help="Judge a saved snapshot instead of this host (a cold check)."),
-        click.option("--kmsg-file", type=click.Path(path_type=Path),
+        click.option("--kmsg-file", type=FilePath(),
                      help="Read the kernel log from this file instead of /dev/kmsg."),
         state_dir_option(),
-        click.option("--timeout", type=click.FloatRange(min=0.2), default=10.0,
+        click.option("--timeout", type=Finite(min=0.2, max=MAX_WAIT_S), default=10.0,
                      show_default=True, help="Deadline of a cold check's sources."),
     ]):
         fn = option(fn)
@@ -36,21 +37,21 @@ def slurm_options(fn: Any) -> Any:
     """How to reach Slurm and the fleet brake: health's, and the prolog's and epilog's
     before they fail (a failure is Slurm's drain)."""
     for option in reversed([
-        click.option("--slurm-bin", type=click.Path(path_type=Path), metavar="DIR",
+        click.option("--slurm-bin", type=FilePath(), metavar="DIR",
                      help="Folder of scontrol and sinfo [default: PATH, then /usr/bin, "
                           "/usr/local/bin, /opt/slurm/bin]."),
-        click.option("--slurm-conf", type=click.Path(path_type=Path), metavar="FILE",
+        click.option("--slurm-conf", type=FilePath(), metavar="FILE",
                      help="The cluster's slurm.conf [default: $SLURM_CONF, else Slurm's "
                           "own]."),
-        click.option("--slurm-timeout", type=click.FloatRange(min=0.5), default=10.0,
+        click.option("--slurm-timeout", type=Finite(min=0.5, max=MAX_WAIT_S), default=10.0,
                      show_default=True, help="Deadline of each scontrol or sinfo call."),
-        click.option("--brake-percent", type=click.FloatRange(min=0, max=100), default=20.0,
+        click.option("--brake-percent", type=Finite(min=0, max=100), default=20.0,
                      show_default=True, help="Share of the partition drained by gpuguard "
                      "within --brake-window at which it stops draining."),
-        click.option("--brake-window", type=click.FloatRange(min=0), default=600.0,
+        click.option("--brake-window", type=Finite(min=0), default=600.0,
                      show_default=True, metavar="S",
                      help="Seconds the brake counts drains over."),
-        click.option("--brake-cap", type=click.FloatRange(min=0, max=100), default=30.0,
+        click.option("--brake-cap", type=Finite(min=0, max=100), default=30.0,
                      show_default=True, help="Share of the partition drained by gpuguard "
                      "now (any age) at which it drains no more (at least one node)."),
     ]):
@@ -97,14 +98,14 @@ def slurm() -> None:
               help="The daemon's status socket [default: /run/gpuguard/status.sock].")
 @click.option("--no-daemon", is_flag=True, help="Always a cold check, never the daemon's.")
 @slurm_options
-@click.option("--brake-jitter", type=click.FloatRange(min=0, max=1), default=0.2,
+@click.option("--brake-jitter", type=Finite(min=0, max=1), default=0.2,
               show_default=True, metavar="SHARE",
               help="Wait up to this share of HealthCheckInterval (at most 30 s) before "
                    "counting again and draining.")
-@click.option("--metrics-file", type=click.Path(path_type=Path),
+@click.option("--metrics-file", type=FilePath(),
               help="Write the brake and drain state here for node_exporter's textfile "
                    "collector (the alert that needs no daemon).")
-@click.option("--probe-budget", type=click.FloatRange(min=0.5, max=50), default=3.0,
+@click.option("--probe-budget", type=Finite(min=0.5, max=50), default=3.0,
               show_default=True, help="Seconds for re-probing the GPUs a prolog failed on.")
 def health(socket_path: str | None, no_daemon: bool, brake_jitter: float,
            metrics_file: Path | None, probe_budget: float, **kw: Any) -> None:
@@ -130,7 +131,7 @@ def health(socket_path: str | None, no_daemon: bool, brake_jitter: float,
 @slurm.command()
 @input_options
 @slurm_options
-@click.option("--budget", type=click.FloatRange(min=0.5, max=60), default=3.0,
+@click.option("--budget", type=Finite(min=0.5, max=60), default=3.0,
               show_default=True, help="Seconds the probe of the job's GPUs may take.")
 def prolog(budget: float, **kw: Any) -> None:
     """slurmd's Prolog: the active probe on the job's GPUs (SLURM_JOB_GPUS); exit 1 when

@@ -12,12 +12,13 @@ from typing import Any
 import click
 
 from gpuguard.cli import check as check_command
+from gpuguard.cli.values import MAX_WAIT_S, FilePath, Finite
 
 
 @click.command()
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]),
               default="table", show_default=True)
-@click.option("--output", "-o", type=click.Path(path_type=Path),
+@click.option("--output", "-o", type=FilePath(),
               help="Write here (atomically) instead of stdout.")
 @click.option("--only", multiple=True, metavar="RULE",
               help="Show only these rules (ids or globs such as 'pcie.*'; repeatable).")
@@ -28,7 +29,7 @@ from gpuguard.cli import check as check_command
 @click.option("--quiet", "-q", is_flag=True, help="Print only problems; nothing when all is well.")
 @click.option("--socket", "socket_path", metavar="PATH",
               help="The daemon's status socket [default: /run/gpuguard/status.sock].")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+@click.option("--timeout", type=Finite(min=0.1, max=MAX_WAIT_S), default=5.0, show_default=True,
               help="Seconds to wait for the daemon's answer.")
 @click.option("--cold", is_flag=True,
               help="When no daemon answers, check this host now (`gpuguard check`) instead "

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 EXIT_UNKNOWN = 3
+MAX_TIMEOUT_S = 3600.0  # gpuguard/cli/values.py MAX_WAIT_S (not imported: click)
 FORMATS = ("table", "json", "prometheus")
 FAIL_ON = ("unknown", "warning", "critical")
 # option -> (request key, allowed values or None for free text, repeatable)
@@ -61,7 +62,9 @@ def parse(args: list[str]) -> "dict[str, Any] | None":
         opts["timeout"] = float(opts["timeout"])
     except ValueError:
         return None
-    return opts if opts["timeout"] > 0 else None
+    # NaN fails both comparisons and inf (or 1e308) the second: click's command refuses
+    # them naming the option (gpuguard/cli/values.py), as it refuses any bad value
+    return opts if 0.1 <= opts["timeout"] <= MAX_TIMEOUT_S else None
 
 
 def request_of(opts: "dict[str, Any]") -> "dict[str, Any]":

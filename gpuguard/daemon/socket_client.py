@@ -67,7 +67,10 @@ def encode(value: object) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, str):
-        return '"' + "".join(ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 else c)
+        # a lone surrogate (bytes of an argument that are not UTF-8, as Python keeps them)
+        # is escaped as json.dumps escapes it: it has no UTF-8 form to send
+        return '"' + "".join(ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 or
+                                                 0xD800 <= ord(c) <= 0xDFFF else c)
                              for c in value) + '"'
     if isinstance(value, list):
         return "[" + ",".join(encode(v) for v in value) + "]"

@@ -102,7 +102,8 @@ def follow_file(path: Path, trigger: Trigger, stop: threading.Event) -> threadin
                         try:
                             event = json.loads(line)
                             handle_udev(event["action"], event.get("properties", {}), trigger)
-                        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                        except (ValueError, KeyError, TypeError, AttributeError,
+                                RecursionError) as exc:
                             log.warning("bad_event_line", file=str(path), error=str(exc)[:200])
                 complained = False
             except OSError as exc:

@@ -26,7 +26,7 @@ def read_xid_ack(state_dir: Path, paths: Paths) -> int | None:
 
     try:
         raw = json.loads(read_text(state_dir / XID_ACK_FILE, 4096, 1.0))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None  # no ack, or a bad file: count everything (never hide an Xid)
     if not isinstance(raw, dict) or raw.get("boot_id") != boot_id(paths):
         return None

@@ -38,7 +38,12 @@ def load(path: Path, deadline_s: float = 10.0) -> Snapshot:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from exc
+    except RecursionError:  # not a ValueError: `{"a": [[[...` escaped as a traceback
+        raise InputError(f"{path}: invalid JSON: nested deeper than a snapshot is "
+                         "(Python's parser stops at 1,000 levels)") from None
     try:
         return Snapshot.from_json(raw)
     except (ValueError, TypeError) as exc:
         raise InputError(f"{path}: {exc}") from exc
+    except RecursionError:
+        raise InputError(f"{path}: not a gpuguard snapshot (nested too deep)") from None

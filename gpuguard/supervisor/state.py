@@ -164,6 +164,8 @@ def _parse_state(data: bytes) -> ServiceState:
         state = msgspec.convert(raw, ServiceState)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise Unreadable(str(exc)) from exc
+    except RecursionError:  # msgspec's own depth limit raises it, not a DecodeError
+        raise Unreadable("JSON nested too deep") from None
     _check_values(state)
     return state
 
@@ -262,6 +264,8 @@ def take_request(state_dir: Path, service: str) -> MoveRequest | None:
         raise _reject(path, exc.reason) from None
     except ValueError as exc:  # not JSON, or not UTF-8
         raise _reject(path, f"not JSON ({exc})") from None
+    except RecursionError:  # not a ValueError: 4 KiB of `[` is 4,000 levels
+        raise _reject(path, "not JSON (nested too deep)") from None
     to = raw.get("to") if isinstance(raw, dict) else None
     reason = raw.get("reason") if isinstance(raw, dict) else None
     if to not in ("gpu", "cpu") or not isinstance(reason, str | None):
