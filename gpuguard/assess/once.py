@@ -133,18 +133,23 @@ class Judgement:
 
         return state_dir_or_default(self.inputs.state_dir)
 
+    def reads_state(self) -> bool:
+        """Whether this judgement reads a state dir's history and GPUs seen: this host's
+        always, a replay's only when a --state-dir was given for it."""
+        return self.inputs.input_path is None or self.inputs.state_dir is not None
+
     def history(self, record: bool) -> History | None:
         """The store's history: this host's (its state dir), or a replay's only when a
         --state-dir was given for it (a replay is another moment, often another host)."""
         from gpuguard.assess.history import StoreHistory
 
-        if self.inputs.input_path is not None and self.inputs.state_dir is None:
+        if not self.reads_state():
             return None
         return StoreHistory(self.state_dir(), self.inputs.paths(), record)
 
     def seen(self) -> SeenGpus | None:
         """The GPUs the daemon has seen, read and never written here (keep=False)."""
-        if self.inputs.input_path is not None and self.inputs.state_dir is None:
+        if not self.reads_state():
             return None
         from gpuguard.assess.gpus_seen import FILE
 
