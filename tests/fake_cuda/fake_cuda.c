@@ -26,7 +26,22 @@
  *                                  ran: the fake NVML can wait on it, FAKE_NVML_HANG_FILE)
  *   FAKE_CUDA_LOG=path             append "take KIND" / "give KIND" for every allocation,
  *                                  context and event, so a test can see all were released
+ *
+ * The qualify kernels (gpuguard/sources/qualify/kernels.py) are emulated too: qgemm
+ * computes each warp's tiles as the PTX does (bf16 inputs in mma.m16n8k16 fragment order,
+ * iters x COPIES x A x B), block b "runs" on SM (b * 7) % FAKE_CUDA_SMS; mt_fill and
+ * mt_check write and check the memory-test patterns with the same mix64.
+ *   FAKE_CUDA_SMS=N                SMs per GPU (default 10)
+ *   FAKE_CUDA_FREE_MIB=N           free memory cuMemGetInfo reports (default 96 MiB)
+ *   FAKE_CUDA_SDC_SM=k|all         every qgemm block on SM k (or on every SM) gets bit 3
+ *                                  of its fifth result flipped: a defective SM / our bug
+ *   FAKE_CUDA_SDC_ONCE=1           ... only in the first launch that has such a block (a
+ *                                  one-off: the re-run does not reproduce it)
+ *   FAKE_CUDA_ITER_NS=N            a qgemm step "takes" N ns (default 200): the launch
+ *                                  sleeps iters x N, so calibration finds ~40 ms slices
+ *   FAKE_CUDA_CORRUPT=memtest      mt_fill leaves bit 5 of word 100 of every slice flipped
  */
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -209,10 +224,13 @@ CUresult cuCtxDisablePeerAccess(void *peer) {
 }
 
 static int module_token;
+static int fn_tokens[4];   /* fill, qgemm, mt_fill, mt_check */
+static const char *fn_names[4] = {"fill", "qgemm", "mt_fill", "mt_check"};
 
 CUresult cuModuleLoadData(void **module, const void *image) {
     faults("cuModuleLoadData");
-    if (!strstr((const char *)image, ".entry fill")) return 218;
+    if (!strstr((const char *)image, ".entry fill") && !strstr((const char *)image, ".entry qgemm"))
+        return 218;
     *module = &module_token;
     log_line("take", "module");
     return 0;
@@ -227,19 +245,141 @@ CUresult cuModuleUnload(void *module) {
 
 CUresult cuModuleGetFunction(void **fn, void *module, const char *name) {
     (void)module;
-    if (strcmp(name, "fill") != 0) return 500;
-    *fn = &module_token;
+    for (int i = 0; i < 4; i++)
+        if (strcmp(name, fn_names[i]) == 0) { *fn = &fn_tokens[i]; return 0; }
+    return 500;
+}
+
+static int sms(void) { return env_int("FAKE_CUDA_SMS", 10); }
+
+static float bf16(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static int sdc_launched;   /* FAKE_CUDA_SDC_ONCE: a launch with a wrong block happened */
+
+/* qgemm as the PTX computes it: per warp, A (16x16) x four B (16x8), fragments as
+ * kernels.py lays them out; every result is iters x COPIES x (A x B). */
+static void qgemm(unsigned blocks, void **params) {
+    const uint32_t *in = (const uint32_t *)(uintptr_t)*(uint64_t *)params[0];
+    float *out = (float *)(uintptr_t)*(uint64_t *)params[1];
+    uint32_t *sm_out = (uint32_t *)(uintptr_t)*(uint64_t *)params[2];
+    uint32_t sets = *(uint32_t *)params[3], iters = *(uint32_t *)params[4];
+    uint32_t set_override = *(uint32_t *)params[5], flip = *(uint32_t *)params[6];
+    const char *sdc = getenv("FAKE_CUDA_SDC_SM");
+    int once = env_int("FAKE_CUDA_SDC_ONCE", 0), wrong_here = 0;
+    int copies = env_int("FAKE_CUDA_COPIES", 2);
+    usleep((useconds_t)((double)iters * env_int("FAKE_CUDA_ITER_NS", 200) / 1000.0));
+    for (unsigned b = 0; b < blocks; b++) {
+        uint32_t sm = (uint32_t)((b * 7u) % (unsigned)sms());
+        uint32_t set = set_override == 0xFFFFFFFFu ? b % sets : set_override;
+        for (int w = 0; w < 8; w++) {
+            float a[16][16], bm[4][16][8];
+            for (int lane = 0; lane < 32; lane++) {
+                const uint32_t *r = in + (((size_t)set * 8 + w) * 32 + lane) * 12;
+                int g = lane >> 2, t = lane & 3;
+                int arow[4] = {g, g + 8, g, g + 8}, acol[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
+                for (int i = 0; i < 4; i++) {
+                    a[arow[i]][acol[i]] = bf16((uint16_t)(r[i] & 0xFFFF));
+                    a[arow[i]][acol[i] + 1] = bf16((uint16_t)(r[i] >> 16));
+                }
+                for (int j = 0; j < 4; j++)
+                    for (int i = 0; i < 2; i++) {
+                        uint32_t word = r[4 + 2 * j + i];
+                        int k0 = 2 * t + 8 * i;
+                        bm[j][k0][g] = bf16((uint16_t)(word & 0xFFFF));
+                        bm[j][k0 + 1][g] = bf16((uint16_t)(word >> 16));
+                    }
+            }
+            for (int lane = 0; lane < 32; lane++) {
+                int g = lane >> 2, t = lane & 3;
+                int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+                float *o = out + (((size_t)b * 8 + w) * 32 + lane) * 16;
+                for (int j = 0; j < 4; j++)
+                    for (int i = 0; i < 4; i++) {
+                        double sum = 0;
+                        for (int k = 0; k < 16; k++) sum += (double)a[rows[i]][k] * bm[j][k][cols[i]];
+                        o[4 * j + i] = (float)(sum * iters * copies);
+                    }
+            }
+        }
+        if (flip == sm) {
+            uint32_t bits;
+            float *first = out + (size_t)b * 8 * 32 * 16;
+            memcpy(&bits, first, 4); bits ^= 1; memcpy(first, &bits, 4);
+        }
+        if (sdc && gpu_matches() && (strcmp(sdc, "all") == 0 || (uint32_t)atoi(sdc) == sm)
+            && !(once && sdc_launched)) {
+            uint32_t bits;
+            float *word = out + (size_t)b * 8 * 32 * 16 + 4;
+            memcpy(&bits, word, 4); bits ^= 8; memcpy(word, &bits, 4);
+            wrong_here = 1;
+        }
+        sm_out[2 * b] = sm_out[2 * b + 1] = sm;
+    }
+    if (wrong_here) sdc_launched = 1;
+}
+
+static uint64_t mix64(uint64_t z) {
+    z *= 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void memtest(int check, void **params) {
+    uint64_t *p = (uint64_t *)(uintptr_t)*(uint64_t *)params[0];
+    uint64_t n = *(uint64_t *)params[1], seed = *(uint64_t *)params[3];
+    uint32_t kind = *(uint32_t *)params[2];
+    uint64_t *out = check ? (uint64_t *)(uintptr_t)*(uint64_t *)params[4] : NULL;
+    const char *corrupt = getenv("FAKE_CUDA_CORRUPT");
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t want = kind == 0 ? ((uint64_t)(uintptr_t)(p + i)) ^ seed : mix64(i + seed);
+        if (!check) { p[i] = want; continue; }
+        if (p[i] != want) {
+            uint64_t slot = out[0]++;
+            if (slot < 8) {
+                out[1 + 3 * slot] = (uint64_t)(uintptr_t)(p + i);
+                out[2 + 3 * slot] = want;
+                out[3 + 3 * slot] = p[i];
+            }
+        }
+    }
+    if (!check && corrupt && strcmp(corrupt, "memtest") == 0 && gpu_matches() && n > 100)
+        p[100] ^= 32;
+}
+
+CUresult cuDeviceGetAttribute(int *value, int attribute, int dev) {
+    (void)dev;
+    *value = attribute == 16 ? sms() : attribute == 75 ? 9 : 0;
     return 0;
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    faults("cuMemGetInfo_v2");
+    *free_bytes = (size_t)env_int("FAKE_CUDA_FREE_MIB", 96) << 20;
+    *total = (size_t)80 << 30;
+    return 0;
+}
+
+CUresult cuMemcpyDtoHAsync_v2(void *dst, uint64_t src, size_t n, void *stream) {
+    (void)stream;
+    return copy("cuMemcpyDtoHAsync_v2", "d2h", dst, (const void *)(uintptr_t)src, n);
 }
 
 CUresult cuLaunchKernel(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                         unsigned by, unsigned bz, unsigned shared, void *stream,
                         void **params, void **extra) {
-    (void)fn; (void)gy; (void)gz; (void)by; (void)bz; (void)shared; (void)stream;
+    (void)gy; (void)gz; (void)by; (void)bz; (void)shared; (void)stream;
     (void)extra;
     faults("cuLaunchKernel");
     int err = env_int("FAKE_CUDA_LAUNCH_ERROR", 0);
     if (err && gpu_matches()) return err;
+    if (fn == &fn_tokens[1]) { qgemm(gx, params); return 0; }
+    if (fn == &fn_tokens[2] || fn == &fn_tokens[3]) { memtest(fn == &fn_tokens[3], params); return 0; }
     uint32_t *p = (uint32_t *)(uintptr_t)*(uint64_t *)params[0];
     uint32_t n = *(uint32_t *)params[1], seed = *(uint32_t *)params[2];
     uint64_t threads = (uint64_t)gx * bx;
