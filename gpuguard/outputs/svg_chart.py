@@ -257,7 +257,7 @@ def draw_grid(frame: Frame, yticks: list[Tick], xticks: list[Tick]) -> list[str]
         y = num(frame.py(t))
         out.append(f'<line class="grid" x1="{num(frame.left)}" y1="{y}" x2="{num(right)}" '
                    f'y2="{y}" stroke="#dddddd"/>'
-                   + label("tick", frame.left - 6, frame.py(t) + 4, tick, anchor="end"))
+                   + label("y-tick", frame.left - 6, frame.py(t) + 4, tick, anchor="end"))
     for t, _ in xticks:
         x = num(frame.px(t))
         out.append(f'<line class="grid" x1="{x}" y1="{num(frame.top)}" x2="{x}" '
@@ -352,7 +352,7 @@ def draw_footer(frame: Frame, xticks: list[Tick], x_label: str,
     if not any_panel:
         return [label("no-data", frame.left + frame.width / 2, TITLE_H + 20, "no data", 13,
                       "middle")]
-    out = [label("tick", frame.px(t), bottom + 14, tick, anchor="middle") for t, tick in xticks]
+    out = [label("x-tick", frame.px(t), bottom + 14, tick, anchor="middle") for t, tick in xticks]
     if xticks:
         out.append(label("axis-label", frame.left + frame.width / 2,
                          bottom + (44 if labels else 30), text(x_label), anchor="middle"))
