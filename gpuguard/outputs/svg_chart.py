@@ -204,11 +204,12 @@ def legend(panel: Panel, width: int) -> list[tuple[float, int, str]]:
     x, row = float(LEFT), 0
     for series in panel.series:
         unit = f" ({series.unit})" if series.unit and series.unit != panel.unit else ""
-        label = text(series.name + unit, NAME_MAX)
+        entry = text(series.name + unit, NAME_MAX)
+        # the width of the unescaped text: a swatch, the name, a space before the next
         size = 22 + min(len(series.name + unit), NAME_MAX) * 6.6 + 14
         if x > LEFT and x + size > width - RIGHT:
             x, row = float(LEFT), row + 1
-        placed.append((x, row, label))
+        placed.append((x, row, entry))
         x += size
     return placed
 
