@@ -20,6 +20,7 @@ LAYERS = (
     "events",        # the event store, recording, escalation
     "assess",        # judge this host once: inputs, collection, rules, history, GPUs seen
     "outputs",       # table, JSON, Prometheus
+    "qualify",       # gpuguard qualify: the run on the GPUs, its evidence and chart
     "supervisor",    # failover to CPU and back
     "daemon",        # cycles, HTTP, metrics, the recorder thread
     "integrations",  # schedulers acting on the verdict (Slurm, Kubernetes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from gpuguard import __version__
-from gpuguard.cli import check, daemon, failover, history, rules, slurm, status
+from gpuguard.cli import check, daemon, failover, history, qualify, rules, slurm, status
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,5 +16,5 @@ def main() -> None:
 
 for command in (check.check, check.snapshot, history.xid, history.events_cmd, history.ack,
                 daemon.daemon, failover.failover, rules.rules, status.status,
-                slurm.slurm):
+                slurm.slurm, qualify.qualify):
     main.add_command(command)

@@ -34,8 +34,9 @@ SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 BUSY_TIMEOUT_MS = 100
 # `gpuguard events --kind`; `repair`: a GPU reset or driver reload the kernel log showed
-# (issue 21, item 3), its status the kind of repair (gpu_reset, driver_reload)
-KINDS = ("rule", "xid", "supervisor", "ack", "probe", "repair")
+# (issue 21, item 3), its status the kind of repair (gpu_reset, driver_reload); `qualify`:
+# one GPU's qualify run (issue 29), its status `pass` or the worst rule's status
+KINDS = ("rule", "xid", "supervisor", "ack", "probe", "repair", "qualify")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (

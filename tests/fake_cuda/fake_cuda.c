@@ -41,7 +41,6 @@
  *                                  sleeps iters x N, so calibration finds ~40 ms slices
  *   FAKE_CUDA_CORRUPT=memtest      mt_fill leaves bit 5 of word 100 of every slice flipped
  */
-#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>

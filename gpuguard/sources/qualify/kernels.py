@@ -193,18 +193,12 @@ PTX = build_ptx(COPIES)
 
 
 def mix64(x: int) -> int:
-    """The seeded-random pattern's word, as mt_fill computes it."""
+    """The seeded-random pattern's word, as mt_fill computes it: splitmix64 (word i of
+    a slice is splitmix64's output number i + seed from state 0)."""
     z = (x * MIX[0]) & MASK64
     z = ((z ^ (z >> 30)) * MIX[1]) & MASK64
     z = ((z ^ (z >> 27)) * MIX[2]) & MASK64
     return z ^ (z >> 31)
-
-
-def memtest_word(kind: int, seed: int, address: int, index: int) -> int:
-    """What word `index` at `address` of a slice holds after mt_fill(kind, seed)."""
-    if kind == PATTERN_ADDRESS:
-        return address ^ seed
-    return mix64((index + seed) & MASK64)
 
 
 def _bf16(value: float) -> int:

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 from gpuguard.sources.qualify.kernels import MASK64, PATTERN_ADDRESS, PATTERN_RANDOM
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from gpuguard.model.snapshot import GpuSnapshot
+
 GIB = 1 << 30
 MIB = 1 << 20
 LEVELS = ("quick", "standard", "long")
@@ -16,6 +20,10 @@ SLICE_S = 0.04
 # driver's: the memory test's own buffers, the context, the allocator's rounding).
 MEMTEST_FRACTION = 0.94
 MEMTEST_CHUNK = 1 * GIB
+# A GPU this busy, or with this share of its memory held by processes NVML does not list,
+# is in use (the active probe's thresholds: docs/active-probe.md).
+BUSY_PERCENT = 10
+BUSY_MEMORY_SHARE = 0.10
 
 
 @dataclass(frozen=True)
@@ -89,3 +97,31 @@ def options(level: str, seed: int, burn_s: float | None = None,
                               0.0 if burn_s is None else max(0.0, burn_s - spec.burn_s)),
                           copy_bytes=(64 if level == "quick" else 256) * MIB,
                           device_copy_bytes=(256 * MIB if level == "quick" else GIB))
+
+
+def refusal(gpu: GpuSnapshot) -> str | None:
+    """Why qualify will not touch this GPU, or None. Unlike the probe there is no force:
+    a qualify run takes all of a GPU's memory and power for a minute, so a GPU any process
+    holds is refused, and one whose use cannot be told is refused too."""
+    if not gpu.pci_bus_id.is_ok:
+        return f"its PCI bus id, which CUDA finds it by, was not read ({gpu.pci_bus_id.describe()})"
+    if gpu.mig_mode_current.get_or(False):
+        return "MIG is enabled: qualify runs on whole GPUs only"
+    procs = gpu.compute_processes
+    if procs.is_ok and procs.get():
+        named = ", ".join(f"pid {p.pid} ({p.name or '?'})" for p in procs.get()[:4])
+        more = f" and {len(procs.get()) - 4} more" if len(procs.get()) > 4 else ""
+        return f"held by {len(procs.get())} compute process(es): {named}{more}"
+    util = gpu.utilization_gpu_percent
+    if not util.is_ok:
+        return f"cannot tell whether it is busy: utilization {util.describe()}"
+    if util.get() > BUSY_PERCENT:
+        return f"busy: {util.get()} % utilization with no process NVML lists"
+    used, total = gpu.memory_used_bytes, gpu.memory_total_bytes
+    if not used.is_ok or not total.is_ok or not total.get():
+        return "cannot tell how much of its memory is in use"
+    held = max(0, used.get() - gpu.memory_reserved_bytes.get_or(0))
+    if held > BUSY_MEMORY_SHARE * total.get():
+        return (f"{held >> 20} MiB of its memory is in use by processes NVML does not list "
+                "(another container?)")
+    return None

@@ -1,0 +1,128 @@
+"""`gpuguard qualify`: each idle GPU proves itself under full power (docs/qualify.md).
+
+The host is read once (the NVML sweep says which GPUs are idle and who they are), the
+run takes the host-wide probe lock, and its readings are judged by the qualify.* rules
+like any other rule: the table, JSON and Prometheus output and the exit code are
+`check`'s. SIGTERM or SIGINT stops it within a second, its GPUs unknown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from gpuguard.assess.inputs import HostInputs
+from gpuguard.assess.once import Judgement
+from gpuguard.cli.options import emit, path_options, rule_options, state_dir_option
+from gpuguard.cli.values import MAX_WAIT_S, FilePath, Finite
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from gpuguard.model.results import Verdict
+    from gpuguard.model.snapshot import Snapshot
+    from gpuguard.qualify.run import Outcome
+
+LEVEL_HELP = ("quick: seconds, a taste of each part; standard (default): under a minute, "
+              "the gate back into service; long: minutes of heat, after a repair")
+
+
+@click.command()
+@click.option("--level", type=click.Choice(["quick", "standard", "long"]), default="standard",
+              show_default=True, help=LEVEL_HELP)
+@click.option("--gpu", "gpus", multiple=True, type=click.IntRange(min=0, max=1023),
+              metavar="INDEX", help="Qualify only this GPU (repeatable) [default: all].")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "prometheus"]),
+              default="table", show_default=True)
+@click.option("--output", "-o", type=FilePath(), help="Write here (atomically).")
+@click.option("--bundle", type=FilePath(),
+              help="Write the evidence (identities, driver, measurements, sampled series, "
+                   "failures) as JSON here: what a vendor asks for with an RMA.")
+@click.option("--chart", type=FilePath(),
+              help="Write an SVG chart of power, clocks and temperatures over the run here.")
+@click.option("--seconds", "burn_s", type=Finite(min=0.5, max=3600), metavar="S",
+              help="Seconds of load instead of the level's (the deadline grows with it).")
+@click.option("--inject-bit-flip", "flip_sm", type=click.IntRange(min=0, max=1023),
+              metavar="SM", help="Drill: every result computed on this SM gets one bit "
+                                 "flipped, so the path from kernel to verdict shows on a "
+                                 "good GPU. A run with it never records a pass.")
+@click.option("--seed", type=click.IntRange(min=0, max=2**32 - 1),
+              help="The inputs' seed [default: random; the bundle records it].")
+@click.option("--fail-on", type=click.Choice(["unknown", "warning", "critical"]),
+              default="unknown", show_default=True,
+              help="Lowest status that gives a non-zero exit.")
+@click.option("--timeout", type=Finite(min=0.2, max=MAX_WAIT_S), default=10.0, show_default=True,
+              help="Seconds before a hung driver is reported while reading the host.")
+@rule_options
+@state_dir_option()
+@path_options
+def qualify(level: str, gpus: tuple[int, ...], fmt: str, output: Path | None,
+            bundle: Path | None, chart: Path | None, burn_s: float | None,
+            flip_sm: int | None, seed: int | None, fail_on: str, timeout: float,
+            profile_path: Path | None, rules_dirs: tuple[Path, ...], state_dir: Path | None,
+            path_sysfs: Path | None, path_procfs: Path | None,
+            path_rootfs: Path | None) -> None:
+    """Qualify this host's idle GPUs under full load; exit 0 ok, 1 warning, 2 critical,
+    3 unknown (a refused, stopped or unfinished GPU is unknown: it did not pass)."""
+    from gpuguard.qualify import evidence
+    from gpuguard.qualify.run import Request, run
+
+    started = time.monotonic()
+    inputs = HostInputs(None, path_sysfs, path_procfs, path_rootfs, None, state_dir,
+                        profile_path, rules_dirs, timeout, None, False, "auto", False, ())
+    judgement = Judgement(inputs)
+    judgement.configure(("qualify.*",))
+    snapshot = judgement.snapshot()
+    stop = _stop_on_signals()
+    lock = judgement.state_dir() / "active-probe.lock"
+    outcome = run(snapshot, Request(level=level, gpus=gpus, burn_s=burn_s, flip_sm=flip_sm,
+                                    seed=seed, lock_path=str(lock)), stop)
+    verdict = judgement.verdict(fail_on, only=("qualify.*",), source="a qualify run")
+    _write_evidence(snapshot, outcome, verdict, bundle, chart, judgement)
+    from gpuguard.outputs.render import renderer
+
+    colour = output is None and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    emit(renderer(fmt)(snapshot, verdict, duration_s=time.monotonic() - started,
+                       colour=colour, quiet=False), output)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(verdict.code)
+
+
+def _write_evidence(snapshot: Snapshot, outcome: Outcome, verdict: Verdict,
+                    bundle: Path | None, chart: Path | None, judgement: Judgement) -> None:
+    import json
+
+    from gpuguard.io.atomic import write_text
+    from gpuguard.qualify import evidence
+    from gpuguard.sources.boot_state import boot_id
+
+    if bundle is not None:
+        write_text(bundle, json.dumps(evidence.bundle(snapshot, outcome, verdict),
+                                      indent=1) + "\n")
+    if chart is not None:
+        from gpuguard.qualify.chart import draw
+
+        write_text(chart, draw(snapshot, outcome))
+    problem = evidence.record(judgement.state_dir(), boot_id(judgement.inputs.paths()),
+                              snapshot, outcome, verdict)
+    if problem is not None:
+        print(f"gpuguard: {problem}", file=sys.stderr)
+
+
+def _stop_on_signals() -> threading.Event:
+    """SIGTERM and SIGINT set the event; the run kills its workers within a second."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+    return stop

@@ -1,0 +1,205 @@
+"""One qualify run on this host's GPUs: which GPUs it may take, the host-wide probe lock,
+one forked CUDA worker per GPU and the NVML sampler beside them, every worker gone by
+the deadline or within a second of a stop, and each GPU's `qualify` reading.
+
+The parent never loads libcuda or NVML (both are in forked workers, as the active probe's
+and the NVML sweep's): a driver call that hangs costs a worker, never the run."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from gpuguard.config.gpu_targets import targets_for
+from gpuguard.io import forked
+from gpuguard.sources.active.host_lock import HostLock
+from gpuguard.sources.nvml_progress import Progress
+from gpuguard.sources.qualify import assemble, child, sampler
+from gpuguard.sources.qualify import plan as levels
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpuguard.model.snapshot import GpuSnapshot, Snapshot
+
+# How long a run waits for another probe or qualify run to give the GPUs back.
+LOCK_WAIT_S = 15.0
+# A stopped run: the workers are killed at once; a launch in flight ends within a slice
+# and the driver frees the context when the process is gone.
+REAP_S = 1.0
+SAMPLE_INTERVAL_S = 0.1
+
+
+@dataclass
+class Request:
+    level: str = "standard"
+    gpus: tuple[int, ...] = ()
+    burn_s: float | None = None
+    flip_sm: int | None = None
+    seed: int | None = None
+    lock_path: str | None = None
+    lock_wait_s: float = LOCK_WAIT_S
+
+
+@dataclass
+class Outcome:
+    """Each GPU's reading, the sampled series (for the chart and the bundle), the run's
+    times (wall for display, monotonic for its length), and whether it was stopped."""
+
+    readings: dict[int, dict[str, Any]] = field(default_factory=dict)
+    series: dict[int, dict[str, list[tuple[float, float | None]]]] = field(
+        default_factory=dict)
+    sampler_error: str | None = None
+    started_at: float = 0.0
+    seconds: float = 0.0
+    stopped: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def run(snapshot: Snapshot, request: Request, stop: threading.Event) -> Outcome:
+    """Qualify the requested GPUs (all when none named) and fill their readings."""
+    seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "big")
+    opts = levels.options(request.level, seed, request.burn_s, request.flip_sm)
+    outcome = Outcome(started_at=time.time(), options={
+        "level": opts.level, "burn_s": opts.burn_s, "seed": seed,
+        "deadline_s": opts.deadline_s, "flip_sm": opts.flip_sm})
+    began = time.monotonic()
+    chosen = [g for g in snapshot.gpus if not request.gpus or g.index in request.gpus]
+    eligible: list[GpuSnapshot] = []
+    for gpu in chosen:
+        why = levels.refusal(gpu)
+        if why is None:
+            eligible.append(gpu)
+        else:
+            outcome.readings[gpu.index] = assemble.refused(opts.level, why)
+    lock = HostLock(request.lock_path) if request.lock_path and eligible else None
+    if lock is not None and lock.acquire(began + request.lock_wait_s) is False:
+        for gpu in eligible:
+            outcome.readings[gpu.index] = assemble.refused(
+                opts.level, f"another active probe or qualify run holds the GPUs: waited "
+                f"{request.lock_wait_s:g} s for {request.lock_path}")
+        eligible = []
+    try:
+        if eligible:
+            _run_workers(eligible, opts, stop, outcome)
+    finally:
+        if lock is not None:
+            lock.release()
+    outcome.seconds = round(time.monotonic() - began, 3)
+    for gpu in snapshot.gpus:
+        if gpu.index in outcome.readings:
+            from gpuguard.model.snapshot import Reading
+
+            gpu.qualify = Reading.ok(outcome.readings[gpu.index])
+    return outcome
+
+
+def _run_workers(gpus: list[GpuSnapshot], opts: levels.QualifyOptions,
+                 stop: threading.Event, outcome: Outcome) -> None:
+    began = time.monotonic()
+    deadline = began + opts.deadline_s
+    samples = sampler.start([g.index for g in gpus], SAMPLE_INTERVAL_S, opts.deadline_s + 5)
+    progress = Progress()
+    read_fd, write_fd = os.pipe()
+    pids: dict[int, int] = {}
+    with tempfile.TemporaryFile() as turn:
+        for slot, gpu in enumerate(gpus):
+            peers = [(o.index, str(o.pci_bus_id.get())) for o in gpus if o.index > gpu.index]
+
+            def body(gpu: GpuSnapshot = gpu, slot: int = slot,
+                     peers: list[tuple[int, str]] = peers) -> None:
+                os.close(read_fd)
+                with os.fdopen(write_fd, "w", buffering=1) as out:
+                    child.run(out, gpu.index, str(gpu.pci_bus_id.get()), peers, opts,
+                              turn.fileno(), lambda text: progress.set(slot, text))
+
+            pids[gpu.index] = forked.fork(body)
+        os.close(write_fd)
+        data, finished = _read(read_fd, deadline, stop)
+    for pid in pids.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    until = time.monotonic() + REAP_S
+    endings = {index: forked.describe_ending(forked.exit_code(pid, until))
+               for index, pid in pids.items()}
+    taken = samples.stop()
+    outcome.sampler_error = taken.error
+    outcome.stopped = stop.is_set()
+    runs = assemble.gather([json.loads(line) for line in data.splitlines()
+                            if line.startswith(b"{") and _json(line)])
+    for slot, gpu in enumerate(gpus):
+        outcome.readings[gpu.index] = _reading(gpu, slot, runs.get(gpu.index), opts, taken,
+                                               progress, outcome, finished, endings)
+        outcome.series[gpu.index] = sampler.series(taken, gpu.index)
+
+
+def _reading(gpu: GpuSnapshot, slot: int, one: assemble.GpuRun | None,
+             opts: levels.QualifyOptions, taken: sampler.Samples, progress: Progress,
+             outcome: Outcome, finished: bool, endings: dict[int, str | None]
+             ) -> dict[str, Any]:
+    one = one or assemble.GpuRun()
+    ending = None
+    if not one.ended:
+        where = _where(progress, slot)
+        if outcome.stopped:
+            ending = assemble.unfinished(one, "stopped (SIGTERM/SIGINT) before the end",
+                                         "stopped", where)
+        elif not finished:
+            ending = assemble.unfinished(
+                one, f"did not finish within the {opts.deadline_s:g} s deadline", "hung",
+                where)
+        else:
+            ending = assemble.unfinished(
+                one, f"the worker {endings.get(gpu.index) or 'left without a result'}",
+                "died", where)
+    start, end = one.load
+    load = None
+    if start is not None and end is not None:
+        load = sampler.summarise(taken, gpu.index, (start, end),
+                                 ramp_s=levels.LEVEL_TABLE[opts.level].ramp_s)
+        load["hours"] = round((end - start) / 3600.0, 6)
+    found = targets_for(gpu.name.get_or(None))
+    reading = assemble.reading(one, opts.level, opts.flip_sm,
+                               found.to_reading() if found else None, load, ending)
+    return reading
+
+
+def _where(progress: Progress, slot: int) -> str:
+    raw = bytes(progress.buf[slot * 128:(slot + 1) * 128]).split(b"\0", 1)[0]
+    return raw.decode(errors="replace")
+
+
+def _json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+def _read(fd: int, deadline: float, stop: threading.Event) -> tuple[bytes, bool]:
+    """The workers' lines until they all close the pipe, the deadline, or a stop (checked
+    every 0.1 s: the stop must free the GPUs within a second)."""
+    chunks: list[bytes] = []
+    finished = False
+    try:
+        while not stop.is_set() and (remaining := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([fd], [], [], min(remaining, 0.1))
+            if not ready:
+                continue
+            piece = os.read(fd, 1 << 16)
+            if not piece:
+                finished = True
+                break
+            chunks.append(piece)
+    finally:
+        os.close(fd)
+    return b"".join(chunks), finished
