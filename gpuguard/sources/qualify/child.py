@@ -1,5 +1,5 @@
-"""What a qualify worker runs on its GPU, in its forked child only: the burn (qgemm, every
-result verified, a mismatch located to its SM), the memory test, the copies. One JSON
+"""What a qualify worker runs on its GPU, in its forked child only: the copies, the burn
+(qgemm, every result verified, a mismatch located to its SM), the memory test. One JSON
 line per phase started and finished (with CLOCK_MONOTONIC times, which the parent lines
 up with the NVML sampler's) and per result."""
 
@@ -167,6 +167,15 @@ class Worker:
                 function = c.c_void_p()
                 cu.call("cuModuleGetFunction", c.byref(function), self.module, name.encode())
                 self.functions[name] = function
+        # The copies first, on a cold GPU in a fresh context: measured after the burn and
+        # the memory test, the H200's pinned host-to-device copy read 28 GB/s where a
+        # fresh process reads 55 both ways (bench/h2d_variants.py, docs/qualify.md).
+        with self.phase("bandwidth"):
+            self.emit({"t": "result", "section": "bandwidth", "value": self.bandwidth()})
+        if self.peers:
+            with self.phase("peer"), self.turn():
+                self.emit({"t": "result", "section": "peers",
+                           "value": [self.pair(i, bus) for i, bus in self.peers]})
         from gpuguard.sources.qualify.burn import Burn
 
         burn = Burn(self)
@@ -178,12 +187,6 @@ class Worker:
         burn.close()
         with self.phase("memtest"):
             self.emit({"t": "result", "section": "memtest", "value": self.memtest()})
-        with self.phase("bandwidth"):
-            self.emit({"t": "result", "section": "bandwidth", "value": self.bandwidth()})
-        if self.peers:
-            with self.phase("peer"), self.turn():
-                self.emit({"t": "result", "section": "peers",
-                           "value": [self.pair(i, bus) for i, bus in self.peers]})
 
     def memtest(self) -> dict[str, Any]:
         """Most of the free memory, in chunks, each pattern written then checked on the
