@@ -148,8 +148,8 @@ def _section(path: Path, doc: Any, section: str, struct: msgspec.Struct) -> dict
         if item is None:
             continue
         if not math.isfinite(item.value):
-            raise ConfigError(path, doc[section].line_of(key), f"{section}.{key}: value "
-                              f"must be a finite number, not {item.value}")
+            raise ConfigError(path, doc[section][key].line_of("value"), f"{section}.{key}: "
+                              f"value must be a finite number, not {item.value}")
         found[key] = Target(item.value, item.source.strip(), item.note)
     return found
 
