@@ -75,18 +75,23 @@ def test_the_floors_leave_the_lent_h200_clear():
 def test_every_name_in_the_fixtures_and_the_memory_table_finds_its_model():
     names = fixture_names() | set(HBM_GBPS)
     assert {"NVIDIA H200", "NVIDIA A100-SXM4-80GB"} <= names
-    found = {name: targets_for(name, gpus_dir()) for name in sorted(names)}
-    assert {n: t for n, t in found.items() if t is None} == {}
-    assert found["NVIDIA H200"].model == "h200-sxm"  # type: ignore[union-attr]
-    assert found["NVIDIA A100-SXM4-80GB"].model == "a100-sxm4-80gb"  # type: ignore[union-attr]
-    assert found["NVIDIA H100 80GB HBM3"].model == "h100-sxm"  # type: ignore[union-attr]
-    assert targets_for(" NVIDIA L40S\n", gpus_dir()).model == "l40s"  # type: ignore[union-attr]
+    found = {name: model_of(name) for name in sorted(names)}
+    assert {n: m for n, m in found.items() if m is None} == {}
+    assert found["NVIDIA H200"] == "h200-sxm"
+    assert found["NVIDIA A100-SXM4-80GB"] == "a100-sxm4-80gb"
+    assert found["NVIDIA H100 80GB HBM3"] == "h100-sxm"
+    assert model_of(" NVIDIA L40S\n") == "l40s"
+
+
+def model_of(name: str | None) -> str | None:
+    targets = targets_for(name, gpus_dir())
+    return targets.model if targets is not None else None
 
 
 def test_an_unknown_model_has_no_targets():
     for name in ("Tesla K80", "NVIDIA GeForce RTX 4090", "NVIDIA H200 SXM", "nvidia h200",
                  "", None):
-        assert targets_for(name, gpus_dir()) is None
+        assert model_of(name) is None
 
 
 def test_the_reading_holds_the_judged_keys_only():
