@@ -2,8 +2,8 @@
 5): one file per model naming the product names NVML reports for it and, for each target,
 its value and where the value comes from. Checked whole when loaded: an unknown key, a
 target without a source, a value that is not a positive number, a power share above 1, a
-model that is not its file's name, a product name two files claim is `file:line: what is
-wrong`."""
+model that is not its file's name, a product name two files claim, a judged key neither
+given nor explained under `not_judged` is `file:line: what is wrong`."""
 
 from __future__ import annotations
 
