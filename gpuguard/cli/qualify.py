@@ -52,6 +52,12 @@ LEVEL_HELP = ("quick: seconds, a taste of each part; standard (default): under a
               metavar="SM", help="Drill: every result computed on this SM gets one bit "
                                  "flipped, so the path from kernel to verdict shows on a "
                                  "good GPU. A run with it never records a pass.")
+@click.option("--deadline", "deadline_s", type=Finite(min=1, max=7200), metavar="S",
+              help="Seconds the whole run may take before its unfinished GPUs are unknown "
+                   "[default: the level's: quick 60, standard 120, long 600].")
+@click.option("--targets", "targets_dir", type=FilePath(), metavar="DIR",
+              help="Judge against this folder of per-model target files instead of the "
+                   "shipped rules/gpus/ (a model gpuguard does not know, a site's floors).")
 @click.option("--seed", type=click.IntRange(min=0, max=2**32 - 1),
               help="The inputs' seed [default: random; the bundle records it].")
 @click.option("--fail-on", type=click.Choice(["unknown", "warning", "critical"]),
@@ -64,13 +70,13 @@ LEVEL_HELP = ("quick: seconds, a taste of each part; standard (default): under a
 @path_options
 def qualify(level: str, gpus: tuple[int, ...], fmt: str, output: Path | None,
             bundle: Path | None, chart: Path | None, burn_s: float | None,
-            flip_sm: int | None, seed: int | None, fail_on: str, timeout: float,
+            flip_sm: int | None, deadline_s: float | None, targets_dir: Path | None,
+            seed: int | None, fail_on: str, timeout: float,
             profile_path: Path | None, rules_dirs: tuple[Path, ...], state_dir: Path | None,
             path_sysfs: Path | None, path_procfs: Path | None,
             path_rootfs: Path | None) -> None:
     """Qualify this host's idle GPUs under full load; exit 0 ok, 1 warning, 2 critical,
     3 unknown (a refused, stopped or unfinished GPU is unknown: it did not pass)."""
-    from gpuguard.qualify import evidence
     from gpuguard.qualify.run import Request, run
 
     started = time.monotonic()
@@ -81,8 +87,11 @@ def qualify(level: str, gpus: tuple[int, ...], fmt: str, output: Path | None,
     snapshot = judgement.snapshot()
     stop = _stop_on_signals()
     lock = judgement.state_dir() / "active-probe.lock"
+    if targets_dir is not None:
+        _load_targets(targets_dir)
     outcome = run(snapshot, Request(level=level, gpus=gpus, burn_s=burn_s, flip_sm=flip_sm,
-                                    seed=seed, lock_path=str(lock)), stop)
+                                    seed=seed, lock_path=str(lock), deadline_s=deadline_s,
+                                    targets_dir=targets_dir), stop)
     verdict = judgement.verdict(fail_on, only=("qualify.*",), source="a qualify run")
     _write_evidence(snapshot, outcome, verdict, bundle, chart, judgement)
     from gpuguard.outputs.render import renderer
@@ -93,6 +102,18 @@ def qualify(level: str, gpus: tuple[int, ...], fmt: str, output: Path | None,
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(verdict.code)
+
+
+def _load_targets(folder: Path) -> None:
+    """A bad targets folder is exit 3 before any GPU is touched."""
+    from gpuguard.assess.inputs import InputProblem
+    from gpuguard.config.gpu_targets import load_targets
+    from gpuguard.config.yamlfile import ConfigError
+
+    try:
+        load_targets(folder)
+    except ConfigError as exc:
+        raise InputProblem(str(exc)) from exc
 
 
 def _write_evidence(snapshot: Snapshot, outcome: Outcome, verdict: Verdict,

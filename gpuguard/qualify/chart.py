@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 # (panel title, unit, the sampler's series names drawn in it)
 PANELS = (
     ("Power", "W", ("power_w",)),
-    ("SM clock", "MHz", ("sm_clock_mhz",)),
-    ("Memory clock", "MHz", ("mem_clock_mhz",)),
+    ("SM clock", "MHz", ("sm_mhz",)),
+    ("Memory clock", "MHz", ("mem_mhz",)),
     ("Temperature", "C", ("gpu_temp_c", "hbm_temp_c")),
 )
 SHORT = {"gpu_temp_c": "core", "hbm_temp_c": "HBM"}

@@ -26,6 +26,7 @@ from gpuguard.sources.qualify import plan as levels
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from pathlib import Path
     from typing import Any
 
     from gpuguard.model.snapshot import GpuSnapshot, Snapshot
@@ -47,6 +48,8 @@ class Request:
     seed: int | None = None
     lock_path: str | None = None
     lock_wait_s: float = LOCK_WAIT_S
+    deadline_s: float | None = None
+    targets_dir: Path | None = None
 
 
 @dataclass
@@ -68,6 +71,8 @@ def run(snapshot: Snapshot, request: Request, stop: threading.Event) -> Outcome:
     """Qualify the requested GPUs (all when none named) and fill their readings."""
     seed = request.seed if request.seed is not None else int.from_bytes(os.urandom(4), "big")
     opts = levels.options(request.level, seed, request.burn_s, request.flip_sm)
+    if request.deadline_s is not None:
+        opts.deadline_s = request.deadline_s
     outcome = Outcome(started_at=time.time(), options={
         "level": opts.level, "burn_s": opts.burn_s, "seed": seed,
         "deadline_s": opts.deadline_s, "flip_sm": opts.flip_sm})
@@ -89,7 +94,7 @@ def run(snapshot: Snapshot, request: Request, stop: threading.Event) -> Outcome:
         eligible = []
     try:
         if eligible:
-            _run_workers(eligible, opts, stop, outcome)
+            _run_workers(eligible, opts, stop, outcome, request.targets_dir)
     finally:
         if lock is not None:
             lock.release()
@@ -103,10 +108,11 @@ def run(snapshot: Snapshot, request: Request, stop: threading.Event) -> Outcome:
 
 
 def _run_workers(gpus: list[GpuSnapshot], opts: levels.QualifyOptions,
-                 stop: threading.Event, outcome: Outcome) -> None:
+                 stop: threading.Event, outcome: Outcome, targets_dir: Path | None) -> None:
     began = time.monotonic()
     deadline = began + opts.deadline_s
-    samples = sampler.start([g.index for g in gpus], SAMPLE_INTERVAL_S, opts.deadline_s + 5)
+    samples = sampler.Sampler([g.index for g in gpus], SAMPLE_INTERVAL_S,
+                              deadline_s=opts.deadline_s + 5)
     progress = Progress()
     read_fd, write_fd = os.pipe()
     pids: dict[int, int] = {}
@@ -137,14 +143,15 @@ def _run_workers(gpus: list[GpuSnapshot], opts: levels.QualifyOptions,
                             if line.startswith(b"{") and _json(line)])
     for slot, gpu in enumerate(gpus):
         outcome.readings[gpu.index] = _reading(gpu, slot, runs.get(gpu.index), opts, taken,
-                                               progress, outcome, finished, endings)
+                                               progress, outcome, finished, endings,
+                                               targets_dir)
         outcome.series[gpu.index] = sampler.series(taken, gpu.index)
 
 
 def _reading(gpu: GpuSnapshot, slot: int, one: assemble.GpuRun | None,
              opts: levels.QualifyOptions, taken: sampler.Samples, progress: Progress,
-             outcome: Outcome, finished: bool, endings: dict[int, str | None]
-             ) -> dict[str, Any]:
+             outcome: Outcome, finished: bool, endings: dict[int, str | None],
+             targets_dir: Path | None) -> dict[str, Any]:
     one = one or assemble.GpuRun()
     ending = None
     if not one.ended:
@@ -166,7 +173,7 @@ def _reading(gpu: GpuSnapshot, slot: int, one: assemble.GpuRun | None,
         load = sampler.summarise(taken, gpu.index, (start, end),
                                  ramp_s=levels.LEVEL_TABLE[opts.level].ramp_s)
         load["hours"] = round((end - start) / 3600.0, 6)
-    found = targets_for(gpu.name.get_or(None))
+    found = targets_for(gpu.name.get_or(None), targets_dir)
     reading = assemble.reading(one, opts.level, opts.flip_sm,
                                found.to_reading() if found else None, load, ending)
     return reading
