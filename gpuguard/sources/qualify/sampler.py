@@ -177,7 +177,7 @@ class Sampler:
         if got.error is not None:  # the whole worker failed: every GPU with it
             got.gpu_errors = {gpu: got.error for gpu in self.indices} | got.gpu_errors
             return
-        for gpu in set(self.indices) - set(got.gpu_errors):
+        for gpu in [gpu for gpu in self.indices if gpu not in got.gpu_errors]:
             if (why := _stalled(got.samples.get(gpu), gpu, got.started, end, self.stall_s,
                                 calls)) is not None:
                 got.gpu_errors[gpu] = why
