@@ -70,7 +70,7 @@ def test_samples_come_at_the_interval_with_the_gpus_values(fake_env):
     assert took < 1.0
     for gpu in (0, 1):
         kept = got.samples[gpu]
-        assert 12 <= len(kept) <= 26, len(kept)
+        assert 8 <= len(kept) <= 25, len(kept)  # 1.2 s at 50 ms, less the start
         # the worker's CLOCK_MONOTONIC is the parent's: its times lie inside the run's
         assert got.started < kept[0].mono < kept[-1].mono < got.stopped
         assert kept[0].mono - got.started < 1.0  # fork, import pynvml, nvmlInit
@@ -125,7 +125,7 @@ def test_a_reason_appearing_mid_run_is_counted(fake_env):
 
 
 def test_new_ecc_errors_a_pending_remap_and_an_xid_during_the_run(fake_env):
-    got, _ = sample_run(fake_env, 2.6, gpus=(0, 1), load=1, ecc_corrected=10,
+    got, _ = sample_run(fake_env, 3.0, gpus=(0, 1), load=1, ecc_corrected=10,
                         ecc_uncorrected=1, later_ms=1200, later_gpu=0, later_uncorrected=3,
                         later_corrected=5, later_remap_pending=1, xid=48)
     hit, calm = whole(got, 0), whole(got, 1)
@@ -206,7 +206,7 @@ def test_the_number_of_samples_kept_is_bounded(fake_env):
 
 
 def test_the_number_of_ecc_reads_kept_is_bounded_first_and_last_kept(fake_env):
-    got, _ = sample_run(fake_env, 2.3, max_samples=2, load=1, later_ms=1500,
+    got, _ = sample_run(fake_env, 2.8, max_samples=2, load=1, later_ms=1500,
                         later_uncorrected=2)  # reads at about 0, 1 and 2 s
     first, last = got.ecc[0]
     assert last.mono - first.mono > 1.5
