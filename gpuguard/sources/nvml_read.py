@@ -169,6 +169,13 @@ def inforom(valid: Any, objects: Any) -> Any:
     return {"valid": valid if isinstance(valid, bool) else None, **objects}
 
 
+def clock_event_reasons_call(nv: Any) -> str:
+    """The binding's name of the clock event reasons call (also the qualify sampler's): the
+    "throttle" name is the pre-12.x spelling of the same call."""
+    reasons = "nvmlDeviceGetCurrentClocksEventReasons"
+    return reasons if hasattr(nv, reasons) else "nvmlDeviceGetCurrentClocksThrottleReasons"
+
+
 def cuda_version(raw: int) -> str:
     return f"{raw // 1000}.{(raw % 1000) // 10}"
 
@@ -259,11 +266,7 @@ def _read_gpu(
     dev("power_limit_enforced_w", "nvmlDeviceGetEnforcedPowerLimit", convert=watts)
     dev("power_limit_default_w", "nvmlDeviceGetPowerManagementDefaultLimit", convert=watts)
 
-    # The "throttle" name is the pre-12.x spelling of the same call.
-    reasons = "nvmlDeviceGetCurrentClocksEventReasons"
-    if not hasattr(nv, reasons):
-        reasons = "nvmlDeviceGetCurrentClocksThrottleReasons"
-    dev("clock_event_reasons", reasons, convert=int)
+    dev("clock_event_reasons", clock_event_reasons_call(nv), convert=int)
     dev("clock_sm_mhz", "nvmlDeviceGetClockInfo", nv.NVML_CLOCK_SM)
     dev("clock_mem_mhz", "nvmlDeviceGetClockInfo", nv.NVML_CLOCK_MEM)
     dev("clock_sm_max_mhz", "nvmlDeviceGetMaxClockInfo", nv.NVML_CLOCK_SM)

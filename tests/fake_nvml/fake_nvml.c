@@ -56,6 +56,27 @@
  *                              report their memory (FAKE_NVML_MEM_TOTAL_MIB, default 143771,
  *                              used = the sum of the file's lines); unset, the process
  *                              call is not supported
+ *   FAKE_NVML_LOAD=1           the readings of a GPU under load answer (`gpuguard qualify`'s
+ *                              sampler): power, enforced limit, SM and memory clocks,
+ *                              clock event reasons, volatile ECC totals, remapped rows;
+ *                              unset, those functions answer FunctionNotFound as before
+ *   FAKE_NVML_POWER_MW=n       ... power draw (default 690000: the H200 at full load)
+ *   FAKE_NVML_POWER_LIMIT_MW=n ... enforced power limit (default 700000)
+ *   FAKE_NVML_CLOCK_SM=MHz     ... current SM clock (default 1470)
+ *   FAKE_NVML_CLOCK_MEM=MHz    ... current memory clock (default 3201)
+ *   FAKE_NVML_REASONS=bits     ... clock event reasons (default 0x4, SW power cap)
+ *   FAKE_NVML_ECC_CORRECTED=n  ... volatile corrected ECC total (default 0)
+ *   FAKE_NVML_ECC_UNCORRECTED=n ... volatile uncorrected ECC total (default 0)
+ *   FAKE_NVML_REMAP_PENDING=1, FAKE_NVML_REMAP_FAILED=1  ... remapped rows' flags
+ *   FAKE_NVML_LATER_MS=N       from N ms after nvmlInit (default 0) the LATER values are
+ *                              in force (a fault that appears during a run):
+ *   FAKE_NVML_LATER_GPU=i      ... only on GPU i (default: every GPU; the Xid: GPU 0)
+ *   FAKE_NVML_LATER_REASONS=bits    ... OR'd into the clock event reasons
+ *   FAKE_NVML_LATER_CORRECTED=n     ... added to the corrected ECC total
+ *   FAKE_NVML_LATER_UNCORRECTED=n   ... added to the uncorrected ECC total
+ *   FAKE_NVML_LATER_REMAP_PENDING=1 ... a row remap pending
+ *   FAKE_NVML_XID=code         NVML Xid events answer (unset: FunctionNotFound as before):
+ *                              one event of this code, delivered at FAKE_NVML_LATER_MS
  *
  * Structs are laid out as nvidia-ml-py's ctypes declarations (pynvml.py) pass them.
  */
@@ -64,6 +85,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int nvmlReturn_t;
@@ -108,8 +130,17 @@ static void maybe_hang(const char *fn, int gpu) {
     while (access(file, F_OK) == 0) usleep(20000);
 }
 
+/* CLOCK_MONOTONIC seconds, and when this process called nvmlInit (the LATER switches). */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+static double init_at = -1.0;
+
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
+    init_at = now_s();
     maybe_hang("nvmlInit", -1);
     return env_int("FAKE_NVML_INIT_ERROR", NVML_SUCCESS);
 }
@@ -569,5 +600,139 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     for (int i = 0; i < n; i++) m->used += used[i];
     if (m->used > m->total) m->used = m->total;
     m->free = m->total - m->used;
+    return NVML_SUCCESS;
+}
+
+/* --- a GPU under load (FAKE_NVML_LOAD, FAKE_NVML_LATER_*, FAKE_NVML_XID) ------------- */
+
+#define NVML_ERROR_TIMEOUT 10
+#define NVML_ERROR_FUNCTION_NOT_FOUND 13
+
+static unsigned long long env_ull(const char *name, unsigned long long fallback) {
+    const char *v = getenv(name);
+    return v && *v ? strtoull(v, NULL, 0) : fallback;  /* base 0: 0x8 works */
+}
+
+/* Whether the LATER values are in force on GPU `gpu` now. */
+static int later(int gpu) {
+    int only = env_int("FAKE_NVML_LATER_GPU", -1);
+    if (only >= 0 && only != gpu) return 0;
+    return init_at >= 0 && (now_s() - init_at) * 1000.0 >= env_int("FAKE_NVML_LATER_MS", 0);
+}
+
+static nvmlReturn_t load_call(const char *fn, nvmlDevice_t d) {
+    maybe_hang(fn, d->index);
+    if (!env_int("FAKE_NVML_LOAD", 0)) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    return env_int("FAKE_NVML_LOST_GPU", -1) == d->index ? 15 : NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *mw) {
+    nvmlReturn_t r = load_call("nvmlDeviceGetPowerUsage", d);
+    if (r == NVML_SUCCESS) *mw = (unsigned int)env_ull("FAKE_NVML_POWER_MW", 690000);
+    return r;
+}
+
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t d, unsigned int *mw) {
+    nvmlReturn_t r = load_call("nvmlDeviceGetEnforcedPowerLimit", d);
+    if (r == NVML_SUCCESS) *mw = (unsigned int)env_ull("FAKE_NVML_POWER_LIMIT_MW", 700000);
+    return r;
+}
+
+/* type: 0 graphics, 1 SM, 2 memory. */
+nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t d, int type, unsigned int *mhz) {
+    nvmlReturn_t r = load_call("nvmlDeviceGetClockInfo", d);
+    if (r != NVML_SUCCESS) return r;
+    if (type == 0 || type == 1) *mhz = (unsigned int)env_int("FAKE_NVML_CLOCK_SM", 1470);
+    else if (type == 2) *mhz = (unsigned int)env_int("FAKE_NVML_CLOCK_MEM", 3201);
+    else return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t d, unsigned long long *bits) {
+    nvmlReturn_t r = load_call("nvmlDeviceGetCurrentClocksEventReasons", d);
+    if (r != NVML_SUCCESS) return r;
+    *bits = env_ull("FAKE_NVML_REASONS", 0x4);
+    if (later(d->index)) *bits |= env_ull("FAKE_NVML_LATER_REASONS", 0);
+    return NVML_SUCCESS;
+}
+
+/* type: 0 corrected, 1 uncorrected; volatile and aggregate counters read the same. */
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int type, int counter,
+                                         unsigned long long *count) {
+    nvmlReturn_t r = load_call("nvmlDeviceGetTotalEccErrors", d);
+    (void)counter;
+    if (r != NVML_SUCCESS) return r;
+    if (type != 0 && type != 1) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = env_ull(type == 0 ? "FAKE_NVML_ECC_CORRECTED" : "FAKE_NVML_ECC_UNCORRECTED", 0);
+    if (later(d->index))
+        *count += env_ull(type == 0 ? "FAKE_NVML_LATER_CORRECTED" : "FAKE_NVML_LATER_UNCORRECTED",
+                          0);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t d, unsigned int *corr, unsigned int *unc,
+                                       unsigned int *pending, unsigned int *failure) {
+    nvmlReturn_t r = load_call("nvmlDeviceGetRemappedRows", d);
+    if (r != NVML_SUCCESS) return r;
+    *corr = *unc = 0;
+    *pending = env_int("FAKE_NVML_REMAP_PENDING", 0)
+        || (later(d->index) && env_int("FAKE_NVML_LATER_REMAP_PENDING", 0));
+    *failure = env_int("FAKE_NVML_REMAP_FAILED", 0) ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+/* c_nvmlEventData_t of pynvml; the event set is an opaque pointer. */
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+typedef void *nvmlEventSet_t;
+static int event_set;
+static int xid_delivered;
+
+static void sleep_s(double s) {
+    if (s <= 0) return;
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    if (env_int("FAKE_NVML_XID", 0) <= 0) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    *set = &event_set;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types,
+                                      nvmlEventSet_t set) {
+    (void)types; (void)set;
+    maybe_hang("nvmlDeviceRegisterEvents", d->index);
+    return NVML_SUCCESS;
+}
+
+/* The one Xid when it is due (within this wait), else NVML_ERROR_TIMEOUT after the wait. */
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                 unsigned int timeout_ms) {
+    (void)set;
+    double wait = timeout_ms / 1000.0;
+    double left = init_at + env_int("FAKE_NVML_LATER_MS", 0) / 1000.0 - now_s();
+    if (!xid_delivered && left <= wait) {
+        int gpu = env_int("FAKE_NVML_LATER_GPU", 0);
+        if (gpu < 0 || gpu >= 64) gpu = 0;
+        sleep_s(left);
+        xid_delivered = 1;
+        memset(data, 0, sizeof *data);
+        devices[gpu].index = gpu;
+        data->device = &devices[gpu];
+        data->eventType = 0x8; /* nvmlEventTypeXidCriticalError */
+        data->eventData = (unsigned long long)env_int("FAKE_NVML_XID", 0);
+        return NVML_SUCCESS;
+    }
+    sleep_s(wait);
+    return NVML_ERROR_TIMEOUT;
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    (void)set;
     return NVML_SUCCESS;
 }
