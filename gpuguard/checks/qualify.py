@@ -1,10 +1,8 @@
-"""qualify.*: what `gpuguard qualify` (issue 29) measured on a GPU under full load, one rule
-per section of the GPU's `qualify` reading (gpuguard/model/qualify_reading.py). Without a
-run (`check`, the daemon) every rule is skipped, as the active probe's are without
---active; a GPU the run refused is unknown with the reason; a section not measured is
-unknown naming the error that stopped the run. The targets come only from the reading (the
-run copies in the GPU model's): a check reads no file, and a model without a target gets
-its measurement reported, ok, "not judged"."""
+"""qualify.*: what `gpuguard qualify` (issue 29) measured on a GPU under full load, a rule per
+section of its `qualify` reading (gpuguard/model/qualify_reading.py). No run: skipped (as the
+probe's rules without --active); refused: unknown with the reason; a section not measured:
+unknown naming the error that stopped the run. Targets come only from the reading (the run
+copies in the model's): no check reads a file; without one a measurement is "not judged"."""
 
 from __future__ import annotations
 
@@ -114,16 +112,14 @@ def sdc(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     if compared < computed:
         return unknown(f"not every result was verified: {done}", **observed)
     if located.get("outcome") == "every_sm":
-        return unknown(f"gpuguard's kernel disagrees with its reference: tile "
-                       f"{located['tile']} ({located['kind']}) computed wrong on every one of "
-                       f"the {located['checked_sms']} SMs that ran it again (expected "
-                       f"{located['expected']}, got {located['got']}): a gpuguard bug, not the "
-                       f"GPU's ({done})", **observed)
+        return unknown(f"gpuguard's kernel disagrees with its reference: tile {located['tile']} "
+                       f"({located['kind']}) wrong on all {located['checked_sms']} SMs that "
+                       f"ran it again (expected {located['expected']}, got {located['got']}): "
+                       f"a gpuguard bug, not the GPU's ({done})", **observed)
     if located.get("outcome") == "not_reproduced":
         return warning(f"a result was wrong once but not when tile {located['tile']} "
-                       f"({located['kind']}) was computed again on "
-                       f"{located['checked_sms']} SMs: intermittent, run qualify again "
-                       f"({done})", **observed)
+                       f"({located['kind']}) was computed again on {located['checked_sms']} "
+                       f"SMs: intermittent, run qualify again ({done})", **observed)
     if compute["mismatches"]:
         return unknown(f"wrong results not located{_stopped(run)} ({done})", **observed)
     return ok(f"every result compared bit-exact and right: {done} "
@@ -148,9 +144,8 @@ def _located(ctx: CheckContext, located: dict[str, Any], drill: int | None,
 
 @gpu_check("qualify.power")
 def power(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
-    """The median power of the load window as a share of the limit NVML enforces, against
-    the model's target (the SW power cap holding it at the limit is what a healthy board
-    under full load does)."""
+    """The load window's median power as a share of the enforced limit, against the model's
+    target (the SW power cap holding a healthy board at its limit under full load is normal)."""
     got = _section(gpu, "load", "power_w_median", "power_limit_w", "power_share")
     if isinstance(got, Finding):
         return got
@@ -373,11 +368,27 @@ def peer_bandwidth(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     run, peers = got[0], got[0].get("peers")
     if peers is None and run.get("error") is not None:
         return unknown(f"peer copies not measured{_stopped(run)}", error=run["error"])
-    target = _target(run, "p2p_gbps")
-    floor = None if target is None else target["value"]
+    target = _target(run, "p2p_gbps") or {}
+    floor, model = target.get("value"), _model(run, gpu)
+    slow, unmeasured, measured = _copies(peers or [], floor)
+    observed = {"peers": peers or [], "floor_gbps": floor}
+    if slow:
+        return ctx.fail(f"peer copies below the {model} floor of {floor:g} GB/s (source: "
+                        f"{target['source']}): {', '.join(slow)}", **observed)
+    if unmeasured:
+        return unknown(f"peer copies not measured with {'; '.join(unmeasured)}", **observed)
+    if not measured:
+        return ok("no peer: no other GPU in the run to copy with", **observed)
+    judged = f"not judged: no peer floor for {model}" if floor is None else f"floor {floor:g} GB/s"
+    return ok(f"peer copies with {', '.join(measured)} ({judged})", **observed)
+
+
+def _copies(peers: list[dict[str, Any]], floor: float | None
+            ) -> tuple[list[str], list[str], list[str]]:
+    """As text: the copies below the floor, those not measured, every pair's slower one."""
     slow, unmeasured, measured = [], [], []
-    for peer in peers or []:
-        rates = (peer.get("gbps"), peer.get("reverse_gbps"))
+    for peer in peers:
+        rates: tuple[Any, Any] = (peer.get("gbps"), peer.get("reverse_gbps"))
         if not peer["access"]:
             measured.append(f"GPU {peer['peer']}: no peer access (p2p.status judges it)")
         elif peer.get("error") or None in rates:
@@ -386,15 +397,4 @@ def peer_bandwidth(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
             measured.append(f"GPU {peer['peer']} {min(rates):.0f} GB/s")
             if floor is not None and min(rates) < floor:
                 slow.append(f"GPU {peer['peer']} at {min(rates):.0f} GB/s")
-    observed = {"peers": peers or [], "floor_gbps": floor}
-    if slow:
-        return ctx.fail(f"peer copies below the {_model(run, gpu)} floor of {floor:g} GB/s "
-                        f"(source: {target and target['source']}): {', '.join(slow)}",
-                        **observed)
-    if unmeasured:
-        return unknown(f"peer copies not measured with {'; '.join(unmeasured)}", **observed)
-    if not measured:
-        return ok("no peer: no other GPU in the run to copy with", **observed)
-    judged = "not judged: no peer floor for " + _model(run, gpu) if floor is None \
-        else f"floor {floor:g} GB/s"
-    return ok(f"peer copies with {', '.join(measured)} ({judged})", **observed)
+    return slow, unmeasured, measured

@@ -231,7 +231,7 @@ def test_sdc_a_drill_whose_bit_was_not_found_is_unknown(judge):
 def test_sdc_wrong_on_every_sm_is_our_bug_never_critical(judge):
     result = judge("qualify.sdc", located("every_sm", list(range(132))))
     expect(result, Status.UNKNOWN, "gpuguard's kernel disagrees with its reference",
-           "tile 9 (exact)", "every one of the 132 SMs", "expected 0x3f800000, got "
+           "tile 9 (exact)", "wrong on all 132 SMs", "expected 0x3f800000, got "
            "0x3f800001", "a gpuguard bug", action="none")
 
 
