@@ -702,3 +702,18 @@ def test_a_replayed_file_with_a_hostile_qualify_reading_is_unknown(tmp_path):
     results = json.loads(out.stdout)["results"]
     assert {r["rule"]: r["status"] for r in results} == dict.fromkeys(RULES, "unknown")
     assert all("invalid qualify" in r["message"] for r in results)
+
+
+def test_without_a_run_the_qualify_rules_export_no_series(tmp_path):
+    """Skipped, as the active probe's rules without --active: no gpuguard_rule_status
+    series in `check` (nor in the daemon: the series budget of docs/metrics.md)."""
+    snap = str(FIXTURES / "h200-live" / "idle-snapshot.json")
+    text = gpuguard("check", "--input", snap, "--format", "prometheus").stdout
+    assert 'rule="thermal.margin"' in text and 'rule="qualify.' not in text
+    raw = json.loads((FIXTURES / "h200-live" / "idle-snapshot.json").read_text())
+    raw["gpus"][0]["qualify"] = healthy()
+    (tmp_path / "snap.json").write_text(json.dumps(raw))
+    text = gpuguard("check", "--input", str(tmp_path / "snap.json"), "--format",
+                    "prometheus").stdout
+    assert sum(line.startswith("gpuguard_rule_status{") and 'rule="qualify.' in line
+               for line in text.splitlines()) == len(RULES)
