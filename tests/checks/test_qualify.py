@@ -197,6 +197,8 @@ def test_sdc_located_on_one_sm_is_critical_and_goes_to_a_person(judge):
            "right on the other 131 of 132 SMs", action="inspect_hardware")
     assert "wrong data" in result.action_reason
     assert result.observed["sms"] == [17] and result.observed["mismatches"] == 16
+    assert result.observed["located"]["tile"] == 9
+    assert judge("qualify.sdc", healthy()).observed["located"] is None
 
 
 def test_sdc_located_on_two_sms_names_both(judge):
@@ -365,6 +367,10 @@ def test_throttle_allows_what_the_threshold_allows(judge, tmp_path):
 def test_throttle_without_samples_is_unknown(judge):
     expect(judge("qualify.throttle", loaded(samples=0)), Status.UNKNOWN,
            "no sample in the load window")
+    reading = loaded(samples=0)
+    reading["error"] = {"kind": "died", "phase": "burn", "text": "signal 9", "code": None}
+    expect(judge("qualify.throttle", reading), Status.UNKNOWN, "no sample in the load window: "
+           "the run stopped in its burn phase (died: signal 9)")
     expect(judge("qualify.throttle", loaded(reasons=None)), Status.UNKNOWN,
            "not measured: load reasons")
 
@@ -436,6 +442,10 @@ def test_ecc_a_correctable_rate_above_the_model_warns(judge):
     expect(result, Status.WARNING, "26 new correctable error(s) in 1.5 min, 1040/h against "
            "the h200-sxm limit of 1000/h", action="none")
     expect(judge("qualify.ecc", ecc(correctable_new=25)), Status.OK, "1000/h")
+    reading = ecc(correctable_new=30)
+    reading["load"]["hours"] = 0.5
+    expect(judge("qualify.ecc", reading), Status.OK, "30 new correctable error(s) in 30.0 min, "
+           "60/h")
 
 
 def test_ecc_correctable_not_judged_without_a_target_or_a_length(judge):
@@ -501,6 +511,7 @@ def test_memtest_clean_names_size_coverage_and_speed(judge):
     expect(judge("qualify.memtest", healthy()), Status.OK, "every word read back right: "
            "130.0 GiB tested, 94 % of 139.0 GiB free, 6 passes (address, random) at 1800 GB/s")
     expect(judge("qualify.memtest", memtested(patterns=None)), Status.OK, "6 passes (?)")
+    assert judge("qualify.memtest", healthy()).observed["coverage"] == 0.935
 
 
 def test_memtest_wrong_words_are_critical_naming_the_first(judge):
@@ -586,6 +597,7 @@ def test_peer_bandwidth_below_the_floor_warns(judge):
     expect(result, Status.WARNING, "peer copies below the h200-sxm floor of 335 GB/s "
            "(source: Azure check_gpu_bw 48 335): GPU 1 at 120 GB/s", action="none")
     assert "GPU 2" not in result.message
+    assert [p["peer"] for p in result.observed["peers"]] == [1, 2]
 
 
 def test_peer_bandwidth_with_no_peer(judge):
