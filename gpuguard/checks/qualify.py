@@ -190,9 +190,8 @@ def clocks(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
 
 @gpu_check("qualify.throttle", thresholds=("max_hw_samples",))
 def throttle(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
-    """The clock event reasons of the load window's samples: HW slowdown, HW thermal and
-    HW power brake are the board protecting itself; SW thermal is the GPU at its
-    temperature target (a warning); the SW power cap is expected at full load."""
+    """The load samples' clock event reasons: HW slowdown, HW thermal, HW power brake are the
+    board protecting itself; SW thermal (a warning) its temperature target; SW power cap normal."""
     got = _section(gpu, "load", "reasons")
     if isinstance(got, Finding):
         return got
@@ -291,27 +290,28 @@ def xid(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     if isinstance(got, Finding):
         return got
     catalog, source = ctx.ruleset.xid_catalog, ctx.ruleset.xid_catalog_source
-    graded = [(x["code"], grade(x["code"], x.get("text"), catalog, source))
-              for x in got[1]["xids"]]
-    fatal = [g for _, g in graded if g.severity == "critical"]
-    observed: dict[str, Any] = {"xids": [code for code, _ in graded]}
+    codes, graded = [x["code"] for x in got[1]["xids"]], dict[int, Any]()
+    for x in got[1]["xids"]:  # each code once (a flood is one code a thousand times)
+        graded.setdefault(x["code"], grade(x["code"], x.get("text"), catalog, source))
+    fatal = {code: g for code, g in graded.items() if g.severity == "critical"}
+    observed: dict[str, Any] = {"xids": codes}
     if fatal:
-        worst = max(fatal, key=lambda g: CATALOG_WORDS[g.first].rank)
-        named = "; ".join(f"Xid {code} ({g.meaning})" for code, g in graded if g in fatal)
-        return ctx.fail(f"{len(fatal)} Xid(s) of the critical set under load: {named}",
-                        suggested=CATALOG_WORDS[worst.first].value, why=worst.why,
+        worst = max(fatal.values(), key=lambda g: CATALOG_WORDS[g.first].rank)
+        named = "; ".join(f"{codes.count(c)} x Xid {c} ({g.meaning})" for c, g in fatal.items())
+        return ctx.fail(f"{sum(map(codes.count, fatal))} Xid(s) of the critical set under load: "
+                        f"{named}", suggested=CATALOG_WORDS[worst.first].value, why=worst.why,
                         **observed)
     if graded:
-        seen = "; ".join(f"Xid {code} ({g.meaning}; {g.severity})" for code, g in graded)
+        seen = "; ".join(f"{codes.count(c)} x Xid {c} ({g.meaning}; {g.severity})"
+                         for c, g in graded.items())
         return ok(f"no Xid of the critical set during the run; seen: {seen}", **observed)
     return ok("no Xid during the run", **observed)
 
 
 @gpu_check("qualify.memtest", thresholds=("min_coverage",))
 def memtest(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
-    """Address-in-address and seeded random patterns over most of the free memory, read
-    back on the GPU. Wrong data is wrong whatever the coverage; a clean test that covered
-    too little vouches for too little (the quick level tests a sample)."""
+    """Address and seeded random patterns over most of the free memory: wrong data is wrong
+    whatever the coverage; a clean test of too little vouches for too little (quick: a sample)."""
     got = _section(gpu, "memtest")
     if isinstance(got, Finding):
         return got
@@ -335,8 +335,7 @@ def memtest(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
 
 @gpu_check("qualify.bandwidth")
 def bandwidth(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
-    """Pinned host-to-device and device-to-host copies and a device-to-device copy (bytes
-    read plus written), each against the model's floor where it has one."""
+    """Pinned host<->device copies and a device copy (read + written) against the model's floors."""
     got = _section(gpu, "bandwidth")
     if isinstance(got, Finding):
         return got

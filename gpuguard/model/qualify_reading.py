@@ -28,7 +28,7 @@ its rule judges:
                ecc: {uncorrectable_new, correctable_new, remap_pending(_before),
                remap_failed(_before)}, xids: [{code, text}], hours}
 
-Lists hold at most 64 entries (the SMs of a location at most 1024); numbers are finite,
+Lists hold at most 64 entries (the SMs of a location and the Xids 1024); numbers are finite,
 and not negative where they are counts, rates or times; text is bounded. Keys not named
 here are left alone (the run may add notes)."""
 
@@ -50,6 +50,9 @@ TARGETS = ("power_share", "hbm_gbps", "h2d_gbps", "d2h_gbps", "p2p_gbps",
            "correctable_ecc_per_hour", "sm_clock_mhz")
 MAX_ENTRIES = 64
 MAX_SMS = 1024
+# The Xids of a run: the sampler keeps the first 1000 and one more (it notes the rest); a
+# flood of Xids must be judged, not refused as an invalid reading.
+MAX_XIDS = 1024
 # Larger than any rate, time or wattage a GPU gives: a corrupt input.
 MAX_NUMBER = 1e15
 
@@ -153,7 +156,7 @@ def _load(load: Any) -> str | None:
     for name, spec in (("sm_clock_mhz", CLOCK), ("mem_clock_mhz", CLOCK),
                        ("reasons", REASONS), ("ecc", ECC)):
         problem = problem or _one(f"load {name}", load.get(name), spec)
-    return problem or _entries("load xids", load.get("xids"), XID)
+    return problem or _entries("load xids", load.get("xids"), XID, MAX_XIDS)
 
 
 def _one(where: str, value: Any, spec: Spec) -> str | None:
@@ -161,12 +164,12 @@ def _one(where: str, value: Any, spec: Spec) -> str | None:
     return None if value is None else _fields(where, value, spec)
 
 
-def _entries(where: str, value: Any, spec: Spec) -> str | None:
-    """An optional list of at most MAX_ENTRIES mappings of `spec`."""
+def _entries(where: str, value: Any, spec: Spec, most: int = MAX_ENTRIES) -> str | None:
+    """An optional list of at most `most` mappings of `spec`."""
     if value is None:
         return None
-    if not isinstance(value, list) or len(value) > MAX_ENTRIES:
-        return f"qualify {where} must be a list of at most {MAX_ENTRIES} entries"
+    if not isinstance(value, list) or len(value) > most:
+        return f"qualify {where} must be a list of at most {most} entries"
     return next((p for p in (_fields(where, entry, spec) for entry in value) if p), None)
 
 

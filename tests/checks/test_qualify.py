@@ -480,19 +480,26 @@ def test_xid_none_during_the_run_is_ok(judge):
 
 def test_xid_of_the_critical_set_takes_the_catalog_action(judge):
     result = judge("qualify.xid", xids(48))
-    expect(result, Status.CRITICAL, "1 Xid(s) of the critical set under load: Xid 48 "
+    expect(result, Status.CRITICAL, "1 Xid(s) of the critical set under load: 1 x Xid 48 "
            "(double-bit ECC error)", action="reset_gpu")
     assert result.action_reason == "Xid 48 in the catalog"
-    result = judge("qualify.xid", xids(43, 48, 79))
-    expect(result, Status.CRITICAL, "2 Xid(s) of the critical set", "Xid 48", "Xid 79",
-           action="reboot")
-    assert "Xid 43" not in result.message and result.observed["xids"] == [43, 48, 79]
+    result = judge("qualify.xid", xids(43, 48, 79, 79))
+    expect(result, Status.CRITICAL, "3 Xid(s) of the critical set", "1 x Xid 48 (double-bit "
+           "ECC error); 2 x Xid 79", action="reboot")
+    assert "Xid 43" not in result.message and result.observed["xids"] == [43, 48, 79, 79]
 
 
 def test_xid_outside_the_critical_set_is_reported(judge):
-    expect(judge("qualify.xid", xids(43, 13)), Status.OK, "no Xid of the critical set "
-           "during the run; seen: Xid 43 (GPU stopped processing", "ignore); Xid 13 (graphics "
-           "engine exception (usually an application bug); warning)")
+    expect(judge("qualify.xid", xids(43, 13, 43)), Status.OK, "no Xid of the critical set "
+           "during the run; seen: 2 x Xid 43 (GPU stopped processing", "ignore); 1 x Xid 13 "
+           "(graphics engine exception (usually an application bug); warning)")
+
+
+def test_xid_a_flood_is_judged_not_refused(judge):
+    result = judge("qualify.xid", xids(*[79] * 1001))
+    expect(result, Status.CRITICAL, "1001 Xid(s) of the critical set under load: 1001 x Xid 79 "
+           "(GPU has fallen off the bus)", action="reboot")
+    assert judge("qualify.xid", xids(*[79] * 1025)).status is Status.UNKNOWN
 
 
 def test_xid_not_read_is_unknown(judge):
