@@ -57,3 +57,18 @@ def test_the_new_families_of_issue_21_kill_their_mutants(tmp_path):
     report = json.loads(out.read_text())
     assert report["modules"]["gsp"]["mutants"] >= 5
     assert report["modules"]["gsp"]["survived"] == 0
+
+
+def test_the_qualify_family_of_issue_29_kills_its_mutants(tmp_path):
+    """qualify.*'s compare and threshold mutants (a sample of the full run in
+    docs/testing.md): every one killed by tests/checks/test_qualify.py, the thresholds by
+    its overrides."""
+    out = tmp_path / "qualify.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--modules", "qualify", "--kinds",
+                           "compare", "threshold", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
+    assert report["modules"]["qualify"]["mutants"] >= 40
+    assert report["modules"]["qualify"]["survived"] == 0
+    assert {m["kind"] for m in report["mutants"]} == {"compare", "threshold"}

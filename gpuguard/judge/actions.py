@@ -72,10 +72,11 @@ RECOVERY_FIELD = {
     "drain_p2p": Action.RESTART_APP,
     "recover_imex_domain": Action.RESTART_APP,
 }
-# The active probe's rules whose finding can be wrong data read back (observed
-# `mismatches`): silent data corruption. A reset does not make such a board trustworthy
-# (the next wrong answer is served, not caught), so it goes to a person, before any key.
-WRONG_DATA = ("gpu.compute", "memory.pattern")
+# The active probe's and qualify's rules whose finding can be wrong data read back
+# (observed `mismatches`): silent data corruption. A reset does not make such a board
+# trustworthy (the next wrong answer is served, not caught), so it goes to a person, before
+# any key. (qualify.sdc records `mismatches` only for results located to an SM.)
+WRONG_DATA = ("gpu.compute", "memory.pattern", "qualify.sdc", "qualify.memtest")
 # Findings whose observed fact says a reset cannot repair them: rule -> (the fact, why).
 # A failed row remapping means the bank has no spare row left; a reset activates pending
 # remaps but adds no rows, so the board goes to a person (NVIDIA: an RMA).
@@ -107,6 +108,9 @@ FAMILY_DEFAULT: dict[str, tuple[Action, Action]] = {
     "gsp": (Action.RESET_GPU, Action.NONE),
     # every devices.* rule names its own action (rules/devices.yaml)
     "devices": (Action.NONE, Action.NONE),
+    # a GPU that fails under qualify's full load goes to a person unless its rule says
+    # otherwise (rules/qualify.yaml): qualify is the gate before a return to service
+    "qualify": (Action.INSPECT_HARDWARE, Action.NONE),
 }
 
 
@@ -168,7 +172,10 @@ def suggest(rule: Rule, status: Status, observed: dict[str, Any],
 # `why`), and the action when it names none: service.gpu_errors takes the action of an Xid
 # on the service's GPUs near the engine's CUDA error (of_xid, the catalog's), else the
 # application's.
-FINDING_DECIDES = {"service.gpu_errors": Action.RESTART_APP}
+# qualify.ecc names a reset for a new uncorrectable error or pending remap and an
+# inspection for a failed remapping; qualify.xid the catalog's action of its worst Xid.
+FINDING_DECIDES = {"service.gpu_errors": Action.RESTART_APP, "qualify.ecc": Action.RESET_GPU,
+                   "qualify.xid": Action.RESET_GPU}
 
 
 def _from_finding(rule: Rule, observed: dict[str, Any], ruleset: RuleSet

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 FAMILIES = (
     "driver", "gpu", "vbios", "ecc", "memory", "pcie", "clocks", "power", "thermal",
     "persistence", "recovery", "xid", "toolkit", "nvlink", "fabric", "p2p", "mig", "sxid",
-    "host", "service", "image", "gsp", "devices",
+    "host", "service", "image", "gsp", "devices", "qualify",
 )
 
 

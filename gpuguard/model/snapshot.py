@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gpuguard.model import readings
+from gpuguard.model import qualify_reading, readings
 from gpuguard.model.identity import GpuId
 from gpuguard.model.nvml_status import NvmlStatus as NvmlStatus
 from gpuguard.model.nvml_status import nvml_status
@@ -150,6 +150,11 @@ class GpuSnapshot(Validated):
     # Peer copies with every other probed GPU: [{"peer": i, "access": bool|None,
     # "gbps": to it, "reverse_gbps": from it, "error"?: text}].
     probe_peers: Reading[list[dict[str, Any]]] = reading_field(readings.probe_peers)
+    # `gpuguard qualify` (issue 29; absent when it did not run on this GPU: every qualify.*
+    # rule is skipped): the level, a refusal, the drill, the error that stopped the run, the
+    # model's targets, and the sections compute, memtest, bandwidth, peers and load, each
+    # left out when not measured. The shape: gpuguard/model/qualify_reading.py.
+    qualify: Reading[dict[str, Any]] = reading_field(qualify_reading.qualify)
 
     def identity(self) -> GpuId:
         """Which GPU this is (gpuguard.model.identity), from the readings that answered."""
