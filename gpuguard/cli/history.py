@@ -18,6 +18,7 @@ from gpuguard.cli.options import (
     state_dir_option,
 )
 from gpuguard.cli.values import FilePath
+from gpuguard.events.kinds import KINDS
 
 
 @click.group()
@@ -71,7 +72,7 @@ def _finite_span(text: str, option: str, most_s: float | None = None) -> float:
 @click.option("--gpu", metavar="N|UUID|SERIAL", help="Only this GPU (by index, UUID or serial).")
 @click.option("--rule", "rule_id", metavar="ID", help="Only this rule (xid.recent for Xids).")
 @click.option("--kind", "kinds", multiple=True,
-              type=click.Choice(["rule", "xid", "supervisor", "ack", "probe", "repair"]),
+              type=click.Choice(KINDS),
               help="Only these kinds (repeatable).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True)

@@ -65,6 +65,8 @@ LEVEL_HELP = ("quick: seconds, a taste of each part; standard (default): under a
               help="Lowest status that gives a non-zero exit.")
 @click.option("--timeout", type=Finite(min=0.2, max=MAX_WAIT_S), default=10.0, show_default=True,
               help="Seconds before a hung driver is reported while reading the host.")
+@click.option("--kmsg-file", type=FilePath(),
+              help="Read the kernel log from this file instead of /dev/kmsg.")
 @rule_options
 @state_dir_option()
 @path_options
@@ -72,7 +74,8 @@ def qualify(level: str, gpus: tuple[int, ...], fmt: str, output: Path | None,
             bundle: Path | None, chart: Path | None, burn_s: float | None,
             flip_sm: int | None, deadline_s: float | None, targets_dir: Path | None,
             seed: int | None, fail_on: str, timeout: float,
-            profile_path: Path | None, rules_dirs: tuple[Path, ...], state_dir: Path | None,
+            kmsg_file: Path | None, profile_path: Path | None, rules_dirs: tuple[Path, ...],
+            state_dir: Path | None,
             path_sysfs: Path | None, path_procfs: Path | None,
             path_rootfs: Path | None) -> None:
     """Qualify this host's idle GPUs under full load; exit 0 ok, 1 warning, 2 critical,
@@ -80,7 +83,7 @@ def qualify(level: str, gpus: tuple[int, ...], fmt: str, output: Path | None,
     from gpuguard.qualify.run import Request, run
 
     started = time.monotonic()
-    inputs = HostInputs(None, path_sysfs, path_procfs, path_rootfs, None, state_dir,
+    inputs = HostInputs(None, path_sysfs, path_procfs, path_rootfs, kmsg_file, state_dir,
                         profile_path, rules_dirs, timeout, None, False, "auto", False, ())
     judgement = Judgement(inputs)
     judgement.configure(("qualify.*",))
@@ -92,7 +95,8 @@ def qualify(level: str, gpus: tuple[int, ...], fmt: str, output: Path | None,
     outcome = run(snapshot, Request(level=level, gpus=gpus, burn_s=burn_s, flip_sm=flip_sm,
                                     seed=seed, lock_path=str(lock), deadline_s=deadline_s,
                                     targets_dir=targets_dir), stop)
-    verdict = judgement.verdict(fail_on, only=("qualify.*",), source="a qualify run")
+    verdict = _with_note(judgement.verdict(fail_on, only=("qualify.*",),
+                                           source="a qualify run"), outcome)
     _write_evidence(snapshot, outcome, verdict, bundle, chart, judgement)
     from gpuguard.outputs.render import renderer
 
@@ -102,6 +106,19 @@ def qualify(level: str, gpus: tuple[int, ...], fmt: str, output: Path | None,
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(verdict.code)
+
+
+def _with_note(verdict: Verdict, outcome: Outcome) -> Verdict:
+    """The table's header says what ran (its first line is `check`'s)."""
+    import dataclasses
+
+    from gpuguard.sources.qualify.plan import LEVEL_TABLE
+
+    level = str(outcome.options.get("level"))
+    ran = (f"gpuguard qualify --level {level}: {LEVEL_TABLE[level].describe(outcome.options.get("burn_s"))}; "
+           f"{len(outcome.readings)} GPU(s) in {outcome.seconds:.1f} s"
+           + ("; stopped by a signal" if outcome.stopped else ""))
+    return dataclasses.replace(verdict, notes=(*verdict.notes, ran))
 
 
 def _load_targets(folder: Path) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuguard.events.kinds import KINDS
 from gpuguard.events.rows import Skipped, names_in, valid_event
 from gpuguard.model.identity import finding_key, stored
 from gpuguard.model.results import NAMES
@@ -33,10 +34,6 @@ SCHEMA_VERSION = 2
 # (the queries are the same, only slower).
 READABLE_VERSIONS = (1, 2)
 BUSY_TIMEOUT_MS = 100
-# `gpuguard events --kind`; `repair`: a GPU reset or driver reload the kernel log showed
-# (issue 21, item 3), its status the kind of repair (gpu_reset, driver_reload); `qualify`:
-# one GPU's qualify run (issue 29), its status `pass` or the worst rule's status
-KINDS = ("rule", "xid", "supervisor", "ack", "probe", "repair", "qualify")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (

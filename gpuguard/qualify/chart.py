@@ -4,7 +4,7 @@ drawn by gpuguard/outputs/svg_chart.py."""
 
 from __future__ import annotations
 
-from gpuguard.outputs.svg_chart import Limit, Panel, Series, chart
+from gpuguard.outputs.svg_chart import Band, Limit, Panel, Series, chart
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -34,7 +34,10 @@ def draw(snapshot: Snapshot, outcome: Outcome) -> str:
         panels.append(Panel(title, unit, series, _limits(title, outcome)))
     host = snapshot.host.hostname or "this host"
     level = outcome.options.get("level", "")
-    return chart(panels, f"gpuguard qualify {level} on {host}")
+    # the load of the first GPU (all start together; the copies come before it and the
+    # memory test after)
+    bands = [Band("load", *outcome.windows[index]) for index in sorted(outcome.windows)[:1]]
+    return chart(panels, f"gpuguard qualify {level} on {host}", bands=bands)
 
 
 def _limits(title: str, outcome: Outcome) -> list[Limit]:

@@ -60,6 +60,8 @@ class Outcome:
     readings: dict[int, dict[str, Any]] = field(default_factory=dict)
     series: dict[int, dict[str, list[tuple[float, float | None]]]] = field(
         default_factory=dict)
+    # each GPU's load window, seconds since the series' origin (the chart's bands)
+    windows: dict[int, tuple[float, float]] = field(default_factory=dict)
     sampler_error: str | None = None
     started_at: float = 0.0
     seconds: float = 0.0
@@ -77,14 +79,7 @@ def run(snapshot: Snapshot, request: Request, stop: threading.Event) -> Outcome:
         "level": opts.level, "burn_s": opts.burn_s, "seed": seed,
         "deadline_s": opts.deadline_s, "flip_sm": opts.flip_sm})
     began = time.monotonic()
-    chosen = [g for g in snapshot.gpus if not request.gpus or g.index in request.gpus]
-    eligible: list[GpuSnapshot] = []
-    for gpu in chosen:
-        why = levels.refusal(gpu)
-        if why is None:
-            eligible.append(gpu)
-        else:
-            outcome.readings[gpu.index] = assemble.refused(opts.level, why)
+    eligible = _eligible(snapshot, request, opts.level, outcome)
     lock = HostLock(request.lock_path) if request.lock_path and eligible else None
     if lock is not None and lock.acquire(began + request.lock_wait_s) is False:
         for gpu in eligible:
@@ -99,12 +94,27 @@ def run(snapshot: Snapshot, request: Request, stop: threading.Event) -> Outcome:
         if lock is not None:
             lock.release()
     outcome.seconds = round(time.monotonic() - began, 3)
+    from gpuguard.model.snapshot import Reading
+
     for gpu in snapshot.gpus:
         if gpu.index in outcome.readings:
-            from gpuguard.model.snapshot import Reading
-
             gpu.qualify = Reading.ok(outcome.readings[gpu.index])
     return outcome
+
+
+def _eligible(snapshot: Snapshot, request: Request, level: str,
+              outcome: Outcome) -> list[GpuSnapshot]:
+    """The GPUs asked for that may be taken; the others refused, saying why."""
+    eligible = []
+    for gpu in snapshot.gpus:
+        if request.gpus and gpu.index not in request.gpus:
+            continue
+        why = levels.refusal(gpu)
+        if why is None:
+            eligible.append(gpu)
+        else:
+            outcome.readings[gpu.index] = assemble.refused(level, why)
+    return eligible
 
 
 def _run_workers(gpus: list[GpuSnapshot], opts: levels.QualifyOptions,
@@ -145,7 +155,10 @@ def _run_workers(gpus: list[GpuSnapshot], opts: levels.QualifyOptions,
         outcome.readings[gpu.index] = _reading(gpu, slot, runs.get(gpu.index), opts, taken,
                                                progress, outcome, finished, endings,
                                                targets_dir)
-        outcome.series[gpu.index] = sampler.series(taken, gpu.index)
+        outcome.series[gpu.index] = sampler.series(taken, gpu.index, origin=began)
+        one = runs.get(gpu.index)
+        if one is not None and one.load[0] is not None and one.load[1] is not None:
+            outcome.windows[gpu.index] = (one.load[0] - began, one.load[1] - began)
 
 
 def _reading(gpu: GpuSnapshot, slot: int, one: assemble.GpuRun | None,
@@ -170,9 +183,11 @@ def _reading(gpu: GpuSnapshot, slot: int, one: assemble.GpuRun | None,
     start, end = one.load
     load = None
     if start is not None and end is not None:
-        load = sampler.summarise(taken, gpu.index, (start, end),
-                                 ramp_s=levels.LEVEL_TABLE[opts.level].ramp_s)
-        load["hours"] = round((end - start) / 3600.0, 6)
+        # ECC, remaps and Xids over the whole run (an error in the memory test counts),
+        # power and clocks over the load less its ramp
+        # a load shortened by --seconds keeps two thirds of itself past the ramp
+        ramp_s = min(levels.LEVEL_TABLE[opts.level].ramp_s, opts.burn_s / 3)
+        load = sampler.summarise(taken, gpu.index, (start, end), ramp_s=ramp_s)
     found = targets_for(gpu.name.get_or(None), targets_dir)
     reading = assemble.reading(one, opts.level, opts.flip_sm,
                                found.to_reading() if found else None, load, ending)

@@ -24,8 +24,8 @@ HERE = Path(__file__).parent
 FAKE_TARGETS = HERE / "targets-fake"
 # The fake H200 under full load: 665 of 700 W (95 %), the SW power cap on (what full
 # load looks like, never a finding).
-LOADED = {"fake_nvml_power_mw": 665000, "fake_nvml_power_limit_mw": 700000,
-          "fake_nvml_reasons": 4}
+LOADED = {"fake_nvml_load": 1, "fake_nvml_power_mw": 665000,
+          "fake_nvml_power_limit_mw": 700000, "fake_nvml_reasons": 4}
 
 Run = Callable[..., tuple[int, dict[tuple[str, int], dict[str, Any]], subprocess.CompletedProcess[str]]]
 
@@ -37,12 +37,15 @@ def host(root: Path) -> list[str]:
         "0f4b6f3a-0000-4000-8000-000000000029\n")
     (root / "sys").mkdir(exist_ok=True)
     (root / "rootfs").mkdir(exist_ok=True)
+    (root / "kmsg.log").write_text("")
     return ["--path.procfs", str(proc), "--path.sysfs", str(root / "sys"),
-            "--path.rootfs", str(root / "rootfs"), "--state-dir", str(root / "state")]
+            "--path.rootfs", str(root / "rootfs"), "--state-dir", str(root / "state"),
+            "--kmsg-file", str(root / "kmsg.log")]
 
 
 def environment(fake_nvml: Path, fake_cuda: Path, switches: dict[str, Any]) -> dict[str, str]:
     return {"LD_LIBRARY_PATH": f"{fake_nvml}:{fake_cuda}", "FAKE_NVML_GPUS": "2",
+            "FAKE_NVML_MEM_TOTAL_MIB": "1000",
             **{k.upper(): str(v) for k, v in {**LOADED, **switches}.items()}}
 
 

@@ -27,26 +27,42 @@ class GpuRun:
     ended: bool = False
 
     def take(self, msg: dict[str, Any]) -> None:
-        kind = msg.get("t")
-        if kind == "start":
-            self.started.append(str(msg.get("phase")))
-        elif kind == "phase" and isinstance(msg.get("ms"), int | float):
+        handler = getattr(self, f"on_{msg.get('t')}", None)
+        if handler is not None and str(msg.get("t")).isidentifier():
+            handler(msg)
+
+    def on_start(self, msg: dict[str, Any]) -> None:
+        self.started.append(str(msg.get("phase")))
+
+    def on_phase(self, msg: dict[str, Any]) -> None:
+        if isinstance(msg.get("ms"), int | float):
             self.phases[str(msg.get("phase"))] = float(msg["ms"])
-        elif kind == "result" and msg.get("section") in SECTIONS:
+
+    def on_result(self, msg: dict[str, Any]) -> None:
+        if msg.get("section") in SECTIONS:
             self.sections[str(msg["section"])] = msg.get("value")
-        elif kind == "load" and isinstance(msg.get("mono"), int | float):
+
+    def on_load(self, msg: dict[str, Any]) -> None:
+        if isinstance(msg.get("mono"), int | float):
             self.load = (float(msg["mono"]), self.load[1])
-        elif kind == "unload" and isinstance(msg.get("mono"), int | float):
+
+    def on_unload(self, msg: dict[str, Any]) -> None:
+        if isinstance(msg.get("mono"), int | float):
             self.load = (self.load[0], float(msg["mono"]))
-        elif kind == "cuda_error" and self.error is None:
+
+    def on_cuda_error(self, msg: dict[str, Any]) -> None:
+        if self.error is None:
             code = msg.get("code") if isinstance(msg.get("code"), int) else None
             self.error = {"kind": "cuda", "phase": str(msg.get("phase")), "code": code,
                           "text": str(msg.get("error"))[:300]}
-        elif kind == "fatal" and self.error is None:
+
+    def on_fatal(self, msg: dict[str, Any]) -> None:
+        if self.error is None:
             self.error = {"kind": "fatal", "phase": self.phase(), "code": None,
                           "text": str(msg.get("error"))[:300]}
-        elif kind == "end":
-            self.ended = True
+
+    def on_end(self, msg: dict[str, Any]) -> None:
+        self.ended = True
 
     def phase(self) -> str:
         return self.started[-1] if self.started else "start"

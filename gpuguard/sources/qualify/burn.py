@@ -20,9 +20,30 @@ from gpuguard.sources.qualify import kernels as k
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Protocol
 
-    from gpuguard.sources.qualify.child import Worker
+    from gpuguard.sources.qualify.plan import QualifyOptions
+
+    class Worker(Protocol):
+        """What the burn uses of its GPU's worker (child.Worker)."""
+
+        @property
+        def c(self) -> Any: ...
+        @property
+        def cu(self) -> Any: ...
+        @property
+        def opts(self) -> QualifyOptions: ...
+        @property
+        def sms(self) -> int: ...
+
+        def alloc(self, size: int, allow_oom: bool = False) -> int: ...
+        def free(self, ptr: int) -> None: ...
+        def pinned(self, size: int) -> int: ...
+        def event(self) -> Any: ...
+        def launch(self, name: str, blocks: int, threads: int, *args: Any) -> None: ...
+        def to_host(self, host: int, device: int, size: int, sync: bool = True) -> None: ...
+        def to_device(self, device: int, data: bytes) -> None: ...
+        def emit(self, msg: dict[str, Any]) -> None: ...
 
 EXACT, RANDOM = "exact", "random"
 MAX_EXAMPLES = 8
@@ -223,34 +244,42 @@ class Burn:
 
     def judge_rerun(self, kind: str, tile: int, data: memoryview,
                     sms: array[int]) -> dict[str, Any] | None:
+        """Which SMs got the tile wrong in the re-run; None when no block that stayed on
+        one SM ran on the suspect's (the re-run is tried again)."""
         n = k.BLOCK_OUT_BYTES
         placed = [(int(sms[2 * b]), bytes(data[b * n:(b + 1) * n]))
                   for b in range(len(sms) // 2) if sms[2 * b] == sms[2 * b + 1]]
         if self.suspect is not None and all(sm != self.suspect.sm for sm, _ in placed):
             return None
-        if kind == EXACT:
-            want = self.expected[tile]
-        else:
-            counts: dict[bytes, int] = {}
-            for _, result in placed:
-                counts[result] = counts.get(result, 0) + 1
-            want = max(counts, key=lambda key: counts[key])
-        wrong_sms = sorted({sm for sm, result in placed if result != want})
-        right_sms = {sm for sm, result in placed if result == want}
-        checked = len(wrong_sms) + len(right_sms - set(wrong_sms))
-        outcome = ("not_reproduced" if not wrong_sms
-                   else "every_sm" if not right_sms else "sm")
-        verdict: dict[str, Any] = {"outcome": outcome, "sms": wrong_sms, "tile": tile,
-                                   "kind": kind, "checked_sms": checked, "count": 0,
-                                   "expected": "", "got": ""}
-        bad = [result for sm, result in placed if wrong_sms and sm == wrong_sms[0]
-               and result != want]
-        if bad:
-            _, expected, got = first_difference(want, memoryview(bad[0]))
-            verdict.update(expected=f"{expected:#010x}", got=f"{got:#010x}",
-                           count=sum(words_differing(want, result)
-                                     for sm, result in placed if sm in wrong_sms))
-        return verdict
+        want = self.expected[tile] if kind == EXACT else majority(placed)
+        return rerun_verdict(kind, tile, placed, want)
+
+
+def rerun_verdict(kind: str, tile: int, placed: list[tuple[int, bytes]],
+                  want: bytes) -> dict[str, Any]:
+    """sm: wrong on some SMs, right on others; every_sm: wrong everywhere (ours);
+    not_reproduced: right everywhere (a one-off)."""
+    wrong_sms = sorted({sm for sm, result in placed if result != want})
+    right_sms = {sm for sm, result in placed if result == want}
+    outcome = "not_reproduced" if not wrong_sms else "every_sm" if not right_sms else "sm"
+    verdict: dict[str, Any] = {"outcome": outcome, "sms": wrong_sms, "tile": tile,
+                               "kind": kind, "checked_sms": len(right_sms | set(wrong_sms)),
+                               "count": 0, "expected": "", "got": ""}
+    if wrong_sms:
+        bad = next(result for sm, result in placed if sm == wrong_sms[0] and result != want)
+        _, expected, got = first_difference(want, memoryview(bad))
+        verdict.update(expected=f"{expected:#010x}", got=f"{got:#010x}",
+                       count=sum(words_differing(want, result)
+                                 for sm, result in placed if sm in wrong_sms))
+    return verdict
+
+
+def majority(placed: list[tuple[int, bytes]]) -> bytes:
+    """The result most blocks computed (the random kind's reference in a re-run)."""
+    counts: dict[bytes, int] = {}
+    for _, result in placed:
+        counts[result] = counts.get(result, 0) + 1
+    return max(counts, key=lambda key: counts[key])
 
 
 def first_difference(expected: bytes | memoryview, got: bytes | memoryview

@@ -197,39 +197,15 @@ class Worker:
         budget = int(free.value * self.opts.memtest_fraction)
         if self.opts.memtest_bytes is not None:
             budget = min(budget, self.opts.memtest_bytes)
-        result_dev, result_host = self.alloc(MT_OUT_BYTES), self.pinned(MT_OUT_BYTES)
-        chunks: list[tuple[int, int]] = []
-        while budget - sum(size for _, size in chunks) >= 8 * (1 << 20):
-            size = min(MEMTEST_CHUNK, budget - sum(s for _, s in chunks)) & ~0xFFFFF
-            ptr = self.alloc(size, allow_oom=True)
-            if not ptr:
-                break  # what the driver would not give: reported as coverage
-            chunks.append((ptr, size))
+        out = (self.alloc(MT_OUT_BYTES), self.pinned(MT_OUT_BYTES))
+        chunks = self.chunks(budget)
         tested = sum(size for _, size in chunks)
         began, mismatches = time.monotonic(), 0
         first: list[dict[str, str]] = []
-        blocks = self.sms * 8
         for kind, seed in self.opts.patterns:
-            cu.call("cuMemsetD32_v2", c.c_uint64(result_dev), c.c_uint(0),
-                    c.c_size_t(MT_OUT_BYTES // 4))
-            for name, extra in (("mt_fill", ()), ("mt_check", (c.c_uint64(result_dev),))):
-                offset = 0
-                for ptr, size in chunks:
-                    # the random pattern goes on across chunks (no two chunks alike)
-                    word_seed = (seed + offset) & k.MASK64 if kind else seed
-                    self.launch(name, blocks, 256, c.c_uint64(ptr), c.c_uint64(size // 8),
-                                c.c_uint32(kind), c.c_uint64(word_seed), *extra)
-                    offset += size // 8
-                cu.call("cuCtxSynchronize")
-            self.to_host(result_host, result_dev, MT_OUT_BYTES)
-            words = self.c.cast(result_host, self.c.POINTER(self.c.c_uint64))
-            wrong = int(words[0])
+            wrong, found = self.memtest_pass(chunks, kind, seed, out)
             mismatches += wrong
-            for j in range(min(wrong, k.MT_KEEP)):
-                if len(first) < MAX_EXAMPLES:
-                    first.append({"address": f"{words[1 + 3 * j]:#x}",
-                                  "expected": f"{words[2 + 3 * j]:#018x}",
-                                  "got": f"{words[3 + 3 * j]:#018x}"})
+            first += found[:MAX_EXAMPLES - len(first)]
         seconds = time.monotonic() - began
         for ptr, _ in chunks:
             self.free(ptr)
@@ -240,6 +216,45 @@ class Worker:
                 "passes": len(self.opts.patterns), "mismatches": mismatches,
                 "seconds": round(seconds, 3),
                 "gbps": round(moved / max(seconds, 1e-9) / 1e9, 1), "first": first}
+
+    def chunks(self, budget: int) -> list[tuple[int, int]]:
+        """Device memory up to `budget`, in chunks; what the driver would not give is
+        left out (it shows as coverage, bytes tested / free)."""
+        chunks: list[tuple[int, int]] = []
+        held = 0
+        while budget - held >= 8 * (1 << 20):
+            size = min(MEMTEST_CHUNK, budget - held) & ~0xFFFFF
+            ptr = self.alloc(size, allow_oom=True)
+            if not ptr:
+                break
+            chunks.append((ptr, size))
+            held += size
+        return chunks
+
+    def memtest_pass(self, chunks: list[tuple[int, int]], kind: int, seed: int,
+                     out: tuple[int, int]) -> tuple[int, list[dict[str, str]]]:
+        """One pattern over every chunk: written, then checked on the GPU; the count of
+        wrong words and the first ones the GPU kept."""
+        c, cu = self.c, self.cu
+        result_dev, result_host = out
+        cu.call("cuMemsetD32_v2", c.c_uint64(result_dev), c.c_uint(0),
+                c.c_size_t(MT_OUT_BYTES // 4))
+        blocks = self.sms * 8
+        for name, extra in (("mt_fill", ()), ("mt_check", (c.c_uint64(result_dev),))):
+            offset = 0
+            for ptr, size in chunks:
+                # the random pattern goes on across chunks (no two chunks alike)
+                word_seed = (seed + offset) & k.MASK64 if kind else seed
+                self.launch(name, blocks, 256, c.c_uint64(ptr), c.c_uint64(size // 8),
+                            c.c_uint32(kind), c.c_uint64(word_seed), *extra)
+                offset += size // 8
+            cu.call("cuCtxSynchronize")
+        self.to_host(result_host, result_dev, MT_OUT_BYTES)
+        words = c.cast(result_host, c.POINTER(c.c_uint64))
+        wrong = int(words[0])
+        found = [{"address": f"{words[1 + 3 * j]:#x}", "expected": f"{words[2 + 3 * j]:#018x}",
+                  "got": f"{words[3 + 3 * j]:#018x}"} for j in range(min(wrong, k.MT_KEEP))]
+        return wrong, found
 
     def bandwidth(self) -> dict[str, Any]:
         """Pinned host-to-device and back (the best of three, wall time), and a

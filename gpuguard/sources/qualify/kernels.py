@@ -239,18 +239,9 @@ class ExactInputs:
         for _ in range(SETS):
             per_set: list[int] = []
             for _ in range(WARPS):
-                a = [[rng.randint(-EXACT_MAX, EXACT_MAX) for _ in range(16)]
-                     for _ in range(16)]
-                bs = [[[rng.randint(-EXACT_MAX, EXACT_MAX) for _ in range(8)]
-                       for _ in range(16)] for _ in range(4)]
-                prods = [[[sum(a[r][k] * b[k][c] for k in range(16)) for c in range(8)]
-                          for r in range(16)] for b in bs]
-                for lane in range(32):
-                    words += _a_words(a, lane)
-                    for b in bs:
-                        words += _b_words(b, lane)
-                    cells = _d_cells(lane)
-                    per_set += [prod[r][c] for prod in prods for r, c in cells]
+                tile_words, tile_products = _exact_tile(rng)
+                words += tile_words
+                per_set += tile_products
             self.products.append(per_set)
         self.buffer = struct.pack(f"<{len(words)}I", *words)
 
@@ -259,6 +250,27 @@ class ExactInputs:
         scale = iters * COPIES
         return [struct.pack(f"<{len(p)}f", *(float(v * scale) for v in p))
                 for p in self.products]
+
+
+def _small(rng: random.Random, rows: int, cols: int) -> list[list[int]]:
+    return [[rng.randint(-EXACT_MAX, EXACT_MAX) for _ in range(cols)] for _ in range(rows)]
+
+
+def _exact_tile(rng: random.Random) -> tuple[list[int], list[int]]:
+    """One warp's input words (lane by lane, in the order qgemm loads them) and its
+    results per lane and register, as integers (one step of A x B)."""
+    a = _small(rng, 16, 16)
+    bs = [_small(rng, 16, 8) for _ in range(4)]
+    prods = [[[sum(a[r][k] * b[k][c] for k in range(16)) for c in range(8)]
+              for r in range(16)] for b in bs]
+    words: list[int] = []
+    products: list[int] = []
+    for lane in range(32):
+        words += _a_words(a, lane)
+        for b in bs:
+            words += _b_words(b, lane)
+        products += [prod[r][c] for prod in prods for r, c in _d_cells(lane)]
+    return words, products
 
 
 def random_inputs(rng: random.Random) -> bytes:
