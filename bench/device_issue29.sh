@@ -15,9 +15,11 @@ py=${PYTHON:-python3}
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 $py -m venv /tmp/gv29 && /tmp/gv29/bin/pip install -q --no-index --find-links .device/wheels \
-    nvidia-ml-py psutil pyudev prometheus-client click pyyaml structlog docker simpleeval msgspec
+    nvidia-ml-py psutil pyudev prometheus-client click pyyaml structlog docker simpleeval msgspec \
+    || { echo "the dependencies did not install from .device/wheels"; exit 1; }
 GP=/tmp/gv29/bin/python
 G=(env "PYTHONPATH=$repo" "$GP" -m gpuguard)
+minus() { $GP -c "import sys; print(round(float(sys.argv[1]) - float(sys.argv[2]), 2))" "$1" "$2"; }
 W=/tmp/gg29; rm -rf "$W"; mkdir -p "$W/state" "$W/dstate"
 S=(--state-dir "$W/state")
 
@@ -42,11 +44,12 @@ print(json.dumps({"t": time.time(), "code": doc.get("code"), "not_ok": bad}))'
 sleep 8
 
 for n in 1 2 3; do
+    sleep 3  # NVML's utilization of the last run must have settled: a busy GPU is refused
     extra=(); [ $n = 1 ] && extra=(--bundle "$R/bundle1.json" --chart "$R/run1.svg")
     began=$(date +%s.%N)
     "${G[@]}" qualify "${S[@]}" --level standard --format json "${extra[@]}" > "$R/qualify$n.json" 2> "$R/qualify$n.err"
     code=$?; ended=$(date +%s.%N)
-    echo "qualify standard run $n: exit $code, wall $(echo "$ended - $began" | bc) s" | tee -a "$R/summary.txt"
+    echo "qualify standard run $n: exit $code, wall $(minus $ended $began) s" | tee -a "$R/summary.txt"
 done
 
 echo "== PyTorch bf16 GEMM, 30 s, power sampled"
@@ -76,10 +79,12 @@ print(json.dumps({"tflops": round(n * 2 * 8192 ** 3 / spent / 1e12, 1),
 EOF
 cat "$R/torch.json" | tee -a "$R/summary.txt"
 
+sleep 3
 echo "== the drill"
 "${G[@]}" qualify "${S[@]}" --level standard --seconds 10 --inject-bit-flip 7 --format json > "$R/drill.json" 2> "$R/drill.err"
 echo "drill: exit $?" | tee -a "$R/summary.txt"
 
+sleep 3
 echo "== SIGTERM mid-run"
 "${G[@]}" qualify "${S[@]}" --level standard --format json > "$R/sigterm.json" 2> "$R/sigterm.err" & Q=$!
 sleep 15
@@ -89,7 +94,7 @@ for i in $(seq 1 50); do
     [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && break; sleep 0.1
 done
 t2=$(date +%s.%N)
-echo "sigterm: exit $code after $(echo "$t1 - $t0" | bc) s; GPU free of processes after $(echo "$t2 - $t0" | bc) s" | tee -a "$R/summary.txt"
+echo "sigterm: exit $code after $(minus $t1 $t0) s; GPU free of processes after $(minus $t2 $t0) s" | tee -a "$R/summary.txt"
 nvidia-smi --query-compute-apps=pid,name --format=csv,noheader > "$R/apps-after-sigterm.txt"
 
 sleep 3

@@ -83,12 +83,13 @@ def qualify(level: str, gpus: tuple[int, ...], fmt: str, output: Path | None,
     from gpuguard.qualify.run import Request, run
 
     started = time.monotonic()
+    # at once: a stop during the NVML sweep still ends with a verdict (every GPU unknown)
+    stop = _stop_on_signals()
     inputs = HostInputs(None, path_sysfs, path_procfs, path_rootfs, kmsg_file, state_dir,
                         profile_path, rules_dirs, timeout, None, False, "auto", False, ())
     judgement = Judgement(inputs)
     judgement.configure(("qualify.*",))
     snapshot = judgement.snapshot()
-    stop = _stop_on_signals()
     lock = judgement.state_dir() / "active-probe.lock"
     if targets_dir is not None:
         _load_targets(targets_dir)

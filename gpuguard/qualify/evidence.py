@@ -42,7 +42,9 @@ def passed(results: list[Result], reading: dict[str, Any]) -> bool:
 
 
 def worst(results: list[Result]) -> Result | None:
-    return max(results, key=lambda r: r.status.rank, default=None)
+    """The result an event names: the worst; among equals qualify.run, which says why
+    the others were not measured (a stop, a hang, a refusal)."""
+    return max(results, key=lambda r: (r.status.rank, r.rule == "qualify.run"), default=None)
 
 
 def identity(gpu: GpuSnapshot) -> dict[str, Any]:

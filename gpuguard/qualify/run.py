@@ -81,11 +81,12 @@ def run(snapshot: Snapshot, request: Request, stop: threading.Event) -> Outcome:
     began = time.monotonic()
     eligible = _eligible(snapshot, request, opts.level, outcome)
     lock = HostLock(request.lock_path) if request.lock_path and eligible else None
-    if lock is not None and lock.acquire(began + request.lock_wait_s) is False:
+    wait_s = min(request.lock_wait_s, opts.deadline_s / 4)
+    if lock is not None and lock.acquire(began + wait_s) is False:
         for gpu in eligible:
             outcome.readings[gpu.index] = assemble.refused(
                 opts.level, f"another active probe or qualify run holds the GPUs: waited "
-                f"{request.lock_wait_s:g} s for {request.lock_path}")
+                f"{wait_s:g} s for {request.lock_path}")
         eligible = []
     try:
         if eligible:
