@@ -116,7 +116,8 @@ def _with_note(verdict: Verdict, outcome: Outcome) -> Verdict:
     from gpuguard.sources.qualify.plan import LEVEL_TABLE
 
     level = str(outcome.options.get("level"))
-    ran = (f"gpuguard qualify --level {level}: {LEVEL_TABLE[level].describe(outcome.options.get('burn_s'))}; "
+    what = LEVEL_TABLE[level].describe(outcome.options.get("burn_s"))
+    ran = (f"gpuguard qualify --level {level}: {what}; "
            f"{len(outcome.readings)} GPU(s) in {outcome.seconds:.1f} s"
            + ("; stopped by a signal" if outcome.stopped else ""))
     return dataclasses.replace(verdict, notes=(*verdict.notes, ran))

@@ -118,6 +118,7 @@ def record(state_dir: Path, boot_id: str | None, snapshot: Snapshot, outcome: Ou
                 action=top.action if top is not None and not ok else "none",
                 message=f"{reading.get('level')}: {words}"[:2000],
                 data={"passed": ok, "level": reading.get("level"),
+                      "started_at": outcome.started_at,
                       "drill": bool(reading.get("drill")),
                       "results": [[r.rule, r.status.value] for r in results],
                       "reading": compact(reading)}))

@@ -27,7 +27,8 @@ FAKE_TARGETS = HERE / "targets-fake"
 LOADED = {"fake_nvml_load": 1, "fake_nvml_power_mw": 665000,
           "fake_nvml_power_limit_mw": 700000, "fake_nvml_reasons": 4}
 
-Run = Callable[..., tuple[int, dict[tuple[str, int], dict[str, Any]], subprocess.CompletedProcess[str]]]
+Results = dict[tuple[str, int], dict[str, Any]]
+Run = Callable[..., tuple[int, Results, subprocess.CompletedProcess[str]]]
 
 
 def host(root: Path) -> list[str]:
@@ -63,7 +64,7 @@ def qualify(fake_nvml: Path, fake_cuda: Path, tmp_path: Path) -> Run:
     return run
 
 
-def statuses(results: dict[tuple[str, int], dict[str, Any]], gpu: int) -> dict[str, str]:
+def statuses(results: Results, gpu: int) -> dict[str, str]:
     return {rule: r["status"] for (rule, index), r in results.items() if index == gpu}
 
 

@@ -42,7 +42,8 @@ class Level:
     def describe(self, burn_s: float | None = None) -> str:
         memory = ("most of the free memory" if self.memtest_bytes is None
                   else f"{self.memtest_bytes >> 20} MiB")
-        return (f"{self.burn_s if burn_s is None else burn_s:g} s of bf16 tensor-core load with every result verified, "
+        load = self.burn_s if burn_s is None else burn_s
+        return (f"{load:g} s of bf16 tensor-core load with every result verified, "
                 f"a memory test of {memory} ({2 + 2 * self.memtest_rounds} patterns), "
                 "host/device/peer copies")
 
