@@ -58,6 +58,9 @@ LEVEL_HELP = ("quick: seconds, a taste of each part; standard (default): under a
 @click.option("--targets", "targets_dir", type=FilePath(), metavar="DIR",
               help="Judge against this folder of per-model target files instead of the "
                    "shipped rules/gpus/ (a model gpuguard does not know, a site's floors).")
+@click.option("--purpose", metavar="TEXT",
+              help="What this run decides (\"slurm resume of node7 drained at ...\", "
+                   "\"failback of llm\"): kept with its events and bundle.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**32 - 1),
               help="The inputs' seed [default: random; the bundle records it].")
 @click.option("--fail-on", type=click.Choice(["unknown", "warning", "critical"]),
@@ -73,7 +76,7 @@ LEVEL_HELP = ("quick: seconds, a taste of each part; standard (default): under a
 def qualify(level: str, gpus: tuple[int, ...], fmt: str, output: Path | None,
             bundle: Path | None, chart: Path | None, burn_s: float | None,
             flip_sm: int | None, deadline_s: float | None, targets_dir: Path | None,
-            seed: int | None, fail_on: str, timeout: float,
+            purpose: str | None, seed: int | None, fail_on: str, timeout: float,
             kmsg_file: Path | None, profile_path: Path | None, rules_dirs: tuple[Path, ...],
             state_dir: Path | None,
             path_sysfs: Path | None, path_procfs: Path | None,
@@ -96,6 +99,8 @@ def qualify(level: str, gpus: tuple[int, ...], fmt: str, output: Path | None,
     outcome = run(snapshot, Request(level=level, gpus=gpus, burn_s=burn_s, flip_sm=flip_sm,
                                     seed=seed, lock_path=str(lock), deadline_s=deadline_s,
                                     targets_dir=targets_dir), stop)
+    outcome.options["purpose"] = (purpose or "")[:300]
+    outcome.options["bundle"] = str(bundle) if bundle is not None else None
     verdict = _with_note(judgement.verdict(fail_on, only=("qualify.*",),
                                            source="a qualify run"), outcome)
     _write_evidence(snapshot, outcome, verdict, bundle, chart, judgement)

@@ -47,8 +47,13 @@ def start(state_dir: Path, gpus: list[int], *, level: str = "standard",
     """Start `gpuguard qualify` on these GPUs in its own session and record it. Its output
     goes to a log in the state dir; its verdict to the event store."""
     state_dir.mkdir(parents=True, exist_ok=True)
+    bundles = state_dir / "qualify-bundles"
+    bundles.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     command = [sys.executable, "-m", "gpuguard", "qualify", "--level", level,
                "--state-dir", str(state_dir), "--format", "json",
+               "--bundle", str(bundles / f"{stamp}-{attempt}.json"),
+               *(("--purpose", purpose) if purpose else ()),
                *[a for gpu in gpus for a in ("--gpu", str(gpu))], *extra_args]
     with (state_dir / LOG).open("ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,

@@ -119,6 +119,8 @@ def record(state_dir: Path, boot_id: str | None, snapshot: Snapshot, outcome: Ou
                 message=f"{reading.get('level')}: {words}"[:2000],
                 data={"passed": ok, "level": reading.get("level"),
                       "started_at": outcome.started_at,
+                      "purpose": outcome.options.get("purpose") or "",
+                      "bundle": outcome.options.get("bundle"),
                       "drill": bool(reading.get("drill")),
                       "results": [[r.rule, r.status.value] for r in results],
                       "reading": compact(reading)}))

@@ -48,6 +48,8 @@ class Qualification:
     status: str            # pass, or the worst qualify rule's status
     action: str
     message: str
+    purpose: str = ""          # what it decided (qualify --purpose)
+    bundle: str | None = None  # where its bundle was written (qualify --bundle)
 
 
 def qualifications(state_dir: Path, since: float | None = None) -> list[Qualification]:
@@ -76,7 +78,9 @@ def qualifications(state_dir: Path, since: float | None = None) -> list[Qualific
             uuid=e.gpu_uuid, serial=e.gpu_serial, index=e.gpu_index,
             level=str(data.get("level") or ""), passed=data.get("passed") is True,
             drill=data.get("drill") is True, status=e.status or "unknown",
-            action=e.action or "none", message=e.message))
+            action=e.action or "none", message=e.message,
+            purpose=str(data.get("purpose") or ""),
+            bundle=data.get("bundle") if isinstance(data.get("bundle"), str) else None))
     return out
 
 
