@@ -158,27 +158,10 @@ class _Run:
                 for index, bus_id in self.peers:
                     self.emit({"t": "pair", "peer": index, **self.pair(bus_id)})
 
-    @contextlib.contextmanager
-    def turn(self) -> Iterator[None]:
-        """One GPU at a time on the shared links. A GPU that hangs holding the turn must
-        not make the others unknown: after a quarter of the deadline a worker measures
-        without it (the hung GPU moves no data, so the measurement is still alone)."""
-        import fcntl
+    def turn(self) -> contextlib.AbstractContextManager[None]:
+        from gpuguard.sources.cuda_copies import link_turn
 
-        self.cu.before("waiting for its turn on the shared PCIe/NVLink links")
-        end = time.monotonic() + self.opts.deadline_s / 4
-        held = False
-        while not held and time.monotonic() < end:
-            try:
-                fcntl.lockf(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                held = True
-            except OSError:
-                time.sleep(0.002)
-        try:
-            yield
-        finally:
-            if held:
-                fcntl.lockf(self.lock_fd, fcntl.LOCK_UN)
+        return link_turn(self.lock_fd, self.opts.deadline_s / 4, self.cu.before)
 
     def fetch(self, size: int) -> bytes:
         c = self.c
@@ -257,19 +240,9 @@ class _Run:
                 "bytes": size}
 
     def timed(self, call: str, *args: Any) -> float:
-        """Seconds for REPEATS copies, timed by CUDA events on the stream (a copy between
-        device buffers returns before it is done)."""
-        c, cu = self.c, self.cu
-        cu.call(call, *args)  # warm up
-        start, stop = self.events
-        cu.call("cuEventRecord", start, None)
-        for _ in range(REPEATS):
-            cu.call(call, *args)
-        cu.call("cuEventRecord", stop, None)
-        cu.call("cuEventSynchronize", stop)
-        ms = c.c_float()
-        cu.call("cuEventElapsedTime", c.byref(ms), start, stop)
-        return float(max(ms.value, 1e-3)) / 1e3
+        from gpuguard.sources.cuda_copies import timed
+
+        return timed(self.cu, self.c, (self.events[0], self.events[1]), call, *args)
 
     def memory(self) -> float:
         c = self.c
@@ -280,37 +253,11 @@ class _Run:
         return round(2 * size * REPEATS / seconds / 1e9, 1)
 
     def pair(self, bus_id: str) -> dict[str, Any]:
-        c, cu = self.c, self.cu
-        size = self.opts.bandwidth_bytes
-        peer_dev, can = c.c_int(), c.c_int()
-        cu.call("cuDeviceGetByPCIBusId", c.byref(peer_dev), bus_id.encode())
-        cu.call("cuDeviceCanAccessPeer", c.byref(can), self.dev, peer_dev)
-        if not can.value:
-            return {"access": False}
-        peer_ctx, peer_buf = c.c_void_p(), c.c_uint64()
-        cu.call("cuDevicePrimaryCtxRetain", c.byref(peer_ctx), peer_dev)
-        try:
-            cu.call("cuCtxSetCurrent", peer_ctx)
-            cu.call("cuMemAlloc_v2", c.byref(peer_buf), c.c_size_t(size))
-            cu.call("cuCtxSetCurrent", self.ctx)
-            cu.call("cuCtxEnablePeerAccess", peer_ctx, c.c_uint(0), allow=(704,))
-            mine = c.c_uint64(self.device_a.value)
-            forward = self.timed("cuMemcpyPeer", peer_buf, peer_ctx, mine, self.ctx,
-                                 c.c_size_t(size))
-            backward = self.timed("cuMemcpyPeer", mine, self.ctx, peer_buf, peer_ctx,
-                                  c.c_size_t(size))
-            return {"access": True, "gbps": round(size * REPEATS / forward / 1e9, 1),
-                    "reverse_gbps": round(size * REPEATS / backward / 1e9, 1)}
-        finally:
-            with contextlib.suppress(Exception):
-                cu.call("cuCtxDisablePeerAccess", peer_ctx)
-            if peer_buf.value:
-                with contextlib.suppress(Exception):
-                    cu.call("cuMemFree_v2", peer_buf)
-            with contextlib.suppress(Exception):
-                cu.call("cuDevicePrimaryCtxRelease_v2", peer_dev)
-            with contextlib.suppress(Exception):
-                cu.call("cuCtxSetCurrent", self.ctx)
+        from gpuguard.sources.cuda_copies import peer_copies
+
+        return peer_copies(self.cu, self.c, self.dev, self.ctx,
+                           (self.events[0], self.events[1]), int(self.device_a.value or 0),
+                           self.opts.bandwidth_bytes, bus_id)
 
     def release(self) -> None:
         """Everything the run took, each step on its own: one failure frees the rest."""
@@ -326,9 +273,9 @@ class _Run:
             steps.append(("cuMemFreeHost", (self.host,)))
         if self.retained:
             steps.append(("cuDevicePrimaryCtxRelease_v2", (self.dev,)))
-        for call, args in steps:
-            with contextlib.suppress(Exception):
-                cu.call(call, *args)
+        from gpuguard.sources.cuda_copies import give_back
+
+        give_back(cu, steps)
 
 
 def _word_mismatches(got: bytes, expected: bytes) -> int:

@@ -280,70 +280,24 @@ class Worker:
                 "d2d_gbps": round(2 * big * 3 / seconds / 1e9, 1), "bytes": size}
 
     def timed(self, call: str, *args: Any) -> float:
-        """Seconds for three copies on the stream, timed by CUDA events."""
-        c, cu = self.c, self.cu
-        cu.call(call, *args)
-        start, stop = self.event(), self.event()
-        cu.call("cuEventRecord", start, None)
-        for _ in range(3):
-            cu.call(call, *args)
-        cu.call("cuEventRecord", stop, None)
-        cu.call("cuEventSynchronize", stop)
-        ms = c.c_float()
-        cu.call("cuEventElapsedTime", c.byref(ms), start, stop)
-        return float(max(ms.value, 1e-3)) / 1e3
+        from gpuguard.sources.cuda_copies import timed
 
-    @contextlib.contextmanager
-    def turn(self) -> Iterator[None]:
-        """One GPU at a time on the shared links (as the active probe's workers)."""
-        import fcntl
+        return timed(self.cu, self.c, (self.event(), self.event()), call, *args)
 
-        end = time.monotonic() + self.opts.deadline_s / 4
-        held = False
-        while not held and time.monotonic() < end:
-            try:
-                fcntl.lockf(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                held = True
-            except OSError:
-                time.sleep(0.005)
-        try:
-            yield
-        finally:
-            if held:
-                fcntl.lockf(self.lock_fd, fcntl.LOCK_UN)
+    def turn(self) -> contextlib.AbstractContextManager[None]:
+        from gpuguard.sources.cuda_copies import link_turn
+
+        return link_turn(self.lock_fd, self.opts.deadline_s / 4, self.cu.before)
 
     def pair(self, index: int, bus_id: str) -> dict[str, Any]:
-        c, cu = self.c, self.cu
-        size = self.opts.copy_bytes
-        peer_dev, can = c.c_int(), c.c_int()
-        cu.call("cuDeviceGetByPCIBusId", c.byref(peer_dev), bus_id.encode())
-        cu.call("cuDeviceCanAccessPeer", c.byref(can), self.dev, peer_dev)
-        if not can.value:
-            return {"peer": index, "access": False}
-        peer_ctx, peer_buf = c.c_void_p(), c.c_uint64()
-        mine = self.alloc(size)
-        cu.call("cuDevicePrimaryCtxRetain", c.byref(peer_ctx), peer_dev)
+        from gpuguard.sources.cuda_copies import peer_copies
+
+        mine = self.alloc(self.opts.copy_bytes)
         try:
-            cu.call("cuCtxSetCurrent", peer_ctx)
-            cu.call("cuMemAlloc_v2", c.byref(peer_buf), c.c_size_t(size))
-            cu.call("cuCtxSetCurrent", self.ctx)
-            cu.call("cuCtxEnablePeerAccess", peer_ctx, c.c_uint(0), allow=(704,))
-            there = self.timed("cuMemcpyPeer", peer_buf, peer_ctx, c.c_uint64(mine), self.ctx,
-                               c.c_size_t(size))
-            back = self.timed("cuMemcpyPeer", c.c_uint64(mine), self.ctx, peer_buf, peer_ctx,
-                              c.c_size_t(size))
-            return {"peer": index, "access": True,
-                    "gbps": round(size * 3 / there / 1e9, 1),
-                    "reverse_gbps": round(size * 3 / back / 1e9, 1)}
+            return {"peer": index, **peer_copies(self.cu, self.c, self.dev, self.ctx,
+                                                 (self.event(), self.event()), mine,
+                                                 self.opts.copy_bytes, bus_id)}
         finally:
-            for call, args in (("cuCtxDisablePeerAccess", (peer_ctx,)),
-                               ("cuCtxSetCurrent", (peer_ctx,)),
-                               ("cuMemFree_v2", (peer_buf,)),
-                               ("cuCtxSetCurrent", (self.ctx,)),
-                               ("cuDevicePrimaryCtxRelease_v2", (peer_dev,))):
-                if call != "cuMemFree_v2" or peer_buf.value:
-                    with contextlib.suppress(Exception):
-                        cu.call(call, *args)
             self.free(mine)
 
     def release(self) -> None:
@@ -357,9 +311,9 @@ class Worker:
         steps += [("cuMemFreeHost", (p,)) for p in self.host if p.value]
         if self.retained:
             steps.append(("cuDevicePrimaryCtxRelease_v2", (self.dev,)))
-        for call, args in steps:
-            with contextlib.suppress(Exception):
-                self.cu.call(call, *args)
+        from gpuguard.sources.cuda_copies import give_back
+
+        give_back(self.cu, steps)
         self.device, self.host, self.events = [], [], []
 
 
