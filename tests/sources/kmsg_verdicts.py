@@ -54,7 +54,8 @@ def verdict(fixture: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     doc = json.loads(proc.stdout)
     results = sorted(
         ([r["rule"], (r.get("gpu") or {}).get("index"), r["status"], r["message"]]
-         for r in doc["results"] if r["rule"] not in _NOT_KERNEL_LOG),
+         for r in doc["results"] if r["rule"] not in _NOT_KERNEL_LOG
+         and not r["rule"].startswith(_LATER_FAMILIES)),
         key=lambda r: (r[0], -1 if r[1] is None else r[1]))
     return {"exit": proc.returncode, "results": results, "summary": summary(fixture)}
 
@@ -87,6 +88,9 @@ def ranked(found: dict[str, Any]) -> dict[str, Any]:
 # rules that read nothing of the kernel log: their results say nothing of this change, and
 # one of them (driver.responsive) times the run
 _NOT_KERNEL_LOG = ("driver.responsive",)
+# rule families added after the expected file was written, none of which reads the kernel
+# log (qualify.*: skipped in every `check`, issue 29)
+_LATER_FAMILIES = ("qualify.",)
 
 
 def main() -> None:
