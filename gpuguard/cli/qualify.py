@@ -124,7 +124,8 @@ def _with_note(verdict: Verdict, outcome: Outcome) -> Verdict:
     what = LEVEL_TABLE[level].describe(outcome.options.get("burn_s"))
     ran = (f"gpuguard qualify --level {level}: {what}; "
            f"{len(outcome.readings)} GPU(s) in {outcome.seconds:.1f} s"
-           + ("; stopped by a signal" if outcome.stopped else ""))
+           + (f"; stopped by a signal, its workers gone {outcome.freed_after_s:.2f} s after it"
+              if outcome.stopped and outcome.freed_after_s is not None else ""))
     return dataclasses.replace(verdict, notes=(*verdict.notes, ran))
 
 

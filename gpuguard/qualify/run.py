@@ -66,6 +66,8 @@ class Outcome:
     started_at: float = 0.0
     seconds: float = 0.0
     stopped: bool = False
+    # a stopped run: seconds from seeing the stop to every worker gone (the GPU free)
+    freed_after_s: float | None = None
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -141,12 +143,15 @@ def _run_workers(gpus: list[GpuSnapshot], opts: levels.QualifyOptions,
             pids[gpu.index] = forked.fork(body)
         os.close(write_fd)
         data, finished = _read(read_fd, deadline, stop)
+    seen_stop = time.monotonic()
     for pid in pids.values():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     until = time.monotonic() + REAP_S
     endings = {index: forked.describe_ending(forked.exit_code(pid, until))
                for index, pid in pids.items()}
+    if stop.is_set():
+        outcome.freed_after_s = round(time.monotonic() - seen_stop, 3)
     taken = samples.stop()
     outcome.sampler_error = taken.error
     outcome.stopped = stop.is_set()
