@@ -148,6 +148,9 @@ def host(tmp_path_factory: pytest.TempPathFactory, fake_nvml: Path) -> Iterator[
     assert "Traceback" not in log.read_text()
 
 
+QUALIFY_TARGETS = REPO / "tests" / "qualify" / "targets-fake"
+
+
 def base(path: tuple[str, ...], host: Host, case: Path) -> list[tuple[str, Arg | None]]:
     """The command's options and arguments without the hostile one: a valid run on the
     test's own host (an argument is `("", value)`; a flag `(name, None)`)."""
@@ -177,6 +180,9 @@ def base(path: tuple[str, ...], host: Host, case: Path) -> list[tuple[str, Arg |
                               ("--brake-jitter", "0"), *slurm],
         ("slurm", "prolog"): [*pairs, ("--input", str(LIVE)), *slurm],
         ("slurm", "epilog"): [*pairs, ("--input", str(LIVE)), *slurm],
+        # the fake NVML without its memory: every GPU refused before a worker starts
+        ("qualify",): [*pairs, ("--level", "quick"), ("--seconds", "0.5"),
+                       ("--format", "json"), ("--targets", str(QUALIFY_TARGETS))],
     }
     return list(table[path])
 

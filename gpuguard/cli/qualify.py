@@ -85,6 +85,7 @@ def qualify(level: str, gpus: tuple[int, ...], fmt: str, output: Path | None,
     3 unknown (a refused, stopped or unfinished GPU is unknown: it did not pass)."""
     from gpuguard.qualify.run import Request, run
 
+    _check_targets(output=output, bundle=bundle, chart=chart)
     started = time.monotonic()
     # at once: a stop during the NVML sweep still ends with a verdict (every GPU unknown)
     stop = _stop_on_signals()
@@ -129,6 +130,23 @@ def _with_note(verdict: Verdict, outcome: Outcome) -> Verdict:
     return dataclasses.replace(verdict, notes=(*verdict.notes, ran))
 
 
+def _check_targets(**paths: Path | None) -> None:
+    """Where the output, the bundle and the chart go, checked before any GPU is touched:
+    a run of a minute whose evidence then cannot be written is bad input (exit 3)."""
+    from gpuguard.cli.options import ConfigProblem
+    from gpuguard.io.atomic import check_writable_target
+
+    for name, path in paths.items():
+        if path is None:
+            continue
+        try:
+            check_writable_target(path)
+            if not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
+                raise OSError(0, f"its folder {path.parent} is not a writable directory")
+        except OSError as exc:
+            raise ConfigProblem(f"--{name} {path}: {exc.strerror or exc}") from exc
+
+
 def _load_targets(folder: Path) -> None:
     """A bad targets folder is exit 3 before any GPU is touched."""
     from gpuguard.assess.inputs import InputProblem
@@ -149,13 +167,16 @@ def _write_evidence(snapshot: Snapshot, outcome: Outcome, verdict: Verdict,
     from gpuguard.qualify import evidence
     from gpuguard.sources.boot_state import boot_id
 
-    if bundle is not None:
-        write_text(bundle, json.dumps(evidence.bundle(snapshot, outcome, verdict),
-                                      indent=1) + "\n")
-    if chart is not None:
-        from gpuguard.qualify.chart import draw
+    try:
+        if bundle is not None:
+            write_text(bundle, json.dumps(evidence.bundle(snapshot, outcome, verdict),
+                                          indent=1) + "\n")
+        if chart is not None:
+            from gpuguard.qualify.chart import draw
 
-        write_text(chart, draw(snapshot, outcome))
+            write_text(chart, draw(snapshot, outcome))
+    except OSError as exc:  # checked before the run; gone since: the verdict still stands
+        print(f"gpuguard: cannot write {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
     problem = evidence.record(judgement.state_dir(), boot_id(judgement.inputs.paths()),
                               snapshot, outcome, verdict)
     if problem is not None:

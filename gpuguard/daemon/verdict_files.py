@@ -48,6 +48,9 @@ NOT_A_CONDITION: dict[str, str] = {
     "host": "the node's memory and disks: kubelet reports them as conditions of its own",
     "image": "an image that cannot run here is its workload's problem, not the node's: "
              "the deploy pipeline (check --image) and the failback gate act on it",
+    "qualify": "judged by `gpuguard qualify`, a run of its own, never in the daemon's "
+               "verdict that the conditions carry; its result gates the way back into "
+               "service (Slurm's resume, the supervisor's failback) from the event store",
 }
 # A site's rule of a family in no condition: by where it looks
 SITE_GPU_CONDITION = "gpu-hardware"

@@ -33,9 +33,9 @@ if TYPE_CHECKING:
 
 # How long a run waits for another probe or qualify run to give the GPUs back.
 LOCK_WAIT_S = 15.0
-# A stopped run: the workers are killed at once; a launch in flight ends within a slice
-# and the driver frees the context when the process is gone.
-REAP_S = 1.0
+# A stopped run: the workers are killed at once (a launch in flight ends within a slice
+# and the driver frees the context when the process is gone), then reaped within this.
+REAP_S = 3.0
 SAMPLE_INTERVAL_S = 0.1
 
 

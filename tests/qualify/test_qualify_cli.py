@@ -196,8 +196,16 @@ def test_sigterm_mid_run_stops_within_a_second_and_leaves_no_worker(fake_nvml, f
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=30)
     assert out, err
-    with pytest.raises(ProcessLookupError):
-        os.killpg(proc.pid, 0)   # no worker of the run is left in its session
+    # no worker of the run is left in its session (killed and reaped: a loaded machine may
+    # take a moment to let the last one go)
+    until = time.monotonic() + 10
+    while True:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < until, "a worker of the stopped run is still there"
+        time.sleep(0.1)
     doc = json.loads(out)
     # the run's own clock: from seeing the stop to every worker reaped (the GPU free);
     # the verdict, the events and the output come after, at the machine's pace
