@@ -93,9 +93,9 @@ def decide(facts: Facts, level: str, after: float) -> Step:
     start: run one now; block: none can or will run now, and why (the reason the
     service stays on CPU)."""
     if facts.missing or not facts.gpus:
-        which = f"GPU {', '.join(map(str, facts.missing))} is" if facts.missing else \
+        which = f"GPU {', '.join(map(str, facts.missing))} is not" if facts.missing else \
             "none of the service's GPUs is"
-        return Step("block", f"{which} not in the daemon's last NVML sweep")
+        return Step("block", f"{which} in the daemon's last NVML sweep")
     if facts.running_since is not None:
         return Step("wait", f"qualifying since {utc(facts.running_since)}")
     unproven = [(g, facts.latest.get(g.index)) for g in facts.gpus
