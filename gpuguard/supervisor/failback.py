@@ -14,6 +14,7 @@ by hand (`gpuguard failover to gpu`) is gated by none of them."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,12 @@ class Failback:
             return Gate(step.why, restart_count=False,
                         outcome="qualifying" if step.verdict == "wait" else "blocked")
         return Gate(None)
+
+    def note_finding(self, st: ServiceState, why: list[Result]) -> None:
+        """A cycle on CPU: a hardware finding in it (`why`, the results that failed it)
+        moves the time a qualification must have started after to now."""
+        if self.qualify is not None and why and hardware(why):
+            st.qualify_after = time.time()
 
     def _probe(self) -> tuple[bool, str]:
         if self.active_check is None:

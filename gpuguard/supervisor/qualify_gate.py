@@ -103,31 +103,39 @@ def decide(facts: Facts, level: str, after: float) -> Step:
     if not unproven:
         return Step("pass", _passed_words(facts, level))
     gpu, found = unproven[0]
+    why = _not_proven(gpu, found, level, after, facts.last_ending)
+    # a critical finding: the board is at fault, and no run of ours helps
+    if found is not None and found.status == "critical":
+        return Step("block", f"{why}; after the repair, `gpuguard qualify --gpu "
+                    f"{gpu.index}` (a pass fails the service back) or `gpuguard failover "
+                    "to gpu`")
+    held = _held(facts, gpu.index)
+    return Step("block", f"{why}; {held}") if held else Step("start", why)
+
+
+def _not_proven(gpu: GpuNow, found: records.Qualification | None, level: str, after: float,
+                last_ending: str | None) -> str:
     if found is None:
         why = f"no {level} qualification of GPU {gpu.index} started after {utc(after)}"
-        if facts.last_ending:
-            why += f" (the last run {facts.last_ending})"
-    else:
-        # the event says `standard: no pass: FINDING`: the finding is the reason
-        finding = found.message.removeprefix(f"{found.level}: ").removeprefix("no pass: ")
-        why = f"the {found.level} qualification of GPU {gpu.index} did not pass: {finding}"
-        if found.status == "critical":  # the board is at fault: no run of ours helps
-            return Step("block", f"{why}; after the repair, `gpuguard qualify --gpu "
-                        f"{gpu.index}` (a pass fails the service back) or `gpuguard "
-                        "failover to gpu`")
+        return why + (f" (the last run {last_ending})" if last_ending else "")
+    # the event says `standard: no pass: FINDING`: the finding is the reason
+    finding = found.message.removeprefix(f"{found.level}: ").removeprefix("no pass: ")
+    return f"the {found.level} qualification of GPU {gpu.index} did not pass: {finding}"
+
+
+def _held(facts: Facts, index: int) -> str | None:
+    """Why no run of ours starts now, or None: one may."""
     if facts.runs >= MAX_RUNS:
-        return Step("block", f"{why}; {facts.runs} runs started, no more will be: "
-                    f"`gpuguard qualify --gpu {gpu.index}` or `gpuguard failover to gpu`")
+        return (f"{facts.runs} runs started, no more will be: `gpuguard qualify --gpu "
+                f"{index}` or `gpuguard failover to gpu`")
     if facts.retry_in > 0:
-        return Step("block", f"{why}; the next run at {utc(facts.retry_at)}")
+        return f"the next run at {utc(facts.retry_at)}"
     if facts.variant_runs:
-        return Step("block", f"{why}; the GPU variant runs: its GPUs are never qualified "
-                    "while they serve")
+        return "the GPU variant runs: its GPUs are never qualified while they serve"
     busy = [g for g in facts.gpus if g.busy]
     if busy:
-        return Step("block", f"{why}; GPU {busy[0].index} cannot be qualified now: "
-                    f"{busy[0].busy}")
-    return Step("start", why)
+        return f"GPU {busy[0].index} cannot be qualified now: {busy[0].busy}"
+    return None
 
 
 def _passed(found: records.Qualification | None) -> bool:

@@ -48,7 +48,7 @@ from gpuguard.model.results import Result
 from gpuguard.supervisor import policy, router, state
 from gpuguard.supervisor.backends import Backend, BackendError, make
 from gpuguard.supervisor.config import Service
-from gpuguard.supervisor.failback import ActiveCheck, Failback, Gate, hardware, hardware_action
+from gpuguard.supervisor.failback import ActiveCheck, Failback, Gate, hardware_action
 from gpuguard.supervisor.qualify_gate import QualifyHost
 from gpuguard.supervisor.state_writes import StateWrites
 from gpuguard.supervisor.steps import STEP_ERRORS, converge, other, roll_back, run_step, steps_of
@@ -229,27 +229,18 @@ class Supervisor:
                 st.on_cpu_boottime, svc.failover_after, svc.failback_after, svc.min_cpu_time,
                 svc.manual_failback)
             st.failed_cycles, st.healthy_cycles = counts.failed, counts.healthy
-            if st.active == "cpu" and why and hardware(why) and svc.qualify is not None:
-                st.qualify_after = time.time()  # a pass from before it proves nothing
-        if action is None:
+            if st.active == "cpu":  # a pass from before a new hardware finding proves nothing
+                self.failback.note_finding(st, why)
+        if action is None or now < self.state.retry_boottime:
             self._save()
             return
-        if now < self.state.retry_boottime:
-            self._save()
+        if action == "to_cpu":
+            self.transition("cpu", _failed_words(why), action=_suggested(why))
             return
-        to = "cpu" if action == "to_cpu" else "gpu"
-        passed = self._may_fail_back(results) if to == "gpu" else None
-        if passed is not None and passed.why is not None:
-            return
-        reason = ("; ".join(f"{r.rule}"
-                            + (f" (GPU {r.gpu.index})" if r.gpu else "") + f": {r.message}"
-                            for r in why[:3])
-                  if to == "cpu" else f"{counts.healthy} healthy cycles"
-                  + (f"; {passed.detail}" if passed and passed.detail else ""))
-        # the most severe suggested action of the results that failed it (gpuguard.judge.actions)
-        suggested = max((r.action for r in why if r.action in ACTION_ORDER),
-                         key=ACTION_ORDER.index, default="none") if to == "cpu" else "none"
-        self.transition(to, reason, action=suggested)
+        gate = self._may_fail_back(results)
+        if gate.why is None:
+            self.transition("gpu", f"{counts.healthy} healthy cycles"
+                            + (f"; {gate.detail}" if gate.detail else ""))
 
     def _may_fail_back(self, results: list[Result]) -> Gate:
         """Fail back only through the gates of supervisor/failback.py. A gate that says
@@ -395,3 +386,14 @@ class Supervisor:
             self.log.warning("failover_paused_for_test", step=step)
             time.sleep(60)
 
+
+
+def _failed_words(why: list[Result]) -> str:
+    return "; ".join(f"{r.rule}" + (f" (GPU {r.gpu.index})" if r.gpu else "") + f": {r.message}"
+                     for r in why[:3])
+
+
+def _suggested(why: list[Result]) -> str:
+    """The most severe suggested action of the results that failed it (judge/actions.py)."""
+    return max((r.action for r in why if r.action in ACTION_ORDER), key=ACTION_ORDER.index,
+               default="none")
