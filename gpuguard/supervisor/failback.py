@@ -100,10 +100,10 @@ class Failback:
         if self.qualify is not None:
             self.qualify.recover()
 
-    def stop(self, why: str) -> None:
-        """The qualification in progress, if any, stopped now."""
+    def stop(self, why: str, close: bool = False) -> None:
+        """The qualification in progress, if any, stopped now (`close`: for good)."""
         if self.qualify is not None:
-            self.qualify.stop(why)
+            self.qualify.stop(why, close)
 
 
 def _gpu_runs(backend: Callable[[], Backend]) -> bool:

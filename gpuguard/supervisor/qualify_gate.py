@@ -172,6 +172,7 @@ class QualifyGate:
         self._retry_at = 0.0  # time.monotonic()
         self._retry_wall = 0.0  # the same, on the wall clock: what the reason says
         self._ending: str | None = None
+        self._closed = False  # the daemon stops: no run starts after its stop
 
     def check(self, after: float, failover_at: float, gpus: list[int] | None,
               variant_runs: Callable[[], bool]) -> Step:
@@ -182,34 +183,44 @@ class QualifyGate:
         if after != self._after:  # a new finding: its own runs
             self._after, self._runs, self._retry_at, self._ending = after, 0, 0.0, None
         self._reap()
-        now = [g for g in self.host.gpus() if gpus is None or g.index in gpus]
-        missing = tuple(sorted(set(gpus or ()) - {g.index for g in now}))
-        running = self._started.started_at if self._started is not None else None
-        latest: dict[int, records.Qualification | None] = {}
-        if running is None:
-            found = records.qualifications(self.host.state_dir, since=after)
-            latest = {g.index: records.latest(found, records.Board(g.uuid, g.serial),
-                                              self.settings.level, after) for g in now}
-        facts = Facts(now, latest, missing, running,
-                      variant_runs=running is None and variant_runs(), runs=self._runs,
-                      retry_in=max(0.0, self._retry_at - time.monotonic()),
-                      retry_at=self._retry_wall, last_ending=self._ending)
+        facts = self._facts(self.host, after, gpus, variant_runs)
         step = decide(facts, self.settings.level, after)
         if step.verdict != "start":
             return step
         if self.dry_run:
             return Step("block", f"{step.why}; --dry-run: no qualification is started")
-        started = self._start([g.index for g in now], failover_at)
+        started = self._start([g.index for g in facts.gpus], failover_at)
+        if started is None:
+            return Step("block", "the daemon stops")
         return Step("wait", f"qualifying since {utc(started)}")
 
-    def _start(self, gpus: list[int], failover_at: float) -> float:
+    def _facts(self, host: QualifyHost, after: float, gpus: list[int] | None,
+               variant_runs: Callable[[], bool]) -> Facts:
+        now = [g for g in host.gpus() if gpus is None or g.index in gpus]
+        missing = tuple(sorted(set(gpus or ()) - {g.index for g in now}))
+        running = self._started.started_at if self._started is not None else None
+        latest: dict[int, records.Qualification | None] = {}
+        if running is None:  # the store is read only when no run of ours is under way
+            found = records.qualifications(host.state_dir, since=after)
+            latest = {g.index: records.latest(found, records.Board(g.uuid, g.serial),
+                                              self.settings.level, after) for g in now}
+        return Facts(now, latest, missing, running,
+                     variant_runs=running is None and variant_runs(), runs=self._runs,
+                     retry_in=max(0.0, self._retry_at - time.monotonic()),
+                     retry_at=self._retry_wall, last_ending=self._ending)
+
+    def _start(self, gpus: list[int], failover_at: float) -> float | None:
         assert self.host is not None
         purpose = f"failback of {self.service} after the failover at {utc(failover_at)}"
-        made, proc = detached.launch(
-            self.host.state_dir, gpus, level=self.settings.level, boot_id=self.host.boot_id,
-            attempt=self._runs + 1, purpose=purpose, record_file=self.record, env=self.host.env,
-            extra_args=(*self.host.args, *self.settings.args()))
+        # under the lock: a stop of the daemon meanwhile either sees this run or comes first
         with self._lock:
+            if self._closed:
+                return None
+            made, proc = detached.launch(
+                self.host.state_dir, gpus, level=self.settings.level,
+                boot_id=self.host.boot_id, attempt=self._runs + 1, purpose=purpose,
+                record_file=self.record, env=self.host.env,
+                extra_args=(*self.host.args, *self.settings.args()))
             self._proc, self._started = proc, made
             self._runs += 1
         self.log.warning("failback_qualify_started", gpus=gpus, pid=made.pid,
@@ -245,21 +256,37 @@ class QualifyGate:
             self.log.warning("failback_qualify_left_stopped", pid=left.pid)
         detached.clear(self.host.state_dir, self.record)
 
-    def stop(self, why: str) -> None:
-        """Our run stopped now (the daemon stops, or the GPU variant is about to start)."""
+    def stop(self, why: str, close: bool = False) -> None:
+        """Our run stopped now: the GPU variant is about to start, or the daemon stops
+        (`close`: and none starts after)."""
         with self._lock:
             proc, self._proc, self._started = self._proc, None, None
+            self._closed = self._closed or close
         if proc is None:
             return
         if proc.poll() is None:
             self.log.warning("failback_qualify_stopping", pid=proc.pid, why=why)
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # its session: the workers too
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(1.0)
+            proc.send_signal(signal.SIGTERM)  # qualify kills its workers and says "stopped"
+            _exited(proc.pid, STOP_WAIT_S)
+            # what is left of its group (a worker its death has not reached yet, or all of
+            # it past the wait), while the pid is still ours: its exit not yet reaped
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(1.0)
         if self.host is not None:
             detached.clear(self.host.state_dir, self.record)
+
+
+def _exited(pid: int, wait_s: float) -> bool:
+    """Whether our child `pid` exited within `wait_s`, leaving it unreaped (WNOWAIT)."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.05)

@@ -117,7 +117,7 @@ class Supervisor:
     def stop(self) -> None:
         self._stop.set()
         self._queue.put(("stop",))
-        self.failback.stop("the daemon stops")  # a qualification never outlives it
+        self.failback.stop("the daemon stops", close=True)  # a qualification never outlives it
 
     def view(self) -> ServiceView:
         with self._lock:

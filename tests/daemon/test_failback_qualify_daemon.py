@@ -200,7 +200,7 @@ def test_a_stop_of_the_daemon_stops_its_qualification(start_daemon, tmp_path, fa
                                       60, "the qualification to start")
     pid = started["pid"]
     time.sleep(1)  # its workers are up
-    assert os.getsid(pid) == pid and _group_alive(pid)  # in a session of its own
+    assert os.getsid(pid) == pid and _group_alive(pid, 0)  # in a session of its own
     took = setup.daemon.stop()
     assert took < 10
     assert not _group_alive(pid), "a process of the qualification outlived the daemon"
@@ -209,11 +209,35 @@ def test_a_stop_of_the_daemon_stops_its_qualification(start_daemon, tmp_path, fa
     assert [q.passed for q in setup.qualifications()] in ([], [False])
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of the group is left: the qualification leads its own session
-    and group, and its forked workers are in it (signal 0 tests, sends nothing)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def test_a_move_to_gpu_by_hand_stops_the_qualification_first(start_daemon, tmp_path,
+                                                               fake_nvml, fake_cuda):
+    setup = start(start_daemon, tmp_path, fake_nvml, fake_cuda, seconds=60)
+    setup.reset()
+    [started] = setup.daemon.wait_for(lambda: setup.log_events("failback_qualify_started"),
+                                      60, "the qualification to start")
+    moved = gpuguard("failover", "to", "gpu", "llm", "--reason", "board replaced",
+                     "--state-dir", str(setup.state_dir), "--wait", "30")
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert not _group_alive(started["pid"]), "the qualification held the GPU it starts on"
+    log = [json.loads(line)["event"] for line in setup.daemon.log.read_text().splitlines()
+           if line.startswith("{")]
+    stopping = log.index("failback_qualify_stopping")
+    assert stopping < max(i for i, e in enumerate(log) if e == "failover_started")
+    [stop] = setup.log_events("failback_qualify_stopping")
+    assert stop["why"] == "the GPU variant starts"
+
+
+def _group_alive(pgid: int, wait_s: float = 5.0) -> bool:
+    """Whether any process of the group is left after `wait_s`: the qualification leads
+    its own session and group, and its forked workers are in it (signal 0 tests, sends
+    nothing). The wait is for the exit of what was SIGKILLed to be reaped (a killed
+    process holds no GPU, but answers signal 0 until it is)."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() >= end:
+            return True
+        time.sleep(0.1)

@@ -298,3 +298,16 @@ def test_a_hardware_failover_waits_for_a_pass_started_after_its_finding(tmp_path
     assert supervisor.state.active == "gpu"
     assert "the standard qualification of GPU(s) 0 passed" in supervisor.state.reason
     assert supervisor.state.qualify_after is None and supervisor.state.failback_blocked is None
+
+
+def test_no_run_starts_once_the_daemon_has_stopped_the_gate(tmp_path):
+    """A cycle still in the supervisor's thread while the daemon stops must not start a
+    qualification the stop has already missed (it would outlive the daemon)."""
+    from gpuguard.supervisor.qualify_config import QualifySettings
+
+    host = QualifyHost(tmp_path / "state", tmp_path / "proc", "b1", (), gpus=lambda: [GPU0])
+    gate = QualifyGate("llm", QualifySettings(), host, Log())
+    gate.stop("the daemon stops", close=True)
+    step = gate.check(AFTER, AFTER, [0], lambda: False)
+    assert (step.verdict, step.why) == ("block", "the daemon stops")
+    assert not (tmp_path / "state" / "qualify-failback-llm.json").exists()
