@@ -10,8 +10,8 @@ state dir), never a call inside a cycle: it takes a minute, and the supervisor's
 only polls it. It is started only while the GPU variant is stopped and every GPU it takes
 is idle in the daemon's last NVML sweep (qualify's own refusal: no compute process, use
 that can be told, no MIG). It must not outlive its daemon: a stop of the daemon, or a
-manual move to GPU, stops it (SIGTERM, which qualify answers within a second; SIGKILL of
-its session past STOP_WAIT_S); a run left by a daemon that was SIGKILLed is found by its
+manual move to GPU, stops it (SIGTERM, which qualify answers within a second; then
+SIGKILL of what is left of its group, at the latest past STOP_WAIT_S); a run left by a daemon that was SIGKILLed is found by its
 record when the daemon starts again and stopped (under the shipped unit systemd has
 already killed it with the daemon's cgroup)."""
 
