@@ -11,9 +11,10 @@ only polls it. It is started only while the GPU variant is stopped and every GPU
 is idle in the daemon's last NVML sweep (qualify's own refusal: no compute process, use
 that can be told, no MIG). It must not outlive its daemon: a stop of the daemon, or a
 manual move to GPU, stops it (SIGTERM, which qualify answers within a second; then
-SIGKILL of what is left of its group, at the latest past STOP_WAIT_S); a run left by a daemon that was SIGKILLed is found by its
-record when the daemon starts again and stopped (under the shipped unit systemd has
-already killed it with the daemon's cgroup)."""
+SIGKILL of what is left of its group, at the latest past STOP_WAIT_S); a run left by a
+daemon that was SIGKILLed is found by its record when the daemon starts again and
+stopped (under the shipped unit systemd has already killed it with the daemon's
+cgroup)."""
 
 from __future__ import annotations
 
