@@ -387,7 +387,6 @@ class Supervisor:
             time.sleep(60)
 
 
-
 def _failed_words(why: list[Result]) -> str:
     return "; ".join(f"{r.rule}" + (f" (GPU {r.gpu.index})" if r.gpu else "") + f": {r.message}"
                      for r in why[:3])
