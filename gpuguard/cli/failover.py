@@ -20,11 +20,11 @@ def failover() -> None:
 def failover_status(state_dir: Path | None) -> None:
     """Which variant of each service serves, since when and why."""
     from gpuguard.io.paths import state_dir_or_default
-    from gpuguard.supervisor import state
+    from gpuguard.supervisor import state, state_view
 
     state_dir = state_dir_or_default(state_dir)
     try:
-        lines, unreadable = state.describe_all(state_dir)
+        lines, unreadable = state_view.describe_all(state_dir)
     except state.CannotAccess as exc:
         raise ConfigProblem(str(exc)) from exc
     for line in lines:

@@ -25,10 +25,10 @@ from gpuguard.assess.inputs import InputProblem, load_configuration
 from gpuguard.assess.once import judge
 from gpuguard.config.yamlfile import ConfigError
 from gpuguard.daemon import active, freshness, http, logs, main_loop, notify, status, triggers
-from gpuguard.daemon.active import ProbeKeeper
 from gpuguard.daemon.freshness import Freshness
 from gpuguard.daemon.latest import LatestResults
 from gpuguard.daemon.metrics import DaemonCollector, DaemonStats
+from gpuguard.daemon.qualify_host import qualify_host_of
 from gpuguard.daemon.recorder import FIRST_HISTORY_WAIT_S, EventRecorder, supervisor_event
 from gpuguard.daemon.sampler import NvmlSampler
 from gpuguard.daemon.schedule import Schedule
@@ -75,7 +75,7 @@ class Daemon:
         self._idle.set()
         self._schedule: Schedule | None = None
         self.supervisors: list[Supervisor] = []
-        self.probes = ProbeKeeper(cfg.active_probe_interval) \
+        self.probes = active.ProbeKeeper(cfg.active_probe_interval) \
             if cfg.active_probe_interval > 0 and cfg.input_path is None else None
         self.recorder: EventRecorder | None = None
         self.service_watch = ServiceWatch([])
@@ -335,8 +335,10 @@ class Daemon:
                      boot: str | None, procfs: str) -> None:
         tagged = ruleset.failover_rules()
         self.cfg.sources.workloads = of_services(services)  # image.cuda, every slow cycle
+        qualify = qualify_host_of(self.cfg, state_dir, boot, procfs, self.current)
         self.supervisors = [Supervisor(s, state_dir, tagged, self.cfg.dry_run,
-                                       active_check=self.active_probe_passes, boot_id=boot)
+                                       active_check=self.active_probe_passes, boot_id=boot,
+                                       qualify_host=qualify)
                             for s in services if state_dir is not None]
         if self.cfg.event_store and state_dir is not None:
             self.recorder = EventRecorder(eventstore.path_in(state_dir), boot)

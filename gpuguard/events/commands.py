@@ -134,6 +134,8 @@ def _table_row(e: Event, width: int) -> list[str]:
     message = e.message
     if e.kind == "ack":
         message = f"{e.data.get('reason', '')} (until {_when(e.data.get('until'))})"
+    if e.kind == "qualify" and e.data.get("purpose"):  # what it decided: a drain, a failover
+        message = f"{message}; for {e.data['purpose']}"
     prefix = (f"{_when(e.time):<19}  {e.kind:<10}  {what:<20}  {gpu_text:<5}  "
               f"{change:<20}  {(e.action or '-'):<16}  ")
     # the message wrapped under its column (as `check`'s table does), never one line

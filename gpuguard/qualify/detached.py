@@ -43,32 +43,50 @@ class Detached:
 
 def start(state_dir: Path, gpus: list[int], *, level: str = "standard",
           boot_id: str | None = None, attempt: int = 1, purpose: str = "",
-          extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Detached:
+          extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+          record_file: str = RECORD) -> Detached:
     """Start `gpuguard qualify` on these GPUs in its own session and record it. Its output
     goes to a log in the state dir; its verdict to the event store."""
+    return launch(state_dir, gpus, level=level, boot_id=boot_id, attempt=attempt,
+                  purpose=purpose, extra_args=extra_args, env=env, record_file=record_file)[0]
+
+
+def launch(state_dir: Path, gpus: list[int], *, level: str = "standard",
+           boot_id: str | None = None, attempt: int = 1, purpose: str = "",
+           extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+           record_file: str = RECORD) -> tuple[Detached, subprocess.Popen[bytes]]:
+    """start(), and the process for a caller that owns it (the daemon: it polls it and
+    kills it when it stops). `record_file` names the record (its log beside it): one per
+    owner, so the daemon's runs never overwrite Slurm's record in a shared state dir."""
     state_dir.mkdir(parents=True, exist_ok=True)
     bundles = state_dir / "qualify-bundles"
     bundles.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    owner = "" if record_file == RECORD else f"{record_file.removesuffix('.json')}-"
     command = [sys.executable, "-m", "gpuguard", "qualify", "--level", level,
                "--state-dir", str(state_dir), "--format", "json",
-               "--bundle", str(bundles / f"{stamp}-{attempt}.json"),
+               "--bundle", str(bundles / f"{stamp}-{owner}{attempt}.json"),
                *(("--purpose", purpose) if purpose else ()),
                *[a for gpu in gpus for a in ("--gpu", str(gpu))], *extra_args]
-    with (state_dir / LOG).open("ab") as log:
+    with (state_dir / log_of(record_file)).open("ab") as log:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True, close_fds=True,
                                 env={**os.environ, **(env or {})})
     record = Detached(pid=proc.pid, started_at=time.time(), boot_id=boot_id, level=level,
                       gpus=list(gpus), attempt=attempt, purpose=purpose)
-    write_text(state_dir / RECORD, json.dumps(asdict(record)) + "\n", mode=0o600)
-    return record
+    write_text(state_dir / record_file, json.dumps(asdict(record)) + "\n", mode=0o600)
+    return record, proc
 
 
-def load(state_dir: Path) -> Detached | None:
+def log_of(record_file: str) -> str:
+    """The log beside a record: qualify-detached.json's is qualify-detached.log."""
+    return f"{record_file.removesuffix('.json')}.log"
+
+
+def load(state_dir: Path, record_file: str = RECORD) -> Detached | None:
     """The record, or None when there is none or it is not one of ours (a bad file
     starts nothing by itself: the caller starts a new run)."""
-    path = state_dir / RECORD
+    path = state_dir / record_file
     try:
         with path.open("rb") as f:
             raw = json.loads(f.read(MAX_RECORD))
@@ -94,7 +112,7 @@ def alive(record: Detached, procfs: Path, boot_id: str | None) -> bool:
     return b"gpuguard" in b" ".join(words) and b"qualify" in words
 
 
-def clear(state_dir: Path) -> None:
+def clear(state_dir: Path, record_file: str = RECORD) -> None:
     """Forget the record (its result has been read and acted on)."""
     with contextlib.suppress(FileNotFoundError):
-        (state_dir / RECORD).unlink()
+        (state_dir / record_file).unlink()

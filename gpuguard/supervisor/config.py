@@ -7,7 +7,9 @@
         min_cpu_time: 300           # seconds on CPU before failing back (anti-flap)
         failback: auto              # or manual: only `gpuguard failover to gpu`
         failback_probe: active      # fail back only after an active probe passes on the
-                                    # service's GPUs (docs/active-probe.md); default none
+                                    # service's GPUs (docs/active-probe.md); default none;
+                                    # qualify: after a hardware failover, only after a
+                                    # `gpuguard qualify` passes (supervisor/qualify_config.py)
         rules: ["driver.*", "gpu.count"]   # default: the rules tagged `failover`
         gpus: [0, 1]                # default: every GPU counts
         probe: {http: "http://127.0.0.1:8000/health", status: 200, timeout: 60}
@@ -53,6 +55,7 @@ import msgspec
 from gpuguard.config import schema
 from gpuguard.config.yamlfile import ConfigError, Mapping, load
 from gpuguard.supervisor.engine_config import Engine, EngineField, engine_of
+from gpuguard.supervisor.qualify_config import QualifySettings, QualifySpec, qualify_of
 
 # --- the file's shape -------------------------------------------------------------------
 
@@ -167,7 +170,8 @@ class ServiceSpec(_Strict):
     failback_after: Annotated[int, msgspec.Meta(ge=1)] = 10
     min_cpu_time: Annotated[float, msgspec.Meta(ge=0)] = 300.0
     failback: str = "auto"
-    failback_probe: Literal["none", "active"] = "none"
+    failback_probe: Literal["none", "active", "qualify"] = "none"
+    qualify: QualifySpec | None = None
     rules: list[Text] | None = None
     gpus: list[GpuIndex] | None = None
     docker: DockerSection | None = None
@@ -241,6 +245,8 @@ class Service:
     python_env: str | None = None
     # its inference engine (issue 23); None: `engine: {name: none}`, nothing is read
     engine: Engine | None = field(default_factory=Engine)
+    # `failback_probe: qualify`: how the qualification a failback waits for runs
+    qualify: QualifySettings | None = None
 
 
 def load_services(path: Path) -> list[Service]:
@@ -304,6 +310,7 @@ def _service(path: Path, spec: ServiceSpec, entry: Mapping) -> Service:
         failback_probe=spec.failback_probe, rules=spec.rules, gpus=spec.gpus, nginx=nginx,
         origin=f"{path}:{entry.line}", python_env=_python_env(spec, fail),
         engine=engine_of(spec.engine, spec.probe.http, fail),
+        qualify=qualify_of(spec.failback_probe, spec.qualify, fail),
     )
 
 

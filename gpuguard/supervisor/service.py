@@ -48,7 +48,8 @@ from gpuguard.model.results import Result
 from gpuguard.supervisor import policy, router, state
 from gpuguard.supervisor.backends import Backend, BackendError, make
 from gpuguard.supervisor.config import Service
-from gpuguard.supervisor.image_gate import blocks_failback
+from gpuguard.supervisor.failback import ActiveCheck, Failback, Gate, hardware_action
+from gpuguard.supervisor.qualify_gate import QualifyHost
 from gpuguard.supervisor.state_writes import StateWrites
 from gpuguard.supervisor.steps import STEP_ERRORS, converge, other, roll_back, run_step, steps_of
 
@@ -57,10 +58,6 @@ log = structlog.get_logger("gpuguard.failover")
 # Test hook: pause this many seconds after writing the state of the named step, so a
 # test can SIGKILL the daemon exactly there (tests/supervisor/test_failover.py).
 PAUSE_ENV = "GPUGUARD_FAILOVER_PAUSE_AT"
-
-
-# (the service's GPUs, None: all) -> (passed, why): the supervisor's failback probe
-ActiveCheck = Callable[[list[int] | None], tuple[bool, str]]
 
 
 @dataclass
@@ -77,13 +74,16 @@ class ServiceView:
 class Supervisor:
     def __init__(self, service: Service, state_dir: Path, tagged: set[str],
                  dry_run: bool = False, backend: Backend | None = None,
-                 active_check: ActiveCheck | None = None, boot_id: str | None = None) -> None:
+                 active_check: ActiveCheck | None = None, boot_id: str | None = None,
+                 qualify_host: QualifyHost | None = None) -> None:
         self.service = service
         # this boot's id: the state's CLOCK_BOOTTIME readings are of it (state.rebase)
         self.boot_id = boot_id
-        # `failback_probe: active`: a fresh active probe of the service's GPUs (the
-        # daemon's Daemon.active_probe_passes), asked before failing back
-        self.active_check = active_check
+        self.log = log.bind(service=service.name)
+        # the gates of an automatic failback (supervisor/failback.py): `failback_probe:
+        # active` asks the daemon's Daemon.active_probe_passes; `qualify` runs qualify
+        # on the host the daemon describes (qualify_gate.QualifyHost)
+        self.failback = Failback(service, active_check, qualify_host, self.log, dry_run)
         self.state_dir = state_dir
         self.path = state.path_for(state_dir, service.name)
         self.tagged = tagged
@@ -100,7 +100,6 @@ class Supervisor:
         # set once recover() has made the active variant run (or failed trying): until
         # then a probe of the service says nothing about it (tests/daemon/test_services)
         self.settled = threading.Event()
-        self.log = log.bind(service=service.name)
         # Told of each transition's end (the daemon records it in the event store)
         self.on_transition: Callable[[dict[str, Any]], None] | None = None
 
@@ -118,6 +117,7 @@ class Supervisor:
     def stop(self) -> None:
         self._stop.set()
         self._queue.put(("stop",))
+        self.failback.stop("the daemon stops", close=True)  # a qualification never outlives it
 
     def view(self) -> ServiceView:
         with self._lock:
@@ -155,6 +155,7 @@ class Supervisor:
                     self.log.exception("failover_step_failed")
 
     def recover(self) -> None:
+        self.failback.recover()
         try:
             loaded = state.load(self.path)
         except state.CorruptState as exc:
@@ -178,7 +179,8 @@ class Supervisor:
         if loaded.transition is not None:
             self.log.warning("failover_resuming", to=loaded.transition.to,
                              step=loaded.transition.step)
-            self.transition(loaded.transition.to, loaded.transition.reason)
+            self.transition(loaded.transition.to, loaded.transition.reason,
+                            action=loaded.transition.action)
         else:
             self._ensure(loaded.active)
         self._save()
@@ -227,50 +229,35 @@ class Supervisor:
                 st.on_cpu_boottime, svc.failover_after, svc.failback_after, svc.min_cpu_time,
                 svc.manual_failback)
             st.failed_cycles, st.healthy_cycles = counts.failed, counts.healthy
-        if action is None:
+            if st.active == "cpu":  # a pass from before a new hardware finding proves nothing
+                self.failback.note_finding(st, why)
+        if action is None or now < self.state.retry_boottime:
             self._save()
             return
-        if now < self.state.retry_boottime:
-            self._save()
+        if action == "to_cpu":
+            self.transition("cpu", _failed_words(why), action=_suggested(why))
             return
-        to = "cpu" if action == "to_cpu" else "gpu"
-        if to == "gpu" and not self._may_fail_back(results):
-            return
-        reason = ("; ".join(f"{r.rule}"
-                            + (f" (GPU {r.gpu.index})" if r.gpu else "") + f": {r.message}"
-                            for r in why[:3])
-                  if to == "cpu" else f"{counts.healthy} healthy cycles")
-        # the most severe suggested action of the results that failed it (gpuguard.judge.actions)
-        suggested = max((r.action for r in why if r.action in ACTION_ORDER),
-                         key=ACTION_ORDER.index, default="none") if to == "cpu" else "none"
-        self.transition(to, reason, action=suggested)
+        gate = self._may_fail_back(results)
+        if gate.why is None:
+            self.transition("gpu", f"{counts.healthy} healthy cycles"
+                            + (f"; {gate.detail}" if gate.detail else ""))
 
-    def _may_fail_back(self, results: list[Result]) -> bool:
-        """Fail back only to a GPU variant that can run here (its image or Python
-        environment, supervisor/image_gate.py) and, with failback_probe: active, only to
-        GPUs that compute. A blocked failback keeps the service on CPU and starts the
-        healthy count again (asked again after failback_after more healthy cycles)."""
-        why = blocks_failback(results, self.service.name)
-        if why is None and self.service.failback_probe == "active":
-            passed, detail = self._probe()
-            if passed:
-                self.log.info("failback_probe_passed", detail=detail)
-            why = None if passed else detail
-        if why is None:
-            return True
-        self.log.warning("failback_blocked", reason=why)
+    def _may_fail_back(self, results: list[Result]) -> Gate:
+        """Fail back only through the gates of supervisor/failback.py. A gate that says
+        no keeps the service on CPU: its reason is logged, recorded (kind supervisor)
+        and shown by `failover status`, each time it changes."""
+        gate = self.failback.check(results, self.view().state, lambda: self.backend)
         with self._lock:
-            self.state.healthy_cycles = 0
+            st = self.state
+            changed, st.failback_blocked = st.failback_blocked != gate.why, gate.why
+            if gate.why is not None and gate.restart_count:
+                st.healthy_cycles = 0
+        if gate.why is not None and changed:
+            self.log.warning("failback_blocked", reason=gate.why, outcome=gate.outcome)
+            self._tell({"to": "gpu", "reason": gate.why, "action": "none",
+                        "outcome": gate.outcome})
         self._save()
-        return False
-
-    def _probe(self) -> tuple[bool, str]:
-        if self.active_check is None:
-            return False, "no active probe available (the daemon did not give one)"
-        try:
-            return self.active_check(self.service.gpus)
-        except Exception as exc:  # no probe, no failback
-            return False, f"the active probe failed: {type(exc).__name__}: {exc}"
+        return gate
 
     def _check_request(self) -> None:
         try:
@@ -299,10 +286,12 @@ class Supervisor:
         if self.dry_run:
             self.log.warning("failover_dry_run", to=to, reason=reason, steps=steps)
             return False
+        if to == "gpu":  # the GPU variant starts: no qualification may hold its GPUs
+            self.failback.stop("the GPU variant starts")
         began = time.monotonic()
         with self._lock:
             self.state.transition = state.Transition(to=to, step=steps[0], reason=reason,
-                                                     started=time.time())
+                                                     started=time.time(), action=action)
         self.log.warning("failover_started", to=to, reason=reason)
         try:
             # inside the try: creating the backend reaches Docker, which may be down
@@ -330,6 +319,10 @@ class Supervisor:
             st.active, st.since, st.reason, st.transition = to, done, reason, None
             st.failed_cycles = st.healthy_cycles = 0
             st.on_cpu_since = done if to == "cpu" else None
+            # a hardware failover's failback waits for a qualification started after it
+            st.qualify_after = done if to == "cpu" and hardware_action(action) and \
+                self.service.qualify is not None else None
+            st.failback_blocked = None
             st.boot_id = self.boot_id
             st.on_cpu_boottime = boottime() if to == "cpu" else None
             st.next_retry = st.retry_boottime = 0.0
@@ -393,3 +386,13 @@ class Supervisor:
             self.log.warning("failover_paused_for_test", step=step)
             time.sleep(60)
 
+
+def _failed_words(why: list[Result]) -> str:
+    return "; ".join(f"{r.rule}" + (f" (GPU {r.gpu.index})" if r.gpu else "") + f": {r.message}"
+                     for r in why[:3])
+
+
+def _suggested(why: list[Result]) -> str:
+    """The most severe suggested action of the results that failed it (judge/actions.py)."""
+    return max((r.action for r in why if r.action in ACTION_ORDER), key=ACTION_ORDER.index,
+               default="none")

@@ -4,9 +4,9 @@ after SIGKILL knows where it stopped. A file that cannot be read is moved aside 
 reported, never trusted and never silently replaced by "gpu".
 
 This module is the only reader and writer of the state directory's supervisor files:
-the daemon (service.py) and the command line (`gpuguard failover status|to`) both go
-through it. Every read is of a regular file only, opened without blocking (a FIFO must
-not hang the daemon) and bounded in size.
+the daemon (service.py) and the command line (`gpuguard failover to`; `status` through
+state_view.py) both go through it. Every read is of a regular file only, opened without
+blocking (a FIFO must not hang the daemon) and bounded in size.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import msgspec
 
 from gpuguard.io import clock
 from gpuguard.io.atomic import write_text
-from gpuguard.io.clock import utc
 from gpuguard.supervisor.config import SERVICE_NAME
 
 # A state file is a few hundred bytes; a request less. Anything bigger is not ours.
@@ -43,6 +42,7 @@ class Transition:
     step: str
     reason: str
     started: float
+    action: str = "none"  # the suggested action that moved it (a resumed one keeps it)
 
 
 @dataclass
@@ -72,6 +72,11 @@ class ServiceState:
     boot_id: str | None = None
     on_cpu_boottime: float | None = None
     retry_boottime: float = 0.0
+    # `failback_probe: qualify`: the wall time of the hardware finding (the failover's,
+    # or a later one on CPU) a qualification must have started after; None: none needed
+    qualify_after: float | None = None
+    # why the last automatic failback was held back, for `failover status`
+    failback_blocked: str | None = None
 
 
 # keys without which a file says nothing we can trust (a missing `active` is not "gpu")
@@ -177,7 +182,7 @@ def _check_values(state: ServiceState) -> None:
     if state.transition is not None and state.transition.to not in ("gpu", "cpu"):
         raise Unreadable(f"transition.to is {state.transition.to!r}")
     for name in ("since", "next_retry", "on_cpu_since", "last_transition",
-                 "on_cpu_boottime", "retry_boottime"):
+                 "on_cpu_boottime", "retry_boottime", "qualify_after"):
         value = getattr(state, name)
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise Unreadable(f"{name} is {value!r}")
@@ -302,55 +307,6 @@ def _move_aside(path: Path, why: str) -> Path | None:
     except OSError:
         return None
     return moved
-
-
-# --- `gpuguard failover status` -------------------------------------------------------
-
-
-def describe_all(state_dir: Path) -> tuple[list[str], int]:
-    """The lines of `gpuguard failover status`, and how many state files were unreadable
-    (each has its own `PATH: unreadable (why)` line)."""
-    try:
-        names = sorted(entry.name for entry in os.scandir(state_dir))
-    except FileNotFoundError:
-        names = []
-    except OSError as exc:
-        raise CannotAccess(f"cannot read {state_dir}: {exc.strerror or exc}") from exc
-    files = [n for n in names if n.startswith("failover-") and n.endswith(".json")
-             and not n.endswith(".request.json")]
-    if not files:
-        return [f"no supervised service has state in {state_dir}"], 0
-    lines: list[str] = []
-    bad = 0
-    for name in files:
-        path = state_dir / name
-        try:
-            current = read(path)
-        except Unreadable as exc:
-            lines.append(f"{path}: unreadable ({exc.reason})")
-            bad += 1
-            continue
-        if current is None:  # removed while we looked
-            continue
-        lines.extend(describe(name.removeprefix("failover-").removesuffix(".json"), current))
-    return lines, bad
-
-
-def describe(service: str, st: ServiceState) -> list[str]:
-    lines = [f"{service}: {st.active.upper()} since {_when(st.since)} ({st.reason})"]
-    if st.transition is not None:
-        t = st.transition
-        lines.append(f"  moving to {t.to}, at step {t.step} ({t.reason})")
-    lines.append(f"  failed cycles {st.failed_cycles}, healthy cycles {st.healthy_cycles}, "
-                 f"errors {st.errors}")
-    return lines
-
-
-def _when(stamp: float) -> str:
-    try:
-        return utc(stamp)
-    except (OverflowError, OSError, ValueError):
-        return f"{stamp!r} (not a time)"
 
 
 # --- reading ---------------------------------------------------------------------------
