@@ -13,6 +13,7 @@ from gpuguard.integrations.slurm import ctl as slurm_ctl
 from gpuguard.integrations.slurm import plan as slurm
 from gpuguard.integrations.slurm.clock import Clock
 from gpuguard.integrations.slurm.ctl import NodeInfo
+from gpuguard.integrations.slurm.gate import Step, Verb
 
 if TYPE_CHECKING:
     from gpuguard.integrations.slurm.resume import DrainRecord
@@ -45,6 +46,9 @@ def node(state: str = "IDLE", reason: str = "", when: float | None = None) -> No
 
 
 HOT = result("thermal.margin", "critical", "inspect_hardware")
+# the return-to-service gate passed (tests/test_slurm_gate.py decides it): these tests
+# are of the passive resume check, which a gated drain needs first
+PASSED = Step(Verb.RESUME, "every GPU passed a standard qualification (the test's)")
 
 
 def test_only_critical_hardware_or_failover_findings_drain() -> None:
@@ -100,17 +104,19 @@ def test_resume_needs_the_named_rule_ok_not_unknown_or_missing() -> None:
     ours = node("IDLE+DRAIN", "gpuguard: inspect_hardware: thermal.margin GPU 0")
     record = drained_for([HOT], gpus=2)
     both_ok = [result("thermal.margin", "ok", gpu=i) for i in (0, 1)]
-    assert slurm.plan(both_ok, set(), ours, None, record=record).do == "resume"
+    assert slurm.plan(both_ok, set(), ours, None, record=record, gate=PASSED).do == "resume"
     for results in ([result("thermal.margin", "unknown"), both_ok[1]],
                     [result("thermal.margin", "skipped"), both_ok[1]],
                     [], [both_ok[1]]):
-        assert slurm.plan(results, set(), ours, None, record=record).do == "keep", results
-    assert slurm.plan([HOT, both_ok[1]], set(), ours, None, record=record).do == "keep"
+        assert slurm.plan(results, set(), ours, None, record=record,
+                          gate=PASSED).do == "keep", results
+    assert slurm.plan([HOT, both_ok[1]], set(), ours, None, record=record,
+                      gate=PASSED).do == "keep"
     other = result("ecc.uncorrected", "critical", "reset_gpu", gpu=1)
-    changed = slurm.plan([other], set(), ours, None, record=record)
+    changed = slurm.plan([other], set(), ours, None, record=record, gate=PASSED)
     assert (changed.do, changed.reason) == ("update", "gpuguard: reset_gpu: ecc.uncorrected GPU 1")
     draining = node("MIXED+DRAIN", "gpuguard: inspect_hardware: thermal.margin GPU 0")
-    assert slurm.plan(both_ok, set(), draining, None, record=record).do == "resume"
+    assert slurm.plan(both_ok, set(), draining, None, record=record, gate=PASSED).do == "resume"
     # without the record of what it drained for (a lost state dir) it cannot tell
     assert slurm.plan(both_ok, set(), ours, None).do == "keep"
 
@@ -123,23 +129,26 @@ def test_resume_judges_the_whole_verdict_not_the_first_finding_named() -> None:
     ours = node("IDLE+DRAIN", slurm.reason_for(slurm.drain_worthy(bad, set())))
     assert ours.reason == "gpuguard: inspect_hardware: memory.row_remap GPU 0 (+1 more)"
     healthy = [result("memory.row_remap", "ok", gpu=g) for g in range(8)]
-    assert slurm.plan(healthy, set(), ours, None, record=record).do == "resume"
+    assert slurm.plan(healthy, set(), ours, None, record=record, gate=PASSED).do == "resume"
     gpu3_unknown = [*healthy[:3], result("memory.row_remap", "unknown", gpu=3), *healthy[4:]]
-    kept = slurm.plan(gpu3_unknown, set(), ours, None, record=record)
+    kept = slurm.plan(gpu3_unknown, set(), ours, None, record=record, gate=PASSED)
     assert kept.do == "keep" and "unknown" in kept.why
-    assert slurm.plan([*healthy[:3], *healthy[4:]], set(), ours, None, record=record).do == "keep"
+    assert slurm.plan([*healthy[:3], *healthy[4:]], set(), ours, None, record=record,
+                      gate=PASSED).do == "keep"
     # another drain-capable rule unknown (ecc.*: reset_gpu), or missing on one GPU
     for extra in ([result("ecc.uncorrected", "unknown", gpu=5)],
                   [result("ecc.uncorrected", "ok", gpu=g) for g in range(7)],
                   [result("site.tray_check", "unknown", gpu=None)],
                   [result("gpu.lost", "unknown", gpu=2)]):
-        assert slurm.plan(healthy + extra, set(), ours, None, record=record).do == "keep", extra
+        assert slurm.plan(healthy + extra, set(), ours, None, record=record,
+                          gate=PASSED).do == "keep", extra
     # a rule that never drains (persistence.*: no action) may be unknown; a failover
     # rule may not
     calm = [*healthy, result("persistence.mode", "unknown", gpu=1)]
-    assert slurm.plan(calm, set(), ours, None, record=record).do == "resume"
+    assert slurm.plan(calm, set(), ours, None, record=record, gate=PASSED).do == "resume"
     tagged = [*healthy, result("persistence.mode", "unknown", gpu=1)]
-    assert slurm.plan(tagged, {"persistence.mode"}, ours, None, record=record).do == "keep"
+    assert slurm.plan(tagged, {"persistence.mode"}, ours, None, record=record,
+                      gate=PASSED).do == "keep"
 
 
 def test_resume_follows_the_board_not_the_nvml_index() -> None:
@@ -149,16 +158,16 @@ def test_resume_follows_the_board_not_the_nvml_index() -> None:
     ours = node("IDLE+DRAIN", "gpuguard: inspect_hardware: memory.row_remap GPU 3")
     seven = [result(rule, "ok", gpu=i, bus=i if i < 3 else i + 1)
              for i in range(7) for rule in ("memory.row_remap", "thermal.margin")]
-    kept = slurm.plan(seven, set(), ours, None, record=record)
+    kept = slurm.plan(seven, set(), ours, None, record=record, gate=PASSED)
     assert kept.do == "keep" and "00000000:48:00.0" in kept.why and "missing" in kept.why
     # the board back (reseated) and ok: resumed
     eight = seven + [result(r, "ok", gpu=7, bus=3) for r in ("memory.row_remap", "thermal.margin")]
-    assert slurm.plan(eight, set(), ours, None, record=record).do == "resume"
+    assert slurm.plan(eight, set(), ours, None, record=record, gate=PASSED).do == "resume"
     # a rewritten reason keeps every GPU present at the first drain
     from gpuguard.integrations.slurm import resume as slurm_resume
 
     again = slurm_resume.record_of("r", [], seven, record)
-    assert slurm.plan(seven, set(), ours, None, record=again).do == "keep"
+    assert slurm.plan(seven, set(), ours, None, record=again, gate=PASSED).do == "keep"
 
 
 def test_a_cut_reason_never_names_another_gpu() -> None:
@@ -176,7 +185,8 @@ def test_a_cut_reason_never_names_another_gpu() -> None:
     # and a cut reason does not resume on another GPU's ok (the whole verdict is judged)
     later = [result(rule, "ok", gpu=1), result(rule, "unknown", gpu=12)]
     record = drained_for(finding, gpus=13)
-    assert slurm.plan(later, set(), node("IDLE+DRAIN", reason), None, record=record).do == "keep"
+    assert slurm.plan(later, set(), node("IDLE+DRAIN", reason), None, record=record,
+                      gate=PASSED).do == "keep"
 
 
 def test_only_gpuguards_exact_reason_is_gpuguards() -> None:
@@ -300,12 +310,12 @@ def test_an_ok_on_a_wrapped_kernel_log_is_no_evidence_for_a_resume() -> None:
     ours = node("IDLE+DRAIN", "gpuguard: reset_gpu: xid.recent GPU 0")
     record = drained_for([xid], gpus=1)
     wrapped = {**result("xid.recent", "ok"), "observed": {"records_lost": 5001, "cleared": 0}}
-    kept = slurm.plan([wrapped], set(), ours, None, record=record)
+    kept = slurm.plan([wrapped], set(), ours, None, record=record, gate=PASSED)
     assert kept.do == "keep" and "overwritten" in kept.why, kept
     repaired = {**wrapped, "observed": {"records_lost": 5001, "cleared": 1}}
-    assert slurm.plan([repaired], set(), ours, None, record=record).do == "resume"
+    assert slurm.plan([repaired], set(), ours, None, record=record, gate=PASSED).do == "resume"
     whole = {**wrapped, "observed": {"records_lost": 0}}
-    assert slurm.plan([whole], set(), ours, None, record=record).do == "resume"
+    assert slurm.plan([whole], set(), ours, None, record=record, gate=PASSED).do == "resume"
 
 
 def test_a_drain_record_naming_no_finding_is_no_record() -> None:

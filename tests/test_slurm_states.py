@@ -13,31 +13,38 @@ import pytest
 from gpuguard.integrations.slurm import plan as slurm
 from gpuguard.integrations.slurm import states
 from gpuguard.integrations.slurm.ctl import NodeInfo
+from gpuguard.integrations.slurm.gate import Step, Verb
 from tests.conftest import REPO
 from tests.test_slurm_plan import drained_for, result
 
 FAULT = [result("memory.row_remap", "critical", "inspect_hardware", gpu=0),
          result("memory.row_remap", "ok", gpu=1)]
 WHOLE = [result("memory.row_remap", "ok", gpu=g) for g in (0, 1)]
+# what health's gate says of a gated drain with no qualification yet (integrations/slurm/
+# gate.py): one is started, the node kept
+STARTED = Step(Verb.START, "qualifying since now (attempt 1 of 2, GPU(s) 0, 1)", gpus=(0, 1),
+               number=1)
 
 
 def planned(row: states.Row, results: list[dict[str, object]]) -> slurm.Plan:
     """health's plan for the row's example: its reason set a second ago, a recorded
-    script failure two seconds before (it makes only a "Prolog/Epilog error" gpuguard's)
-    and a drain record of gpuguard's for the finding (it resumes only its own row)."""
+    script failure two seconds before (it makes only a "Prolog/Epilog error" gpuguard's),
+    a drain record of gpuguard's for the finding (it resumes only its own row) and, for
+    a gated drain, no qualification yet."""
     now = time.time()
     state, reason = row.example
     node = NodeInfo("n1", state, reason, now - 1 if reason else None, ["main"])
     assert slurm.reason_for(FAULT[:1]) == states.EXAMPLE_REASON
     return slurm.plan(results, set(), node, now - 3, states.EXAMPLE_REASON,
-                      drained_for(FAULT[:1], gpus=2))
+                      drained_for(FAULT[:1], gpus=2), STARTED)
 
 
 @pytest.mark.parametrize("row", states.TABLE, ids=lambda r: f"{r.example[0]}-{r.owner}")
 def test_each_row_of_the_state_table(row: states.Row) -> None:
     node = NodeInfo("n1", row.example[0], row.example[1], time.time(), ["main"])
     assert states.standing(node) == row.standing
-    assert slurm.owner(node, time.time() - 3) == row.owner or row.owner == states.Owner.ANYONE
+    owner = slurm.owner(node, time.time() - 3)
+    assert row.owner in (owner, states.FALLBACK.get(owner), states.Owner.ANYONE)
     assert states.row_for(row.standing, slurm.owner(node, time.time() - 3)) == row
     with_fault, when_whole = planned(row, FAULT), planned(row, WHOLE)
     assert (with_fault.do, when_whole.do) == (row.with_fault, row.when_whole), \
@@ -46,6 +53,10 @@ def test_each_row_of_the_state_table(row: states.Row) -> None:
         assert with_fault.reason is None and "not gpuguard's to change" in with_fault.why
     if row.with_fault in ("drain", "update"):
         assert with_fault.reason == states.EXAMPLE_REASON
+    if row.does == states.Does.OWN_GATED:  # the passive verdict passes: the gate decides
+        assert when_whole.step == STARTED and when_whole.why == STARTED.why
+        assert slurm.plan(WHOLE, set(), NodeInfo("n1", *row.example, None, ["main"]), None,
+                          None, drained_for(FAULT[:1], gpus=2)).do == "keep"  # none known
 
 
 def test_every_standing_has_its_rows_and_any_owner_a_row() -> None:

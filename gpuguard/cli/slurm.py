@@ -59,6 +59,41 @@ def slurm_options(fn: Any) -> Any:
     return fn
 
 
+def qualify_options(fn: Any) -> Any:
+    """The return-to-service gate (docs/slurm.md#qualifying-before-a-resume): options, as
+    the rest of health's settings are, in the wrapper slurmd runs."""
+    for option in reversed([
+        click.option("--qualify/--no-qualify", "qualify_enabled", default=True,
+                     show_default=True,
+                     help="Resume a drain for reset_gpu, reboot or inspect_hardware only "
+                          "after a qualification of its GPUs passed (started detached); "
+                          "--no-qualify: on the passive verdict alone."),
+        click.option("--qualify-level", type=click.Choice(["standard", "long"]),
+                     default="standard", show_default=True,
+                     help="The qualification a return needs (a long one counts for "
+                          "standard too)."),
+        click.option("--qualify-seconds", type=Finite(min=0.5, max=3600), metavar="S",
+                     help="Seconds of load instead of the level's (qualify --seconds)."),
+        click.option("--qualify-targets", type=FilePath(), metavar="DIR",
+                     help="Per-model target files instead of the shipped rules/gpus/ "
+                          "(qualify --targets)."),
+        click.option("--qualify-attempts", type=click.IntRange(min=1, max=10), default=2,
+                     show_default=True, help="Attempts that did not finish (died, stopped, "
+                     "past their deadline) before the node is kept drained, saying so."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def qualify_settings_of(kw: dict[str, Any]) -> Any:
+    """QualifySettings from qualify_options' values (taken out of kw)."""
+    from gpuguard.integrations.slurm.qualifying import QualifySettings
+
+    return QualifySettings(kw.pop("qualify_enabled"), kw.pop("qualify_level"),
+                           kw.pop("qualify_seconds"), kw.pop("qualify_targets"),
+                           kw.pop("qualify_attempts"))
+
+
 def settings_of(kw: dict[str, Any], jitter: float = 0.0) -> tuple[Any, Any]:
     """(SlurmSettings, BrakeSettings) from slurm_options' values (taken out of kw)."""
     from gpuguard.integrations.slurm.brake import BrakeSettings
@@ -107,20 +142,24 @@ def slurm() -> None:
                    "collector (the alert that needs no daemon).")
 @click.option("--probe-budget", type=Finite(min=0.5, max=50), default=3.0,
               show_default=True, help="Seconds for re-probing the GPUs a prolog failed on.")
+@qualify_options
 def health(socket_path: str | None, no_daemon: bool, brake_jitter: float,
            metrics_file: Path | None, probe_budget: float, **kw: Any) -> None:
     """slurmd's HealthCheckProgram: drain on a critical hardware finding, resume when it is
-    gone; exit 0, 2 when the fleet brake held, 3 when Slurm did not answer."""
+    gone (after a drain for reset_gpu, reboot or inspect_hardware, once a qualification it
+    starts detached has passed); exit 0, 2 when the fleet brake held, 3 when Slurm did not
+    answer."""
     from gpuguard.daemon import socket_client
     from gpuguard.integrations.slurm.health import HealthRun, run_health
     from gpuguard.integrations.slurm.jobs import node_name
 
     ctl, brake = settings_of(kw, brake_jitter)
+    gate = qualify_settings_of(kw)
     inputs = inputs_of(kw)
     cold = no_daemon or inputs.input_path is not None
     run = HealthRun(node_name(kw["node"]), ctl, brake, inputs, state_dir_of(kw),
                     None if cold else socket_path or socket_client.default_socket(),
-                    metrics_file, probe_budget)
+                    metrics_file, probe_budget, gate)
     code = run_health(run)
     click.echo("\n".join(f"gpuguard slurm health: {line}" for line in run.lines))
     for line in run.lost:  # slurmd logs a health program's stderr: the loss is seen there

@@ -50,6 +50,8 @@ class Qualification:
     message: str
     purpose: str = ""          # what it decided (qualify --purpose)
     bundle: str | None = None  # where its bundle was written (qualify --bundle)
+    boot_id: str | None = None  # the boot it ran in (a reboot since a drain: only later ones)
+    results: tuple[tuple[str, str], ...] = ()  # (qualify rule, status) as it judged them
 
 
 def qualifications(state_dir: Path, since: float | None = None) -> list[Qualification]:
@@ -80,8 +82,17 @@ def qualifications(state_dir: Path, since: float | None = None) -> list[Qualific
             drill=data.get("drill") is True, status=e.status or "unknown",
             action=e.action or "none", message=e.message,
             purpose=str(data.get("purpose") or ""),
-            bundle=data.get("bundle") if isinstance(data.get("bundle"), str) else None))
+            bundle=data.get("bundle") if isinstance(data.get("bundle"), str) else None,
+            boot_id=e.boot_id, results=_results(data.get("results"))))
     return out
+
+
+def _results(raw: object) -> tuple[tuple[str, str], ...]:
+    """The event's [[rule, status], ...], the pairs of two strings only."""
+    if not isinstance(raw, list):
+        return ()
+    return tuple((str(r[0]), str(r[1])) for r in raw
+                 if isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r))
 
 
 def latest(found: list[Qualification], board: Board, level: str,

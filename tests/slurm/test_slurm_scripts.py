@@ -85,7 +85,12 @@ def test_health_does_not_resume_while_another_drained_gpu_is_unknown(fleet: Flee
     kept = fleet.health(host_snapshot(8, unread))
     assert fleet.node()[0] == "IDLE+DRAIN", kept.stdout
     assert "memory.row_remap on GPU GPU-00000000-0000-0000-0000-000000000003" in kept.stdout
-    fleet.health(host_snapshot(8))
+    # both fine: a replay is no board to qualify (the gate: tests/slurm/test_qualify_gate.py),
+    # so only --no-qualify resumes on it
+    whole = fleet.health(host_snapshot(8))
+    assert fleet.node()[0] == "IDLE+DRAIN", whole.stdout
+    assert "keep: a replayed snapshot (--input) is not this host" in whole.stdout
+    fleet.health(host_snapshot(8), "--no-qualify")
     assert fleet.node() == ("IDLE", "none")
 
 

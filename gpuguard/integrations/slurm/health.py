@@ -5,13 +5,17 @@ scontrol call. Slurm not answering is unknown (exit 3) and changes nothing.
 The state dir is an aid, never a condition: a state dir that cannot be made, a lock that
 cannot be had, a record that cannot be read or kept (integrations/slurm/state.py) is said
 (`lose`: the output, stderr and gpuguard_slurm_state_lost) and the run decides without it,
-so a critical fault still drains a node whose disk is read-only."""
+so a critical fault still drains a node whose disk is read-only.
+
+A drain for reset_gpu, reboot or inspect_hardware is resumed only after a passing
+qualification (integrations/slurm/gate.py decides, qualifying.py starts it detached and
+reads it back): a run never waits for one."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +25,7 @@ from gpuguard.integrations.slurm import clock as slurm_clock
 from gpuguard.integrations.slurm import ctl as slurm_ctl
 from gpuguard.integrations.slurm import metrics as slurm_metrics
 from gpuguard.integrations.slurm import plan as slurm
+from gpuguard.integrations.slurm import qualifying
 from gpuguard.integrations.slurm import resume as slurm_resume
 from gpuguard.integrations.slurm import state as slurm_state
 from gpuguard.integrations.slurm import verdict as slurm_verdict
@@ -47,6 +52,7 @@ class HealthRun:
     socket_path: str | None  # None: a cold check
     metrics_file: Path | None = None
     probe_budget_s: float = 3.0
+    qualify: qualifying.QualifySettings = field(default_factory=qualifying.QualifySettings)
     lines: list[str] = field(default_factory=list)
     cold: Judgement | None = None  # this host collected, once per run (judgement())
     lost: list[str] = field(default_factory=list)  # what of the state dir was lost
@@ -137,8 +143,9 @@ def _run_health(run: HealthRun) -> int:
         taken_over = slurm.reason_for(slurm.drain_worthy(failure["findings"], set())
                                       or failure["findings"])
     failover_rules = set(found.failover_rules)
+    gate = qualifying.step(run, node, record, results)
     plan = slurm.plan(results, failover_rules, node, failure_time(failure), taken_over,
-                      record)
+                      record, gate)
     run.say(f"node {node.name} ({node.word}, reason {node.reason or 'none'}): "
             f"{plan.do}: {plan.why}")
     findings = slurm.drain_worthy(results, failover_rules) or \
@@ -206,6 +213,12 @@ def drain_record(run: HealthRun, node: slurm_ctl.NodeInfo) -> slurm_resume.Drain
     if record is not None and not node.drained:
         clear(run, slurm_state.clear_drain, "")
         return None
+    if record is not None and record.drained_at is None:
+        # an older gpuguard's record: the drain's time is Slurm's reason time (never
+        # later than now: a gate in the future would refuse every qualification)
+        now = time.time()
+        record = replace(record, drained_at=min(node.reason_time or now, now))
+        qualifying.save(run, record)
     return record
 
 
@@ -228,17 +241,27 @@ class Drained:
     results: list[dict[str, Any]]
     before: slurm_resume.DrainRecord | None
 
-    def keep(self, run: HealthRun, reason: str) -> None:
-        record = slurm_resume.record_of(reason, self.findings, self.results, self.before)
+    def keep(self, run: HealthRun, reason: str) -> slurm_resume.DrainRecord:
+        """The record, kept (its time is the drain's: the gate counts from it)."""
+        from gpuguard.sources.boot_state import boot_id
+
+        record = slurm_resume.record_of(reason, self.findings, self.results, self.before,
+                                        now=time.time(), boot_id=boot_id(run.inputs.paths()),
+                                        serials=qualifying.serials_of(run))
         try:
             slurm_state.save_drain(run.state_dir, run.node, record)
         except OSError as exc:  # then it never resumes this drain: a person does
             run.lose(f"cannot keep the drain's record ({exc.strerror or exc}): gpuguard "
                      "will not resume this node")
+        return record
 
 
 def act(run: HealthRun, node: slurm_ctl.NodeInfo, plan: slurm.Plan,
         failure: dict[str, Any] | None, drained: Drained) -> int:
+    if plan.step is not None and plan.do != "resume" and drained.before is not None:
+        qualifying.carry_out(run, node, plan, drained.before)  # the node stays drained
+        write_metrics(run, drained=True)
+        return 0
     if plan.do == "drain":
         assert plan.reason is not None
         return drain(run, node, plan.reason, drained)
@@ -252,10 +275,20 @@ def act(run: HealthRun, node: slurm_ctl.NodeInfo, plan: slurm.Plan,
         clear(run, slurm_state.clear_drain, "")
         if failure is not None:
             clear(run, slurm_state.clear_failure, "")
-        record(run, "resume", node.reason, "ok")
-        run.say("resumed")
+        resumed(run, node, plan, drained.before)
     write_metrics(run, drained=plan.do in ("drain", "update", "keep") and node.drained)
     return 0
+
+
+def resumed(run: HealthRun, node: slurm_ctl.NodeInfo, plan: slurm.Plan,
+            before: slurm_resume.DrainRecord | None) -> None:
+    """The resume's event: after a gate, with the drain it ends and the passes it read."""
+    if plan.step is None or before is None:
+        record(run, "resume", node.reason, "ok")
+    else:
+        record(run, "resume", f"{node.reason}: {plan.step.why}", "ok",
+               qualifying.evidence(before, plan.step))
+    run.say("resumed")
 
 
 def drain(run: HealthRun, node: slurm_ctl.NodeInfo, reason: str, drained: Drained) -> int:
@@ -276,8 +309,8 @@ def drain(run: HealthRun, node: slurm_ctl.NodeInfo, reason: str, drained: Draine
                     f"{run.brake.window_s:g} s; counting again in {wait:.1f} s")
             time.sleep(wait)
     slurm_ctl.drain(run.ctl, node.name, reason)
-    drained.keep(run, reason)
-    record(run, "drain", reason, "critical")
+    kept = drained.keep(run, reason)
+    record(run, "drain", reason, "critical", qualifying.evidence(kept, None))
     run.say(f"drained: {reason!r} ({count.describe()})")
     write_metrics(run, drained=True)
     return 0
@@ -293,7 +326,8 @@ def brake(run: HealthRun, reason: str, count: slurm_brake.Count, held: str) -> i
     return EXIT_BRAKE
 
 
-def record(run: HealthRun, what: str, message: str, status: str) -> None:
+def record(run: HealthRun, what: str, message: str, status: str,
+           data: dict[str, Any] | None = None) -> None:
     """Into the state dir's event store (`gpuguard events`; never fatal)."""
     from gpuguard.events import store
     from gpuguard.events.writer import EventWriter
@@ -302,7 +336,8 @@ def record(run: HealthRun, what: str, message: str, status: str) -> None:
     try:
         writer.record(store.Event(kind="rule", source="slurm", rule=slurm.BRAKE_RULE
                                   if what == slurm.BRAKE_RULE else "slurm.node",
-                                  status=status, message=f"{run.node}: {what}: {message}"))
+                                  status=status, message=f"{run.node}: {what}: {message}",
+                                  data=data or {}))
         writer.flush()
     except Exception as exc:  # the store is history: Slurm's state and the metric still say it
         run.say(f"event not recorded: {type(exc).__name__}: {exc}")

@@ -13,6 +13,9 @@
 - Resume only on the whole verdict (integrations/slurm/resume.py): nothing that would
   drain, no drain-capable rule unknown or missing on any GPU, every GPU present at the
   drain still there (by UUID or bus id), and each finding drained for ok on its board.
+- A drain for reset_gpu, reboot or inspect_hardware resumes only after that and a passing
+  qualification (integrations/slurm/gate.py: the Step health read for it); without one
+  known it is kept.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 from gpuguard.integrations.slurm import reason as grammar
 from gpuguard.integrations.slurm import states
 from gpuguard.integrations.slurm.ctl import NodeInfo
+from gpuguard.integrations.slurm.gate import Step, Verb
+from gpuguard.integrations.slurm.gate import gated as gate_applies
 from gpuguard.integrations.slurm.resume import DrainRecord, may_resume
 from gpuguard.judge.actions import Action
 
@@ -44,6 +49,7 @@ class Plan:
     do: str  # drain, update, resume, keep, none
     reason: str | None
     why: str
+    step: Step | None = None  # the gate's, where it decided (health carries it out)
 
 
 def gpu_of(result: dict[str, Any]) -> int | None:
@@ -87,7 +93,8 @@ def owner(node: NodeInfo, script_failure_time: float | None) -> states.Owner:
     if not node.reason:
         return states.Owner.NONE
     if ours(node.reason):
-        return states.Owner.GPUGUARD
+        return states.Owner.GPUGUARD_GATED if gate_applies(node.reason) else \
+            states.Owner.GPUGUARD
     if script_drain_ours(node, script_failure_time):
         return states.Owner.SCRIPT
     return states.Owner.ANYONE
@@ -108,10 +115,12 @@ def named_in(reason: str) -> tuple[str, int | None] | None:
 
 def plan(results: list[dict[str, Any]], failover_rules: set[str], node: NodeInfo,
          script_failure_time: float | None, taken_over: str | None = None,
-         record: DrainRecord | None = None) -> Plan:
+         record: DrainRecord | None = None, gate: Step | None = None) -> Plan:
     """What to do with the node. `taken_over`: the reason to give a Prolog/Epilog error
     drain of gpuguard's (its recorded finding); `record`: what gpuguard drained for
-    (the state dir's, integrations/slurm/resume.py), without which it never resumes."""
+    (the state dir's, integrations/slurm/resume.py), without which it never resumes;
+    `gate`: the qualification's step for a gated drain (integrations/slurm/gate.py),
+    without which that drain is not resumed."""
     findings = drain_worthy(results, failover_rules)
     wanted = reason_for(findings) if findings else None
     row = states.row_for(states.standing(node), owner(node, script_failure_time))
@@ -131,7 +140,20 @@ def plan(results: list[dict[str, Any]], failover_rules: set[str], node: NodeInfo
             return Plan("keep", None, "the finding is still there")
         return Plan("update", wanted, "the finding changed")
     gone, why = may_resume(results, failover_rules, record)
-    return Plan("resume" if gone else "keep", None, why)
+    if not gone or row.does == states.Does.OWN:
+        return Plan("resume" if gone else "keep", None, why)
+    return gated_plan(node, why, gate)
+
+
+def gated_plan(node: NodeInfo, why: str, gate: Step | None) -> Plan:
+    """The passive verdict passes a gated drain: the qualification decides."""
+    if gate is None:
+        return Plan("keep", None, f"{why}; no qualification known: not resuming")
+    if gate.verb in (Verb.RESUME, Verb.OFF):
+        return Plan("resume", None, f"{why}; {gate.why}", gate)
+    if gate.verb == Verb.FAIL and gate.reason is not None and gate.reason != node.reason:
+        return Plan("update", gate.reason, gate.why, gate)
+    return Plan("keep", None, gate.why, gate)
 
 
 def _untouched(node: NodeInfo, row: states.Row) -> str:

@@ -22,9 +22,11 @@ family gpuguard does not know (a site's rule) counts, since it cannot tell.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpuguard.integrations.slurm.gate import Attempt
 from gpuguard.judge.actions import FAMILY_DEFAULT, Action
 
 _DRAINS = (Action.RESET_GPU, Action.REBOOT, Action.INSPECT_HARDWARE)
@@ -34,14 +36,24 @@ _DRAINS = (Action.RESET_GPU, Action.REBOOT, Action.INSPECT_HARDWARE)
 class DrainRecord:
     reason: str
     findings: list[dict[str, Any]]  # {"rule", "gpu": {"index", "uuid", "pci_bus_id"}|None}
-    gpus: list[dict[str, Any]] = field(default_factory=list)  # {"index", "uuid", "pci_bus_id"}
+    # {"index", "uuid", "pci_bus_id"} and, where it was read, "serial" (the board's)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    # when gpuguard drained (or last rewrote the reason for a finding), and in which boot:
+    # the return-to-service gate counts qualifications after it (integrations/slurm/
+    # gate.py). None in a record of a gpuguard older than the gate: health sets it
+    drained_at: float | None = None
+    boot_id: str | None = None
+    attempt: Attempt | None = None  # the qualification health started last
 
     def to_json(self) -> dict[str, Any]:
-        return {"reason": self.reason, "findings": self.findings, "gpus": self.gpus}
+        return {"reason": self.reason, "findings": self.findings, "gpus": self.gpus,
+                "drained_at": self.drained_at, "boot_id": self.boot_id,
+                "attempt": None if self.attempt is None else self.attempt.to_json()}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> DrainRecord | None:
-        """None for a record this gpuguard cannot read (it then does not resume)."""
+        """None for a record this gpuguard cannot read (it then does not resume). One
+        without the gate's fields (an older gpuguard's) is read as it was written."""
         reason, findings, gpus = raw.get("reason"), raw.get("findings"), raw.get("gpus")
         if not isinstance(reason, str) or not isinstance(findings, list) \
                 or not isinstance(gpus, list) or not findings:
@@ -49,9 +61,20 @@ class DrainRecord:
         if not all(isinstance(f, dict) and isinstance(f.get("rule"), str)
                    and isinstance(f.get("gpu"), dict | None) for f in findings):
             return None
-        if not all(isinstance(g, dict) for g in gpus):
+        if not all(isinstance(g, dict) and isinstance(g.get("serial"), str | None)
+                   for g in gpus):
             return None
-        return cls(reason, findings, gpus)
+        drained_at, boot, attempt = raw.get("drained_at"), raw.get("boot_id"), raw.get("attempt")
+        if not (drained_at is None or (isinstance(drained_at, int | float)
+                                       and not isinstance(drained_at, bool)
+                                       and math.isfinite(drained_at))) \
+                or not isinstance(boot, str | None):
+            return None
+        kept = None if attempt is None else Attempt.from_json(attempt)
+        if attempt is not None and kept is None:
+            return None
+        return cls(reason, findings, gpus,
+                   None if drained_at is None else float(drained_at), boot, kept)
 
 
 def identity(gpu: Any) -> dict[str, Any] | None:
@@ -95,16 +118,32 @@ def missing_in(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def record_of(reason: str, findings: list[dict[str, Any]], results: list[dict[str, Any]],
-              before: DrainRecord | None) -> DrainRecord:
+              before: DrainRecord | None, *, now: float | None = None,
+              boot_id: str | None = None,
+              serials: dict[str, str] | None = None) -> DrainRecord:
     """The record of a drain (or of a changed reason: a GPU present at the first drain
     stays in it, so one that fell off since is still missed), with the GPUs the verdict
-    already misses: a node drained for a vanished GPU waits for it too."""
+    already misses: a node drained for a vanished GPU waits for it too. Each GPU with
+    its serial where `serials` (UUID -> serial) has it; the qualification health
+    started last is kept (a run still going is not forgotten)."""
     gpus = gpus_in(results)
     for old in [*missing_in(results), *(before.gpus if before is not None else [])]:
         if not any(same_gpu(old, g) for g in gpus):
             gpus.append(old)
+    known = {str(k).lower(): v for k, v in (serials or {}).items()}
+    for gpu in gpus:
+        serial = known.get(str(gpu.get("uuid") or "").lower())
+        if serial and not gpu.get("serial"):
+            gpu["serial"] = serial
     kept = [{"rule": f.get("rule"), "gpu": identity(f.get("gpu"))} for f in findings]
-    return DrainRecord(reason, kept, gpus)
+    return DrainRecord(reason, kept, gpus, now, boot_id,
+                       before.attempt if before is not None else None)
+
+
+def with_reason(record: DrainRecord, reason: str) -> DrainRecord:
+    """The same drain under another reason (the gate's finding): its findings, GPUs and
+    time stay, so the next run still judges what it drained for."""
+    return replace(record, reason=reason)
 
 
 def drain_capable(rule: str, failover_rules: set[str], drained_for: set[str]) -> bool:
@@ -132,7 +171,7 @@ def still_expected(record: DrainRecord | None,
     if record is None or not forgotten:
         return record
     kept = [g for g in record.gpus if not any(same_gpu(g, f) for f in forgotten)]
-    return DrainRecord(record.reason, record.findings, kept)
+    return replace(record, gpus=kept)
 
 
 def _finding_left(record: DrainRecord, results: list[dict[str, Any]]) -> str | None:

@@ -35,6 +35,10 @@ class Standing(StrEnum):
 class Owner(StrEnum):
     NONE = "none"  # no reason
     GPUGUARD = "gpuguard"  # gpuguard's grammar
+    # gpuguard's, for reset_gpu, reboot or inspect_hardware: back only after a
+    # qualification (integrations/slurm/gate.py); where a standing has no row of its own
+    # for it, gpuguard's row applies
+    GPUGUARD_GATED = "gpuguard, gated"
     SCRIPT = "script"  # Slurm's Prolog/Epilog error just after gpuguard's recorded failure
     ANYONE = "anyone"  # in a row: any reason not matched by a row above it
 
@@ -42,6 +46,7 @@ class Owner(StrEnum):
 class Does(StrEnum):
     DRAIN = "drain"  # for a drain finding, after the brake; else nothing
     OWN = "own"  # keep; rewrite for another finding; resume when the whole verdict passes
+    OWN_GATED = "own, gated"  # as OWN, and the resume waits for a passing qualification
     TAKE_OVER = "take over"  # gpuguard's reason, then as its own
     NOTHING = "nothing"
 
@@ -80,6 +85,7 @@ _SOMEONE = "anyone else's: an administrator's, another tool's, or Slurm's own " 
     "failure, ...)"
 _ANY = "any, gpuguard's included"
 EXAMPLE_REASON = "gpuguard: inspect_hardware: memory.row_remap GPU 0"  # the examples' finding
+EXAMPLE_UNGATED = "gpuguard: restart_app: service.engine GPU 0"  # a drain with no gate
 
 TABLE: tuple[Row, ...] = (
     Row(Standing.UP, "in service: `IDLE`, `MIXED`, `ALLOCATED` (with `COMPLETING`, "
@@ -91,10 +97,18 @@ TABLE: tuple[Row, ...] = (
     Row(Standing.UP, "in service", Owner.ANYONE, _SOMEONE, Does.NOTHING,
         "nothing: the reason is someone else's", ("IDLE", "admin: watch this one"),
         "none", "none"),
-    Row(Standing.DRAINED, "drained or draining: one of those with `DRAIN`", Owner.GPUGUARD,
-        "gpuguard's", Does.OWN, "keep it while the finding stands, rewrite the reason for "
-        "another, resume when the whole verdict passes [the resume check](#resuming)",
-        ("IDLE+DRAIN", EXAMPLE_REASON), "keep", "resume"),
+    Row(Standing.DRAINED, "drained or draining: one of those with `DRAIN`",
+        Owner.GPUGUARD_GATED, "gpuguard's, for `reset_gpu`, `reboot` or `inspect_hardware`",
+        Does.OWN_GATED, "keep it while the finding stands, rewrite the reason for another; "
+        "when the whole verdict passes [the resume check](#resuming), qualify its GPUs, "
+        "detached, once the node is idle, and resume after a pass "
+        "[the gate](#qualifying-before-a-resume)", ("IDLE+DRAIN", EXAMPLE_REASON),
+        "keep", "keep"),
+    Row(Standing.DRAINED, "drained or draining", Owner.GPUGUARD,
+        "gpuguard's, for `failover`, `restart_app` or `update_software`", Does.OWN,
+        "keep it while the finding stands, rewrite the reason for another, resume when the "
+        "whole verdict passes [the resume check](#resuming)",
+        ("IDLE+DRAIN", EXAMPLE_UNGATED), "update", "resume"),
     Row(Standing.DRAINED, "drained or draining", Owner.SCRIPT, '"Prolog error" or "Epilog '
         'error" set close after a failure gpuguard recorded', Does.TAKE_OVER,
         "take it over (gpuguard's reason), then as its own", ("ALLOCATED+DRAIN",
@@ -132,11 +146,19 @@ def standing(node: NodeInfo) -> Standing:
     return Standing.DRAINED if node.drained else Standing.UP
 
 
+# an owner a standing has no row for takes this one's row (then ANYONE's)
+FALLBACK = {Owner.GPUGUARD_GATED: Owner.GPUGUARD}
+
+
 def row_for(at: Standing, owner: Owner) -> Row:
-    """The table's row (the first for this standing naming this owner, else ANYONE)."""
+    """The table's row: the first for this standing naming this owner, else its
+    FALLBACK's, else ANYONE's."""
     rows = [r for r in TABLE if r.standing == at]
-    return next((r for r in rows if r.owner == owner), None) or \
-        next(r for r in rows if r.owner == Owner.ANYONE)
+    for who in (owner, FALLBACK.get(owner), Owner.ANYONE):
+        found = next((r for r in rows if r.owner == who), None)
+        if found is not None:
+            return found
+    raise AssertionError(f"no row for {at}")  # every standing has an ANYONE row
 
 
 def render() -> str:
