@@ -23,6 +23,7 @@ from gpuguard.assess.inputs import HostInputs
 from gpuguard.integrations.slurm import brake as slurm_brake
 from gpuguard.integrations.slurm import clock as slurm_clock
 from gpuguard.integrations.slurm import ctl as slurm_ctl
+from gpuguard.integrations.slurm import gate
 from gpuguard.integrations.slurm import metrics as slurm_metrics
 from gpuguard.integrations.slurm import plan as slurm
 from gpuguard.integrations.slurm import qualifying
@@ -143,9 +144,9 @@ def _run_health(run: HealthRun) -> int:
         taken_over = slurm.reason_for(slurm.drain_worthy(failure["findings"], set())
                                       or failure["findings"])
     failover_rules = set(found.failover_rules)
-    gate = qualifying.step(run, node, record, results)
+    step = qualifying.step(run, node, record, results)
     plan = slurm.plan(results, failover_rules, node, failure_time(failure), taken_over,
-                      record, gate)
+                      record, step)
     run.say(f"node {node.name} ({node.word}, reason {node.reason or 'none'}): "
             f"{plan.do}: {plan.why}")
     findings = slurm.drain_worthy(results, failover_rules) or \
@@ -285,8 +286,10 @@ def resumed(run: HealthRun, node: slurm_ctl.NodeInfo, plan: slurm.Plan,
     """The resume's event: after a gate, with the drain it ends and the passes it read."""
     if plan.step is None or before is None:
         record(run, "resume", node.reason, "ok")
-    else:
-        record(run, "resume", f"{node.reason}: {plan.step.why}", "ok",
+    else:  # the qualify events' purpose, word for word: `gpuguard events` pairs them
+        drained_at = before.drained_at if before.drained_at is not None else time.time()
+        record(run, "resume", f"{node.reason}: {plan.step.why} "
+               f"({gate.purpose(node.name, drained_at, node.reason)})", "ok",
                qualifying.evidence(before, plan.step))
     run.say("resumed")
 
