@@ -23,10 +23,9 @@ from gpuguard.assess.inputs import HostInputs
 from gpuguard.integrations.slurm import brake as slurm_brake
 from gpuguard.integrations.slurm import clock as slurm_clock
 from gpuguard.integrations.slurm import ctl as slurm_ctl
-from gpuguard.integrations.slurm import gate
+from gpuguard.integrations.slurm import gate, qualifying
 from gpuguard.integrations.slurm import metrics as slurm_metrics
 from gpuguard.integrations.slurm import plan as slurm
-from gpuguard.integrations.slurm import qualifying
 from gpuguard.integrations.slurm import resume as slurm_resume
 from gpuguard.integrations.slurm import state as slurm_state
 from gpuguard.integrations.slurm import verdict as slurm_verdict
