@@ -47,7 +47,13 @@ export GPUGUARD_FORBID_HOST='{guard}'
 [ -f {root}/{what}.env ] && . {root}/{what}.env
 cd {repo}
 set -- $(cat {root}/{what}.args 2>/dev/null)
-exec {python} -m gpuguard slurm {what} "$@" >> {root}/{what}.out 2>&1
+# how long each run took (start, end, exit status): slurmd kills a health program at 60 s,
+# and a run it killed leaves no line
+start=$(date +%s.%N)
+{python} -m gpuguard slurm {what} "$@" >> {root}/{what}.out 2>&1
+code=$?
+echo "$start $(date +%s.%N) $code" >> {root}/{what}.took
+exit $code
 """
 
 
@@ -196,6 +202,13 @@ PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def runs(self, what: str) -> list[str]:
         path = self.root / f"{what}.runs"
         return path.read_text().splitlines() if path.exists() else []
+
+    def took(self, what: str, since: float = 0.0) -> list[float]:
+        """Seconds each run of `what` that started after `since` (wall clock) took."""
+        path = self.root / f"{what}.took"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [float(b) - float(a) for a, b, _ in (x.split() for x in lines)
+                if float(a) >= since]
 
     def output(self, what: str) -> str:
         path = self.root / f"{what}.out"

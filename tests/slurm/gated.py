@@ -34,8 +34,9 @@ def kmsg(*lines: str) -> str:
         f"4,{100 + i},{(1000 + i) * 1_000_000},-;{text}\n" for i, text in enumerate((LOAD, *lines)))
 
 
-def live_host(root: Path, *lines: str) -> list[str]:
-    """The host's options (--path.*, --kmsg-file, --profile, --state-dir root/state)."""
+def live_host(root: Path, *lines: str, state: Path | None = None) -> list[str]:
+    """The host's options (--path.*, --kmsg-file, --profile, --state-dir: `state`, else
+    root/state), its kernel log these lines after the driver's load."""
     host = root / "host"
     args = own_host(host, kmsg=kmsg(*lines))
     for minor in (0, 1):
@@ -49,7 +50,7 @@ def live_host(root: Path, *lines: str) -> list[str]:
     profile.write_text(FLOORS)
     at = args.index("--state-dir")
     return [*args[:at], *args[at + 2:], "--profile", str(profile), "--state-dir",
-            str(root / "state")]
+            str(state or root / "state")]
 
 
 def write_kmsg(root: Path, *lines: str) -> None:

@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import REPO, mounted_tmpfs, own_host
 from tests.daemon.conftest import host_snapshot, write_snapshot
 from tests.slurm.cluster import FAKE_NODES, HEALTH_INTERVAL, Cluster, missing_tools
+from tests.slurm.gated import gpu_env, qualify_args
 
 pytestmark = pytest.mark.skipif(
     bool(missing_tools()), reason=f"needs Slurm and munge ({', '.join(missing_tools())} "
@@ -98,10 +99,12 @@ def runs_after(c: Cluster, n: int) -> None:
 
 def test_slurmd_runs_health_a_fault_drains_and_its_repair_resumes(slurm: Cluster) -> None:
     """GPUs 0 and 1 past T.Limit: drained ("GPU 0 (+1 more)"). GPU 0 repaired while GPU 1
-    cannot be read (thermal.margin unknown there): no resume. Both fine: resumed."""
+    cannot be read (thermal.margin unknown there): no resume. Both fine: resumed (on the
+    passive verdict: a replay has no board to qualify, hence --no-qualify; the gate on
+    this cluster: test_slurm_qualify_cluster.py)."""
     c = slurm
     snap = replayed(c, True, {(1, "temperature_tlimit_margin_c"): -5})
-    c.switch("health", True, health_args(c, "--input", str(snap)))
+    c.switch("health", True, health_args(c, "--input", str(snap), "--no-qualify"))
     runs, took = c.within_runs(lambda: c.reason().startswith("gpuguard:"), "the drain")
     assert c.node_line() == ("drained",
                              "gpuguard: inspect_hardware: thermal.margin GPU 0 (+1 more)")
@@ -253,7 +256,8 @@ def test_a_prolog_failure_requeues_the_job_and_health_takes_the_drain_over(
         slurm: Cluster, fake_nvml: Path, fake_cuda: Path) -> None:
     """The probe reads wrong data back on GPU 1 (the fake libcuda): the prolog fails, Slurm
     requeues the job and drains the node ("Prolog error"); the next health run rewrites
-    the reason to gpuguard's and, once GPU 1 passes again, resumes the node."""
+    the reason to gpuguard's and, once GPU 1 passes again and a qualification of both
+    GPUs it then starts has passed, resumes the node."""
     c = slurm
     faulty = fake_gpu_env(c, fake_nvml, fake_cuda, FAKE_CUDA_CORRUPT="compute",
                           FAKE_CUDA_FAULT_GPU="1")
@@ -266,12 +270,14 @@ def test_a_prolog_failure_requeues_the_job_and_health_takes_the_drain_over(
     record = json.loads((c.root / "gg-state" / "slurm" / "script-failure.json").read_text())
     assert record["job"] == job and record["gpus"] == [0, 1]
     c.cli("scancel", job)
-    c.switch("health", True, [*live_args(c), "--no-daemon", *slurm_args(c)], faulty)
+    gate = qualify_args()  # inspect_hardware: back after a qualification (the fake's)
+    c.switch("health", True, [*live_args(c), "--no-daemon", *slurm_args(c), *gate], faulty)
     c.wait_for(lambda: c.reason().startswith("gpuguard:"), WITHIN_S, "the takeover")
     assert c.reason() == "gpuguard: inspect_hardware: gpu.compute GPU 1"
-    c.switch("health", True, [*live_args(c), "--no-daemon", *slurm_args(c)],
-             fake_gpu_env(c, fake_nvml, fake_cuda))
+    c.switch("health", True, [*live_args(c), "--no-daemon", *slurm_args(c), *gate],
+             gpu_env(fake_nvml, fake_cuda))
     c.wait_for(lambda: c.state() == "idle", WITHIN_S, "the resume after a pass")
+    assert "keep: qualifying since" in c.output("health")
     assert not (c.root / "gg-state" / "slurm" / "script-failure.json").exists()
 
 
