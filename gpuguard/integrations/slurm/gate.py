@@ -26,6 +26,7 @@ A drill (qualify --inject-bit-flip) is never evidence either way; a `quick` run 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -83,20 +84,22 @@ class Attempt:
     @classmethod
     def from_json(cls, raw: Any) -> Attempt | None:
         """None for anything but what to_json wrote."""
-        if not isinstance(raw, dict):
-            return None
-        numbers = [raw.get(k) for k in ATTEMPT_FIELDS]
-        if not all(isinstance(n, int | float) and not isinstance(n, bool) for n in numbers) \
-                or not isinstance(raw.get("pid"), int) or not isinstance(raw.get("number"), int):
+        if not isinstance(raw, dict) or not all(_number(raw.get(k)) for k in ATTEMPT_FIELDS) \
+                or not isinstance(raw["pid"], int) or not isinstance(raw["number"], int):
             return None
         gpus, boot = raw.get("gpus", []), raw.get("boot_id")
         if not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool)
                                                  for g in gpus) \
-                or not (boot is None or isinstance(boot, str)) \
+                or not isinstance(boot, str | None) \
                 or not isinstance(raw.get("gave_up", False), bool):
             return None
         return cls(raw["pid"], float(raw["started_at"]), raw["number"], float(raw["gate"]),
                    float(raw["deadline_at"]), boot, tuple(gpus), raw.get("gave_up", False))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -154,15 +157,10 @@ def _since(attempt: Attempt, f: Facts) -> str:
 def decide(f: Facts) -> Step:
     """The step (see the module's doc)."""
     if f.attempt is not None and f.alive:
-        if f.now <= f.attempt.deadline_at:
-            return Step(Verb.WAIT, _since(f.attempt, f))
-        return Step(Verb.STOP, f"the qualification started at {utc(f.attempt.started_at)} "
-                    f"(pid {f.attempt.pid}) outlived its deadline of "
-                    f"{utc(f.attempt.deadline_at)}: stopped, a later run retries")
+        return _running(f.attempt, f)
     if not f.targets:
         return Step(Verb.RESUME, "no GPU to qualify")
-    counted = [q for q in f.found if not q.drill and (not f.new_boot or q.boot_id == f.boot_id)]
-    newest = [(t, latest(counted, t.board, f.level, f.gate)) for t in f.targets]
+    newest = _newest(f)
     if all(q is not None and q.passed for _, q in newest):
         return Step(Verb.RESUME, f"every GPU passed a {f.level} qualification since "
                     f"{f.gate_why}", evidence=tuple(q for _, q in newest if q is not None))
@@ -170,6 +168,28 @@ def decide(f: Facts) -> Step:
               if q is not None and not q.passed and q.status in FINDING]
     if failed:
         return _failed(failed, f)
+    return _again(newest, f)
+
+
+def _running(attempt: Attempt, f: Facts) -> Step:
+    """Ours still runs: waited for, or stopped once past its deadline."""
+    if f.now <= attempt.deadline_at:
+        return Step(Verb.WAIT, _since(attempt, f))
+    return Step(Verb.STOP, f"the qualification started at {utc(attempt.started_at)} "
+                f"(pid {attempt.pid}) outlived its deadline of {utc(attempt.deadline_at)}: "
+                "stopped, a later run retries")
+
+
+def _newest(f: Facts) -> list[tuple[Target, Qualification | None]]:
+    """Each GPU's newest qualification that counts (not a drill; this boot's after a
+    reboot since the drain; the level or above; started at or after the gate)."""
+    counted = [q for q in f.found if not q.drill and (not f.new_boot or q.boot_id == f.boot_id)]
+    return [(t, latest(counted, t.board, f.level, f.gate)) for t in f.targets]
+
+
+def _again(newest: list[tuple[Target, Qualification | None]], f: Facts) -> Step:
+    """None yet, or one that did not finish: a (next) attempt, once the node is idle and
+    while attempts for this gate are left."""
     if not f.idle:
         return Step(Verb.BUSY, "waiting for the node's jobs to end before qualifying its GPUs")
     tried = f.attempt.number if f.attempt is not None and f.attempt.gate == f.gate else 0

@@ -64,17 +64,23 @@ class DrainRecord:
         if not all(isinstance(g, dict) and isinstance(g.get("serial"), str | None)
                    for g in gpus):
             return None
-        drained_at, boot, attempt = raw.get("drained_at"), raw.get("boot_id"), raw.get("attempt")
-        if not (drained_at is None or (isinstance(drained_at, int | float)
+        gate = _gate_fields(raw)
+        return None if gate is None else cls(reason, findings, gpus, *gate)
+
+
+def _gate_fields(raw: dict[str, Any]
+                 ) -> tuple[float | None, str | None, Attempt | None] | None:
+    """The drain's time, boot and attempt as to_json wrote them (each may be None: an
+    older gpuguard's record); None when one is there and is not."""
+    drained_at, boot, attempt = raw.get("drained_at"), raw.get("boot_id"), raw.get("attempt")
+    if drained_at is not None and not (isinstance(drained_at, int | float)
                                        and not isinstance(drained_at, bool)
-                                       and math.isfinite(drained_at))) \
-                or not isinstance(boot, str | None):
-            return None
-        kept = None if attempt is None else Attempt.from_json(attempt)
-        if attempt is not None and kept is None:
-            return None
-        return cls(reason, findings, gpus,
-                   None if drained_at is None else float(drained_at), boot, kept)
+                                       and math.isfinite(drained_at)):
+        return None
+    kept = None if attempt is None else Attempt.from_json(attempt)
+    if not isinstance(boot, str | None) or (attempt is not None and kept is None):
+        return None
+    return None if drained_at is None else float(drained_at), boot, kept
 
 
 def identity(gpu: Any) -> dict[str, Any] | None:
