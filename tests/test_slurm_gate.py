@@ -82,8 +82,9 @@ def test_what_does_not_count_for_the_gate() -> None:
 
 def test_after_a_reboot_since_the_drain_only_this_boots_runs_count() -> None:
     earlier = (qual(0, boot="b0"), qual(1))
-    assert decide(facts(*earlier, new_boot=True)).verb == Verb.START
+    assert decide(facts(*earlier, new_boot=True)).gpus == (0,)
     assert decide(facts(*earlier)).verb == Verb.RESUME  # the same boot as the drain
+    assert decide(facts(qual(0), qual(1), new_boot=True)).verb == Verb.RESUME
 
 
 def test_the_newest_run_of_a_board_decides() -> None:
@@ -112,6 +113,14 @@ def test_a_finished_run_that_did_not_pass_names_its_finding_in_the_reason() -> N
     weak = qual(0, passed=False, status="warning", results=(("qualify.power", "warning"),))
     assert decide(facts(weak, qual(1))).reason == \
         "gpuguard: inspect_hardware: qualify.power GPU 0"
+    # the GPU as NVML numbers it now (the board ran as GPU 3 before a renumber)
+    moved = dataclasses.replace(memtest, index=3)
+    assert decide(facts(qual(0), moved)).reason == \
+        "gpuguard: inspect_hardware: qualify.memtest GPU 1"
+    first = dataclasses.replace(memtest, index=5, uuid="GPU-a", serial="S0",
+                                results=(("qualify.sdc", "critical"),))
+    assert decide(facts(first, moved)).reason == \
+        "gpuguard: inspect_hardware: qualify.sdc GPU 0 (+1 more)"
     # both failed: the first GPU named, the other counted
     both = decide(facts(qual(0, passed=False, results=(("qualify.sdc", "critical"),)),
                         memtest))
@@ -228,6 +237,10 @@ def test_the_drain_record_keeps_the_gate_and_reads_older_records() -> None:
                 {"gpus": [{**old["gpus"][0], "serial": 1654}]}):
         assert DrainRecord.from_json({**old, **bad}) is None, bad
     assert Attempt.from_json([1]) is None
+    # given up only once said so (a record without the key: not yet)
+    assert not ours().gave_up
+    unsaid = {k: v for k, v in ours().to_json().items() if k != "gave_up"}
+    assert Attempt.from_json(unsaid) == ours()
 
 
 def test_a_hung_qualification_is_stopped_with_its_workers() -> None:

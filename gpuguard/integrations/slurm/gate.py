@@ -196,7 +196,8 @@ def _again(newest: list[tuple[Target, Qualification | None]], f: Facts) -> Step:
     if tried >= f.max_attempts:
         last = next((q for _, q in newest if q is not None and not q.passed), None)
         what = f"the last: {last.message}" if last is not None else \
-            "no result recorded: they died or outlived their deadline"
+            "no result recorded: they died or outlived their deadline; their output is " \
+            "the state dir's qualify-detached.log"
         return Step(Verb.GIVE_UP, f"not qualified: {tried} attempt(s) since {f.gate_why} did "
                     f"not finish ({what}); kept drained: a passing `gpuguard qualify` "
                     "resumes it, or resume by hand")
@@ -213,8 +214,8 @@ def _failed(failed: list[tuple[Target, Qualification]], f: Facts) -> Step:
     target, q = min(failed, key=lambda tq: tq[0].index)
     rule = worst_rule(q)
     action = q.action if q.action in GATED else "inspect_hardware"
-    reason = grammar.Reason.of(action, rule, q.index if q.index is not None else target.index,
-                               len(failed) - 1).text()
+    # the GPU's NVML index now, as every reason names it (the run's may predate a renumber)
+    reason = grammar.Reason.of(action, rule, target.index, len(failed) - 1).text()
     return Step(Verb.FAIL, f"the {q.level} qualification of GPU {target.index} "
                 f"({target.board.describe()}) started at {utc(q.started_at)} did not pass: "
                 f"{q.message[:200]}", reason=reason, evidence=tuple(q for _, q in failed))
