@@ -87,7 +87,7 @@ def qualify_options(fn: Any) -> Any:
 
 def qualify_settings_of(kw: dict[str, Any]) -> Any:
     """QualifySettings from qualify_options' values (taken out of kw)."""
-    from gpuguard.integrations.slurm.qualifying import QualifySettings
+    from gpuguard.integrations.slurm.gate import QualifySettings
 
     return QualifySettings(kw.pop("qualify_enabled"), kw.pop("qualify_level"),
                            kw.pop("qualify_seconds"), kw.pop("qualify_targets"),
@@ -150,7 +150,8 @@ def health(socket_path: str | None, no_daemon: bool, brake_jitter: float,
     starts detached has passed); exit 0, 2 when the fleet brake held, 3 when Slurm did not
     answer."""
     from gpuguard.daemon import socket_client
-    from gpuguard.integrations.slurm.health import HealthRun, run_health
+    from gpuguard.integrations.slurm.health import run_health
+    from gpuguard.integrations.slurm.health_run import HealthRun
     from gpuguard.integrations.slurm.jobs import node_name
 
     ctl, brake = settings_of(kw, brake_jitter)

@@ -36,6 +36,8 @@ from gpuguard.io.clock import utc
 from gpuguard.qualify.records import Board, latest
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from gpuguard.qualify.records import Qualification
 
 # the drains whose way back is a qualification (the reason's action word)
@@ -61,6 +63,17 @@ def purpose(node: str, drained_at: float, reason: str) -> str:
     """What the qualification decides, as its event keeps it (qualify --purpose): the
     drain it ends, so that `gpuguard events` shows the two together."""
     return f"slurm resume of {node} drained at {utc(drained_at)} for {action_of(reason)}"
+
+
+@dataclass(frozen=True)
+class QualifySettings:
+    """`slurm health`'s --qualify* options (gpuguard/cli/slurm.py)."""
+
+    enabled: bool = True
+    level: str = "standard"
+    seconds: float | None = None   # the load's length (qualify --seconds)
+    targets: Path | None = None    # qualify --targets
+    max_attempts: int = 2
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuguard.assess.inputs import HostInputs
 from gpuguard.integrations.slurm import brake as slurm_brake
 from gpuguard.integrations.slurm import clock as slurm_clock
 from gpuguard.integrations.slurm import ctl as slurm_ctl
@@ -29,9 +28,9 @@ from gpuguard.integrations.slurm import plan as slurm
 from gpuguard.integrations.slurm import resume as slurm_resume
 from gpuguard.integrations.slurm import state as slurm_state
 from gpuguard.integrations.slurm import verdict as slurm_verdict
+from gpuguard.integrations.slurm.health_run import HealthRun, record
 
 if TYPE_CHECKING:
-    from gpuguard.assess.once import Judgement
     from gpuguard.model.results import Verdict
 
 EXIT_BRAKE = 2
@@ -40,40 +39,6 @@ EXIT_UNKNOWN = 3
 # admin resumed it, or Slurm never drained): it must not claim a later "Prolog error" of
 # someone else's. The slack covers Slurm draining a moment after the script exited.
 FAILURE_STALE_S = 120.0
-
-
-@dataclass
-class HealthRun:
-    node: str
-    ctl: slurm_ctl.SlurmSettings
-    brake: slurm_brake.BrakeSettings
-    inputs: HostInputs
-    state_dir: Path  # the Slurm records' (the inputs' --state-dir, else the host's)
-    socket_path: str | None  # None: a cold check
-    metrics_file: Path | None = None
-    probe_budget_s: float = 3.0
-    qualify: qualifying.QualifySettings = field(default_factory=qualifying.QualifySettings)
-    lines: list[str] = field(default_factory=list)
-    cold: Judgement | None = None  # this host collected, once per run (judgement())
-    lost: list[str] = field(default_factory=list)  # what of the state dir was lost
-    stateless: bool = False  # the state dir cannot be made: no record to read either
-
-    def say(self, text: str) -> None:
-        self.lines.append(text)
-
-    def lose(self, text: str) -> None:
-        """A part of the state dir lost this run: said, and the run goes on without it."""
-        self.lost.append(f"state: {text}")
-        self.say(f"state: {text}")
-
-    def judgement(self) -> Judgement:
-        """This run's cold judgement of the host: one collection and one configuration,
-        shared by the cold verdict and a re-probe."""
-        if self.cold is None:
-            from gpuguard.assess.once import Judgement
-
-            self.cold = Judgement(self.inputs)
-        return self.cold
 
 
 def verdict(run: HealthRun) -> Verdict:
@@ -326,25 +291,6 @@ def brake(run: HealthRun, reason: str, count: slurm_brake.Count, held: str) -> i
     record(run, slurm.BRAKE_RULE, why, "critical")
     write_metrics(run, braked=True)
     return EXIT_BRAKE
-
-
-def record(run: HealthRun, what: str, message: str, status: str,
-           data: dict[str, Any] | None = None) -> None:
-    """Into the state dir's event store (`gpuguard events`; never fatal)."""
-    from gpuguard.events import store
-    from gpuguard.events.writer import EventWriter
-
-    writer = EventWriter(store.path_in(run.state_dir), integrity_check=False)
-    try:
-        writer.record(store.Event(kind="rule", source="slurm", rule=slurm.BRAKE_RULE
-                                  if what == slurm.BRAKE_RULE else "slurm.node",
-                                  status=status, message=f"{run.node}: {what}: {message}",
-                                  data=data or {}))
-        writer.flush()
-    except Exception as exc:  # the store is history: Slurm's state and the metric still say it
-        run.say(f"event not recorded: {type(exc).__name__}: {exc}")
-    finally:
-        writer.close()
 
 
 def write_metrics(run: HealthRun, drained: bool = False, braked: bool = False,

@@ -17,7 +17,7 @@ import contextlib
 import os
 import signal
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ from gpuguard.qualify.records import Board
 
 if TYPE_CHECKING:
     from gpuguard.integrations.slurm.ctl import NodeInfo
-    from gpuguard.integrations.slurm.health import HealthRun
+    from gpuguard.integrations.slurm.health_run import HealthRun
     from gpuguard.integrations.slurm.plan import Plan
     from gpuguard.integrations.slurm.resume import DrainRecord
 
@@ -40,17 +40,6 @@ GRACE_S = 60.0
 # not --path.procfs (the judged host's, another namespace in a container).
 OWN_PROCFS = Path("/proc")
 REPAIRS_READ = 500  # repair events read back since the drain (one per reset line)
-
-
-@dataclass(frozen=True)
-class QualifySettings:
-    """`slurm health`'s --qualify* options (gpuguard/cli/slurm.py)."""
-
-    enabled: bool = True
-    level: str = "standard"
-    seconds: float | None = None   # the load's length (qualify --seconds)
-    targets: Path | None = None    # qualify --targets
-    max_attempts: int = 2
 
 
 def step(run: HealthRun, node: NodeInfo, record: DrainRecord | None,
@@ -267,7 +256,7 @@ def save(run: HealthRun, record: DrainRecord) -> None:
 def note(run: HealthRun, what: str, message: str, status: str, record: DrainRecord,
          step_: gate.Step | None = None) -> None:
     """An event of the gate, with the drain it belongs to."""
-    from gpuguard.integrations.slurm.health import record as write_event
+    from gpuguard.integrations.slurm.health_run import record as write_event
 
     write_event(run, what, message, status, evidence(record, step_))
 
