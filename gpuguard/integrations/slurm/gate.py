@@ -11,14 +11,15 @@ Step says (integrations/slurm/qualifying.py): a qualification is started detache
 never waited for, since slurmd kills its health program after 60 s and a standard run
 may take that long. One step per run, the first that applies:
 
-  our last attempt alive, within its deadline     WAIT      keep: qualifying since T
-  our last attempt alive, past its deadline        STOP      kill it; a later run retries
-  no GPU to qualify                                 RESUME
-  every GPU's newest qualification since the gate passed                      RESUME
-  one finished and did not pass (critical, warning)  FAIL   the reason names its finding
-  none yet, or one that did not finish (unknown, none recorded), the node busy  BUSY
-  ... the node idle, attempts for this gate used up  GIVE_UP   kept drained, saying so
-  ... else                                           START     keep: qualifying since T
+  our last attempt alive, within its deadline        WAIT     keep: qualifying since T
+  our last attempt alive, past its deadline           STOP     kill it; a later run retries
+  no GPU to qualify                                   RESUME
+  each GPU's newest qualification since the gate passed   RESUME
+  one finished and did not pass (critical, warning)   FAIL     the reason: its finding
+  none yet, or one that did not finish (unknown, or nothing recorded):
+    the node still running jobs                       BUSY     keep
+    the node idle, this gate's attempts used up       GIVE_UP  keep, saying so
+    the node idle, attempts left                      START    keep: qualifying since T
 
 A drill (qualify --inject-bit-flip) is never evidence either way; a `quick` run is not a
 `standard` one.
