@@ -118,7 +118,7 @@ def test_drained_for_an_xid_reset_then_qualified_detached_then_resumed(node: Nod
     assert [m.split(": ")[1] for m in said] == ["drain", "qualify started", "resume"]
     assert why in said[1] and why in said[2]
     table = events_table(node.state)
-    assert f"standard: pass (for {why})" in table and "gpu reset" in table
+    assert f"standard: pass; for {why}" in table and "gpu reset" in table
     resume = json.loads(gpuguard("events", "--state-dir", str(node.state), "--format",
                                  "json").stdout)["events"][0]
     assert resume["data"]["drain"]["reason"] == gated.DRAINED
