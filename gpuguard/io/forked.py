@@ -108,16 +108,23 @@ class Worker:
         return exit_code(self.pid, until)
 
 
-def read_until(fd: int, end: float) -> tuple[bytes, bool]:
+def read_until(fd: int, end: float, stop: Callable[[], bool] | None = None,
+               poll_s: float = 0.1) -> tuple[bytes, bool]:
     """Everything written to `fd` by the monotonic time `end`, and whether the writer
-    closed its end (finished) by then. Closes `fd`."""
+    closed its end (finished) by then. Closes `fd`. With `stop`, it is asked every
+    `poll_s` and a true answer ends the read at once (a stopped qualify run)."""
     chunks: list[bytes] = []
     finished = False
     try:
         while (remaining := end - time.monotonic()) > 0:
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
+            if stop is not None and stop():
                 break
+            wait = remaining if stop is None else min(remaining, poll_s)
+            ready, _, _ = select.select([fd], [], [], wait)
+            if not ready:
+                if stop is None:
+                    break
+                continue
             data = os.read(fd, 65536)
             if not data:
                 finished = True

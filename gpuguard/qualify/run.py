@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import signal
 import tempfile
 import threading
@@ -142,7 +141,8 @@ def _run_workers(gpus: list[GpuSnapshot], opts: levels.QualifyOptions,
 
             pids[gpu.index] = forked.fork(body)
         os.close(write_fd)
-        data, finished = _read(read_fd, deadline, stop)
+        # the stop is asked every 0.1 s: it must free the GPUs within a second
+        data, finished = forked.read_until(read_fd, deadline, stop.is_set)
     seen_stop = time.monotonic()
     for pid in pids.values():
         with contextlib.suppress(ProcessLookupError):
@@ -155,8 +155,7 @@ def _run_workers(gpus: list[GpuSnapshot], opts: levels.QualifyOptions,
     taken = samples.stop()
     outcome.sampler_error = taken.error
     outcome.stopped = stop.is_set()
-    runs = assemble.gather([json.loads(line) for line in data.splitlines()
-                            if line.startswith(b"{") and _json(line)])
+    runs = assemble.gather(_messages(data))
     for slot, gpu in enumerate(gpus):
         outcome.readings[gpu.index] = _reading(gpu, slot, runs.get(gpu.index), opts, taken,
                                                progress, outcome, finished, endings,
@@ -205,29 +204,14 @@ def _where(progress: Progress, slot: int) -> str:
     return raw.decode(errors="replace")
 
 
-def _json(line: bytes) -> bool:
-    try:
-        json.loads(line)
-    except ValueError:
-        return False
-    return True
-
-
-def _read(fd: int, deadline: float, stop: threading.Event) -> tuple[bytes, bool]:
-    """The workers' lines until they all close the pipe, the deadline, or a stop (checked
-    every 0.1 s: the stop must free the GPUs within a second)."""
-    chunks: list[bytes] = []
-    finished = False
-    try:
-        while not stop.is_set() and (remaining := deadline - time.monotonic()) > 0:
-            ready, _, _ = select.select([fd], [], [], min(remaining, 0.1))
-            if not ready:
-                continue
-            piece = os.read(fd, 1 << 16)
-            if not piece:
-                finished = True
-                break
-            chunks.append(piece)
-    finally:
-        os.close(fd)
-    return b"".join(chunks), finished
+def _messages(data: bytes) -> list[dict[str, Any]]:
+    """The workers' JSON lines, each parsed once; a line cut by a kill is left out."""
+    out = []
+    for line in data.splitlines():
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(msg, dict):
+            out.append(msg)
+    return out
