@@ -52,6 +52,9 @@ from gpuguard.cli.values import MAX_INTERVAL_S, MAX_WAIT_S, FilePath, Finite
 @click.option("--npd-dir", type=FilePath(), metavar="DIR",
               help="Write one verdict file per node condition here each cycle, for "
                    "node-problem-detector's plugin (docs/kubernetes.md).")
+@click.option("--status-page", is_flag=True,
+              help="Serve a status page at / (docs/status-page.md); the profile's "
+                   "`status_page: true` does it on a loopback listener only.")
 @rule_options
 @host_source_options
 @path_options
@@ -59,7 +62,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
            input_path: Path | None, log_format: str, udev: bool, config_path: Path | None,
            dry_run: bool, active_probe_interval: float, event_store: bool,
            events_file: Path | None, status_socket: Path | None, status_group: str,
-           npd_dir: Path | None,
+           npd_dir: Path | None, status_page: bool,
            profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
            state_dir: Path | None, docker: bool | None, host_resources: bool | None,
            probe_image: str | None, path_sysfs: Path | None,
@@ -89,6 +92,6 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
         inputs=inputs, udev=udev, events_file=events_file,
         log_format=log_format, dry_run=dry_run, active_probe_interval=active_probe_interval,
         event_store=event_store, status_socket=status_socket, status_group=status_group,
-        npd_dir=npd_dir,
+        npd_dir=npd_dir, status_page=status_page,
         config_path=config_or_default(config_path))
     sys.exit(Daemon(cfg).run())

@@ -192,4 +192,6 @@ class ProfileFile(_Strict):
     disk_paths: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(
         max_length=64, description="a list of absolute paths")] | Unset = UNSET
     active_probe: ActiveProbeSpec | Unset = UNSET
+    # the daemon's status page at / (gpuguard/daemon/status_page.py), loopback only
+    status_page: Flag | Unset = UNSET
     rules: dict[str, OverrideSpec] | Unset = UNSET

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry
 
 from gpuguard.assess.gpus_seen import SeenGpus
 from gpuguard.assess.inputs import InputProblem, load_configuration
@@ -27,13 +26,14 @@ from gpuguard.config.yamlfile import ConfigError
 from gpuguard.daemon import active, freshness, http, logs, main_loop, notify, status, triggers
 from gpuguard.daemon.freshness import Freshness
 from gpuguard.daemon.latest import LatestResults
-from gpuguard.daemon.metrics import DaemonCollector, DaemonStats
+from gpuguard.daemon.metrics import DaemonStats, registry_of
 from gpuguard.daemon.qualify_host import qualify_host_of
 from gpuguard.daemon.recorder import FIRST_HISTORY_WAIT_S, EventRecorder, supervisor_event
 from gpuguard.daemon.sampler import NvmlSampler
 from gpuguard.daemon.schedule import Schedule
 from gpuguard.daemon.services import ServiceWatch
 from gpuguard.daemon.settings import FAST_SOURCES, DaemonConfig, host_paths, sample_spans
+from gpuguard.daemon.status_page import StatusPage
 from gpuguard.daemon.verdict_publish import VerdictPublisher
 from gpuguard.daemon.xid_counter import XidCounter
 from gpuguard.events import store as eventstore
@@ -84,6 +84,7 @@ class Daemon:
         # they are known (_start_parts)
         self.freshness = Freshness({"fast": cfg.fast_interval, "slow": cfg.slow_interval})
         self.publisher = VerdictPublisher.of(self)  # `gpuguard status`, NPD files (issue 22)
+        self.page = StatusPage.of(self)  # the page at / (issue 31), off unless turned on
 
     def current(self) -> tuple[tuple[Profile, RuleSet] | None, Snapshot | None]:
         return self._config, self._last  # the rules in use, the last sweep (verdict_publish)
@@ -99,12 +100,10 @@ class Daemon:
 
     def _use_config(self, config: tuple[Profile, RuleSet]) -> None:
         self._config = config
-        self._fit_history(config[1])
+        self.samples.keep_s, self.service_watch.keep_s = sample_spans(config[1])
+        self.page.configure(config[0].status_page, self.cfg.listen)
         # host.disk watches the paths of the profile in use (a bad reload keeps the last)
         self.cfg.sources.disk_paths = tuple(config[0].disk_paths)
-
-    def _fit_history(self, ruleset: RuleSet) -> None:
-        self.samples.keep_s, self.service_watch.keep_s = sample_spans(ruleset)
 
     def _do_reload(self) -> None:
         notify.reloading()
@@ -211,6 +210,7 @@ class Daemon:
         self.xids.count_kernel_log(snap, ruleset)
         self._last, self._last_at = snap, time.monotonic()
         self.store.update(results, "fast", source_failed=status.source_failure(snap))
+        self.page.sample(snap, now)
         current = self.store.results()
         for supervisor in self.supervisors:
             supervisor.on_cycle(current)
@@ -310,8 +310,8 @@ class Daemon:
         self._start_parts(config[1], services, state_dir, boot, procfs)
         try:
             self.publisher.start()  # the status socket: a failure is exit 1, as the port's
-            server = http.serve(host, port, self._registry(), self.health,
-                                self.status_document)
+            server = http.serve(host, port, registry_of(self), self.health,
+                                self.status_document, page=self.page.answer)
         except OSError as exc:
             log.error("listen_failed", listen=self.cfg.listen, error=str(exc))
             return 1
@@ -356,13 +356,6 @@ class Daemon:
         self.gpus_seen = SeenGpus(state_dir, boot, log)
         active.HOST_LOCK["state_dir"] = state_dir
         self._fit_freshness("start")
-
-    def _registry(self) -> CollectorRegistry:
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(DaemonCollector(self.store, self.stats, lambda: self._last,
-                                          lambda: [s.view() for s in self.supervisors],
-                                          self.recorder.metrics if self.recorder else None))
-        return registry
 
     def _loop(self) -> None:
         """Until SIGTERM: reloads, systemd's READY= and STATUS=, its watchdog, steps of

@@ -1,5 +1,6 @@
-"""/metrics (Prometheus), /healthz (alive and fresh) and /status (the last results as
-`check --format json` prints them), on a small HTTP server that no local client can blind.
+"""/metrics (Prometheus), /healthz (alive and fresh), /status (the last results as
+`check --format json` prints them) and, when it is on, the status page at /, on a small
+HTTP server that no local client can blind.
 
 Why not a plain ThreadingHTTPServer: it gives every accepted connection a thread that waits
 for the request with no deadline, so 1,100 connections that never send a request take every
@@ -33,6 +34,9 @@ import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 log = structlog.get_logger("gpuguard.http")
+
+# code, content type, body, extra headers
+Answer = tuple[int, str, bytes, tuple[tuple[str, str], ...]]
 
 DEFAULT_HOST = "127.0.0.1"  # a bare port never exposes the daemon beyond the host
 _HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -329,6 +333,7 @@ def _current_exception() -> BaseException:
 def serve(host: str, port: int, registry: CollectorRegistry,
           health: Callable[[], tuple[bool, dict[str, Any]]],
           status: Callable[[], dict[str, Any]], *,
+          page: Callable[[], Answer | None] | None = None,
           max_connections: int = 64, max_workers: int = 16,
           head_timeout: float = 5.0, head_bytes: int = 16384,
           write_timeout: float = 10.0) -> GuardedHTTPServer:
@@ -336,31 +341,37 @@ def serve(host: str, port: int, registry: CollectorRegistry,
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             try:
-                code, content_type, body = route(path)
+                code, content_type, body, headers = route(path)
             except Exception as exc:
                 # One line in the log, a 500 to the client, and the server goes on.
                 log.error("http_handler_failed", path=path,
                           client=_client(self.client_address),
                           error_type=type(exc).__name__, error=str(exc))
-                code, content_type, body = 500, "text/plain", b"internal error\n"
-            self._send(code, content_type, body)
+                code, content_type, body, headers = 500, "text/plain", b"internal error\n", ()
+            self._send(code, content_type, body, headers)
 
-        def _send(self, code: int, content_type: str, body: bytes) -> None:
+        def _send(self, code: int, content_type: str, body: bytes,
+                  headers: tuple[tuple[str, str], ...]) -> None:
             self.send_response(code)
             self.send_header("Content-Type", content_type)
+            for name, value in headers:
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
-    def route(path: str) -> tuple[int, str, bytes]:
+    def route(path: str) -> Answer:
         if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
+            return 200, CONTENT_TYPE_LATEST, generate_latest(registry), ()
         if path == "/healthz":
             healthy, detail = health()
-            return 200 if healthy else 503, "application/json", json.dumps(detail).encode()
+            return 200 if healthy else 503, "application/json", json.dumps(detail).encode(), ()
         if path == "/status":
-            return 200, "application/json", json.dumps(status(), indent=2).encode()
-        return 404, "text/plain", b"try /metrics, /healthz or /status\n"
+            return 200, "application/json", json.dumps(status(), indent=2).encode(), ()
+        answer = page() if page is not None and path == "/" else None
+        if answer is not None:
+            return answer
+        return 404, "text/plain", b"try /metrics, /healthz or /status\n", ()
 
     server = GuardedHTTPServer((host, port), Handler, max_connections=max_connections,
                                max_workers=max_workers, head_timeout=head_timeout,

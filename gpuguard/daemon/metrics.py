@@ -18,7 +18,7 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from gpuguard.daemon import service_metrics
 from gpuguard.daemon.latest import LatestResults
@@ -265,3 +265,14 @@ class DaemonCollector(Collector):
                                 "Size of the last step of the wall clock (negative: back; "
                                 "0 when none was seen).", value=last_jump)
         yield families.build_info()
+
+
+def registry_of(daemon: Any) -> CollectorRegistry:
+    """The daemon's /metrics (gpuguard/daemon/app.py): its results and telemetry, its own
+    health, the supervisors', the event store's and the status page's counters."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DaemonCollector(daemon.store, daemon.stats, lambda: daemon.current()[1],
+                                      lambda: [s.view() for s in daemon.supervisors],
+                                      daemon.recorder.metrics if daemon.recorder else None))
+    registry.register(daemon.page.collector())
+    return registry

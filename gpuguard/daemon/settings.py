@@ -50,6 +50,7 @@ class DaemonConfig:
     status_socket: Path | None = None
     status_group: str | None = "gpuguard"  # who besides root may read it
     npd_dir: Path | None = None  # node-problem-detector's condition files (verdict_files.py)
+    status_page: bool = False  # --status-page: the page at / on any listener
 
     def __post_init__(self) -> None:
         if self.host is None:

@@ -28,6 +28,7 @@ class Profile:
     # cannot load it themselves); devices.peermem: GPUDirect RDMA through nvidia-peermem.
     uvm_required: bool = False
     gpudirect_rdma: bool = False
+    status_page: bool = False  # the daemon's page at /, on a loopback listener
     # host.disk: paths whose filesystems must keep free space (beside Docker's data root).
     disk_paths: list[Path] = field(default_factory=list)
     # active_probe: settings given (deadline_s, buffer_mib, pattern_mib, max_memory_percent,
