@@ -174,6 +174,9 @@ class Browser:
         self.session = attached["sessionId"]
         for domain in ("Page", "Network", "Runtime", "Log"):
             self.send(f"{domain}.enable")
+        # no classic scrollbar eating 15 px of a desktop viewport (a phone's are overlays):
+        # a 1280 px viewport lays out, and shoots, 1280 px wide
+        self.send("Emulation.setScrollbarsHidden", {"hidden": True})
 
     def log(self) -> str:
         with contextlib.suppress(OSError):
@@ -303,6 +306,10 @@ class Browser:
             raise CDPError(f"navigate {url}: {result['errorText']}")
         self.wait_event("Page.loadEventFired", timeout=timeout)
         return self.page
+
+    def wait_next_load(self, timeout: float | None = None) -> None:
+        """Until the page loads again by itself (a meta refresh, say), from now on."""
+        self.wait_event("Page.loadEventFired", timeout=timeout, since=len(self._events))
 
     def evaluate(self, expression: str, timeout: float | None = None) -> Any:
         """The value of `expression` in the page (a promise is awaited), as JSON gives it."""

@@ -45,11 +45,15 @@ def _page_served(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def status_page(kind: str, folder: Path, timeout: float = 20.0) -> Iterator[DaemonProcess]:
-    """The daemon serving host `kind`'s page, stopped (SIGTERM, waited) at the end."""
+def status_page(kind: str, folder: Path, fast_interval: float = 5.0,
+                timeout: float = 20.0) -> Iterator[DaemonProcess]:
+    """The daemon serving host `kind`'s page, stopped (SIGTERM, waited) at the end. The
+    page reloads itself every fast interval (5 s at least): the tests ask for 60 s, so
+    that no reload lands in the middle of a test's look at a page."""
     folder.mkdir(parents=True, exist_ok=True)
     snapshot = host_input(kind, folder)
-    daemon = DaemonProcess(["--input", str(snapshot), "--status-page"], {}, folder)
+    daemon = DaemonProcess(["--input", str(snapshot), "--status-page",
+                            "--fast-interval", str(fast_interval)], {}, folder)
     try:
         daemon.wait_healthy(timeout)
         end = time.monotonic() + timeout
@@ -64,7 +68,9 @@ def status_page(kind: str, folder: Path, timeout: float = 20.0) -> Iterator[Daem
 
 
 @contextlib.contextmanager
-def status_pages(folder: Path) -> Iterator[dict[str, DaemonProcess]]:
+def status_pages(folder: Path, fast_interval: float = 5.0
+                 ) -> Iterator[dict[str, DaemonProcess]]:
     """Both hosts' daemons at once: {"healthy": ..., "faulty": ...}."""
     with contextlib.ExitStack() as stack:
-        yield {kind: stack.enter_context(status_page(kind, folder / kind)) for kind in HOSTS}
+        yield {kind: stack.enter_context(status_page(kind, folder / kind, fast_interval))
+               for kind in HOSTS}
