@@ -106,12 +106,13 @@ def _card(gpu: GpuSnapshot, results: list[Result], parts: PageParts, fresh: bool
 
 
 def _value(reading: Any, unit: str) -> str:
-    return f"{reading.value:g} {unit}" if reading.is_ok else f"? ({reading.state})"
+    if not reading.is_ok:
+        return f"? ({reading.state})"
+    value = reading.value
+    return f"{value:.0f} {unit}" if isinstance(value, float) else f"{value} {unit}"
 
 
 def _readings(gpu: GpuSnapshot, own: list[Result]) -> list[tuple[str, str, str]]:
-    xids = [r for r in own if r.rule.startswith("xid.") and r.status is not Status.SKIPPED]
-    worst_xid = max(xids, key=lambda r: r.status.rank) if xids else None
     return [
         ("temperature", "Temperature", _value(gpu.temperature_c, "C")),
         ("power", "Power", f"{_value(gpu.power_draw_w, 'W')} of "
@@ -120,11 +121,20 @@ def _readings(gpu: GpuSnapshot, own: list[Result]) -> list[tuple[str, str, str]]
                              f"(max {_value(gpu.clock_sm_max_mhz, 'MHz')}), memory "
                              f"{_value(gpu.clock_mem_mhz, 'MHz')}"),
         ("ecc", "ECC", f"{_value(gpu.ecc_volatile_corrected, 'corrected')}, "
-                       f"{_value(gpu.ecc_volatile_uncorrected, 'uncorrected')} since the "
-                       f"driver loaded; rows remapped "
-                       f"{_value(gpu.remapped_rows_uncorrectable, 'uncorrectable')}"),
-        ("xids", "Xids", worst_xid.message if worst_xid is not None else "not judged"),
+                       f"{_value(gpu.ecc_volatile_uncorrected, 'uncorrected')} (volatile); "
+                       f"{_value(gpu.remapped_rows_uncorrectable, 'rows remapped')}"),
+        ("xids", "Xids", _xids(own)),
     ]
+
+
+def _xids(own: list[Result]) -> str:
+    """The worst xid.* result's words; a skipped one says why (a replay has no log)."""
+    xids = [r for r in own if r.rule.startswith("xid.")]
+    if not xids:
+        return "no Xid rule ran for this GPU"
+    worst = max(xids, key=lambda r: (r.status is not Status.SKIPPED, r.status.rank))
+    return worst.message if worst.status is not Status.SKIPPED else \
+        f"not judged: {worst.message}"
 
 
 def _chart(points: list[Point], now: float, limit_w: float | None) -> str:

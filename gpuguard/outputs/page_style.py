@@ -52,6 +52,10 @@ table{border-collapse:collapse;width:100%;font-size:.9rem}
 th,td{text-align:left;vertical-align:top;padding:.25rem .5rem .25rem 0;
 border-bottom:1px solid var(--line);overflow-wrap:anywhere}
 th{color:var(--muted);font-weight:600}
+@media (max-width:40rem){thead{position:absolute;width:1px;height:1px;overflow:hidden;
+clip:rect(0 0 0 0)}tr{display:block;border-bottom:1px solid var(--line);padding:.25rem 0}
+td{display:grid;grid-template-columns:6.5rem minmax(0,1fr);border:0;padding:.1rem 0}
+td::before{content:attr(data-label);color:var(--muted)}}
 figure{margin:.5rem 0}
 figcaption{color:var(--muted);font-size:.8rem}
 svg{width:100%;height:auto;display:block}

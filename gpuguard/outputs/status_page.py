@@ -218,7 +218,9 @@ def _table(head: Sequence[str], rows: Iterable[tuple[str, Sequence[str]]]) -> li
     out = ['<div class="table-wrap"><table>', "<thead><tr>",
            *(f'<th scope="col">{h}</th>' for h in head), "</tr></thead>", "<tbody>"]
     for attrs, cells in rows:
-        out.append(f"<tr {attrs}>" + "".join(f"<td>{field(c)}</td>" for c in cells) + "</tr>")
+        out.append(f"<tr {attrs}>" + "".join(f'<td data-label="{h}">{field(c)}</td>'
+                                             for h, c in zip(head, cells, strict=True))
+                   + "</tr>")
     out += ["</tbody>", "</table></div>"]
     return out
 
