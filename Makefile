@@ -2,7 +2,7 @@
 PYTHON ?= .venv/bin/python
 VERSION := $(shell $(PYTHON) -c 'import gpuguard; print(gpuguard.__version__)')
 
-.PHONY: package wheels test clean
+.PHONY: package wheels test clean screenshots
 
 wheels:
 	rm -rf build/wheels && mkdir -p build/wheels
@@ -16,6 +16,11 @@ package: wheels
 
 test:
 	./scripts/test.sh
+
+# The status page (issue 31) of a healthy and a faulty replayed host, desktop, 360 px and
+# dark, by the browser tests' harness (headless chromium; ./scripts/test.sh installs it).
+screenshots:
+	$(PYTHON) scripts/screenshots.py --out docs/images
 
 clean:
 	rm -rf build dist

@@ -122,6 +122,8 @@ command -v umount >/dev/null 2>&1 || need_apt+=(mount)             # tmpfs mount
 command -v sinfo >/dev/null 2>&1 || need_apt+=(slurm-client)
 [ -x /usr/sbin/munged ] || need_apt+=(munge)
 command -v dash >/dev/null 2>&1 || need_apt+=(dash)                # the NPD plugin's shell
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)                   # tests/browser: the status page
+command -v npm >/dev/null 2>&1 || need_apt+=(npm)                  # axe-core for tests/browser
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import ensurepip' 2>/dev/null \
     || need_apt+=(python3-venv)                                    # the .deb's own venv
 
@@ -185,6 +187,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e '.[dev]'
+# axe-core for tests/browser, the version and checksum package-lock.json pins, into the
+# checkout's node_modules/ (gitignored; nothing global, npm's cache in the run's temp dir)
+axe_pinned=$(sed -n 's/.*"axe-core": "\(.*\)".*/\1/p' package.json)
+if ! grep -qs "\"version\": \"$axe_pinned\"" node_modules/axe-core/package.json; then
+    npm ci --no-audit --no-fund --ignore-scripts --loglevel=error \
+        --cache "$guard_dir/npm-cache" >/dev/null
+fi
 
 echo "== ruff"; .venv/bin/ruff check gpuguard tests scripts bench
 echo "== mypy"; .venv/bin/mypy

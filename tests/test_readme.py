@@ -50,7 +50,7 @@ VENV_BIN = next((d for d in (REPO / ".venv" / "bin", Path(sys.executable).parent
 # What a copy of the checkout leaves out: history, the venv and what tools leave behind.
 NOT_COPIED = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache",
                                     ".mypy_cache", ".ruff_cache", "dist", "build",
-                                    "*.egg-info", ".device", ".whl")
+                                    "*.egg-info", ".device", ".whl", "node_modules")
 # A fence may be indented (in a list item): a block there needs its marker too.
 FENCE = re.compile(r"^\s*(?P<fence>`{3,}|~{3,})\s*(?P<lang>[\w-]*)")
 MARKER = re.compile(
