@@ -35,10 +35,11 @@ log = structlog.get_logger("gpuguard.nvml")
 
 class _Worker:
     def __init__(self, progress_path: str, procfs: str,
-                 on_xid: Callable[[dict[str, Any]], None]) -> None:
+                 on_xid: Callable[[dict[str, Any]], None], inforom_every_s: float) -> None:
         self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuguard.sources.nvml_worker", progress_path, procfs],
+            [sys.executable, "-m", "gpuguard.sources.nvml_worker", progress_path, procfs,
+             f"--inforom-every={inforom_every_s:g}"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
             start_new_session=True,  # a ^C to the daemon is the daemon's to handle
         )
@@ -70,8 +71,10 @@ class _Worker:
 
 
 class NvmlSampler:
-    def __init__(self, procfs: str, on_xid: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, procfs: str, on_xid: Callable[[dict[str, Any]], None],
+                 inforom_every_s: float = 60.0) -> None:
         self.procfs = procfs
+        self.inforom_every_s = inforom_every_s  # the slow interval (sources/nvml_inforom.py)
         self.on_xid = on_xid
         fd, self.progress_path = tempfile.mkstemp(prefix="gpuguard-nvml-progress-")
         os.close(fd)
@@ -90,7 +93,8 @@ class NvmlSampler:
             self._stuck = None
         if self._worker is None or not self._worker.alive():
             self._progress.buf[:] = bytes(len(self._progress.buf))
-            self._worker = _Worker(self.progress_path, self.procfs, self.on_xid)
+            self._worker = _Worker(self.progress_path, self.procfs, self.on_xid,
+                                   self.inforom_every_s)
         worker = self._worker
         try:
             assert worker.proc.stdin is not None

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpuguard.model.cuda_compat import NVML_BRANDS
 from gpuguard.sources import nvml_fake, nvml_multi
+from gpuguard.sources.nvml_inforom import InforomValidity
 from gpuguard.sources.nvml_progress import Progress
 
 RECOVERY_ACTIONS = {
@@ -66,10 +67,12 @@ def text(value: Any) -> str:
 
 
 def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
-          procfs: str, link_counters: bool = True) -> None:
+          procfs: str, link_counters: bool = True,
+          inforom: InforomValidity | None = None) -> None:
     """Every reading of every GPU. Without `link_counters` the NVLink error counters are
     left out (None): `gpuguard check` never judges them, and they are most of an NVLink
-    GPU's sweep (2-3 ms a call on an H200, four per link)."""
+    GPU's sweep (2-3 ms a call on an H200, four per link). `inforom`: the daemon's
+    worker keeps each board's InfoROM validity for a slow interval (nvml_inforom.py)."""
     read = _reader(nv, progress, 0)
     fake = nvml_fake.fake_library(nv)
     if fake is not None:
@@ -98,7 +101,8 @@ def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
     # waiting on the GPU, so an 8-GPU host costs about what one GPU costs.
     threads = [
         threading.Thread(target=_sweep_gpu,
-                         args=(nv, emit, progress, procfs, index, count, link_counters),
+                         args=(nv, emit, progress, procfs, index, count, link_counters,
+                               inforom),
                          daemon=True)
         for index in range(count)
     ]
@@ -109,7 +113,8 @@ def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
 
 
 def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
-               procfs: str, index: int, count: int, link_counters: bool) -> None:
+               procfs: str, index: int, count: int, link_counters: bool,
+               inforom: InforomValidity | None) -> None:
     slot = index + 1
     lost = [False]
     read = _reader(nv, progress, slot, lost)
@@ -122,7 +127,7 @@ def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progre
         emit({"t": "gpu", "index": index, "uuid": failed, "pci_bus_id": failed,
               "gpu_lost": getattr(exc, "value", None) == nv.NVML_ERROR_GPU_IS_LOST})
     else:
-        readings = _read_gpu(nv, handle, where, read, text, procfs)
+        readings = _read_gpu(nv, handle, where, read, text, procfs, inforom)
         readings.update(_read_multi_gpu(nv, handle, where, read, index, count, link_counters))
         emit({"t": "gpu", "index": index, **readings, "gpu_lost": lost[0]})
     progress.set(slot, "")
@@ -187,6 +192,7 @@ def _read_gpu(
     read: Callable[..., Any],
     text: Callable[[Any], str],
     procfs: str,
+    inforom_kept: InforomValidity | None = None,
 ) -> dict[str, Any]:
     g: dict[str, Any] = {}
 
@@ -210,8 +216,11 @@ def _read_gpu(
     dev("pci_bus_id", "nvmlDeviceGetPciInfo", convert=lambda info: text(info.busId))
     dev("vbios_version", "nvmlDeviceGetVbiosVersion", convert=text)
     dev("inforom_image_version", "nvmlDeviceGetInforomImageVersion", convert=text)
+    def validate() -> Any:
+        return read("nvmlDeviceValidateInforom", lambda: _inforom_valid(nv, h), where)
+
     g["inforom"] = inforom(
-        read("nvmlDeviceValidateInforom", lambda: _inforom_valid(nv, h), where),
+        inforom_kept.read(g["uuid"], validate) if inforom_kept is not None else validate(),
         read("nvmlDeviceGetInforomVersion", lambda: _inforom_objects(nv, h), where))
     dev("persistence_mode", "nvmlDeviceGetPersistenceMode", convert=bool)
     split(read("nvmlDeviceGetMigMode", lambda: list(nv.nvmlDeviceGetMigMode(h)), where),

@@ -1,7 +1,8 @@
 """The daemon's NVML worker: `python -m gpuguard.sources.nvml_worker PROGRESS_FILE PROCFS
-[--no-xid-events]`. Reads commands on stdin (`sweep`, `quit`), answers each sweep with
-the JSON lines of sources/nvml_read.py ended by {"t": "end"}, and writes NVML Xid events
-as they happen. The daemon side of this protocol is gpuguard/daemon/sampler.py."""
+[--no-xid-events] [--inforom-every=S]` (S: the daemon's slow interval, 60 s by default).
+Reads commands on stdin (`sweep`, `quit`), answers each sweep with the JSON lines of
+sources/nvml_read.py ended by {"t": "end"}, and writes NVML Xid events as they happen.
+The daemon side of this protocol is gpuguard/daemon/sampler.py."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpuguard.sources.nvml_inforom import InforomValidity
 from gpuguard.sources.nvml_progress import Progress
 from gpuguard.sources.nvml_read import line_writer, sweep, text
 
 
 def serve(commands: Any, out: Any, progress_path: str, procfs: str,
-          xid_events: bool = True) -> None:
+          xid_events: bool = True, inforom_every_s: float = 60.0) -> None:
     """Answer `sweep` lines with the same JSON lines as the forked worker, ended by
     {"t": "end"}; keep NVML initialised between sweeps; retry nvmlInit while it fails
     (the driver may be loaded later). With xid_events, a thread waits for NVML Xid
@@ -27,6 +29,8 @@ def serve(commands: Any, out: Any, progress_path: str, procfs: str,
     import pynvml
 
     emit = line_writer(out)
+    # each board's InfoROM validated at most once per slow interval (nvml_inforom.py)
+    inforom = InforomValidity(inforom_every_s)
     initialised = False
     for command in commands:
         command = command.strip()
@@ -48,7 +52,7 @@ def serve(commands: Any, out: Any, progress_path: str, procfs: str,
                 threading.Thread(target=_xid_events, args=(pynvml, emit), daemon=True).start()
         if initialised:
             try:
-                sweep(pynvml, emit, progress, procfs)
+                sweep(pynvml, emit, progress, procfs, inforom=inforom)
                 emit({"t": "done"})
             except Exception as exc:
                 emit({"t": "fatal", "kind": type(exc).__name__, "error": str(exc)})
@@ -86,7 +90,10 @@ def _xid_events(nv: Any, emit: Callable[[dict[str, Any]], None]) -> None:
 
 def main() -> None:
     progress, procfs = sys.argv[1], sys.argv[2]
-    serve(sys.stdin, sys.stdout, progress, procfs, xid_events="--no-xid-events" not in sys.argv)
+    every = next((float(a.split("=", 1)[1]) for a in sys.argv[3:]
+                  if a.startswith("--inforom-every=")), 60.0)
+    serve(sys.stdin, sys.stdout, progress, procfs, xid_events="--no-xid-events" not in sys.argv,
+          inforom_every_s=every)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@
  *                              version answer NVML_ERROR_CORRUPTED_INFOROM (14), as a board
  *                              whose InfoROM is damaged; otherwise the real H200's versions
  *   FAKE_NVML_INFOROM_GPU=i    ... only for GPU i (default: every GPU)
+ *   FAKE_NVML_INFOROM_FILE=path  ... corrupted while this file exists (a test repairs it)
+ *   FAKE_NVML_INFOROM_CALLS=path each nvmlDeviceValidateInforom appends a line to this file
  *   FAKE_NVML_APP_CLOCK_SM=MHz application SM clock (default: the default, 1980)
  *   FAKE_NVML_MEM_TOTAL_MIB=n  memory total (v1 memory info; default: not supported unless
  *                              FAKE_NVML_PROCS_FILE is set)
@@ -495,13 +497,20 @@ nvmlReturn_t nvmlDeviceGetDefaultApplicationsClock(nvmlDevice_t d, int type, uns
 
 static int inforom_corrupted(int gpu) {
     const char *mode = getenv("FAKE_NVML_INFOROM");
-    if (!mode || strcmp(mode, "corrupted") != 0) return 0;
+    const char *file = getenv("FAKE_NVML_INFOROM_FILE");
+    int on = (mode && strcmp(mode, "corrupted") == 0) || (file && access(file, F_OK) == 0);
+    if (!on) return 0;
     int only = env_int("FAKE_NVML_INFOROM_GPU", -1);
     return only < 0 || only == gpu;
 }
 
 nvmlReturn_t nvmlDeviceValidateInforom(nvmlDevice_t d) {
     maybe_hang("nvmlDeviceValidateInforom", d->index);
+    const char *calls = getenv("FAKE_NVML_INFOROM_CALLS");
+    if (calls) {
+        FILE *f = fopen(calls, "a");
+        if (f) { fprintf(f, "%d\n", d->index); fclose(f); }
+    }
     return inforom_corrupted(d->index) ? 14 : NVML_SUCCESS;
 }
 
