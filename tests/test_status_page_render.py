@@ -122,9 +122,20 @@ def test_host_text_stays_text(seed: int, events: bool) -> None:
             continue
         assert shown(value) in text or shown(value, 200) in text, (name, value)
     # no attribute the browser would follow or run (a javascript: URL lives only there)
-    for tag, name, _ in hostile.attributes:
-        assert name not in ("href", "src", "action", "formaction", "xlink:href", "style") \
+    # but the reload control's own constant link
+    for tag, name, value in hostile.attributes:
+        assert name not in ("src", "action", "formaction", "xlink:href", "style") \
             and not name.startswith("on"), (tag, name)
+        assert name != "href" or value in ("./?refresh=off", "./"), (tag, value)
+
+
+def test_the_reader_can_stop_the_reload_before_it_comes() -> None:
+    """WCAG 2.2.1: a control to turn the timer off, the first thing on the page."""
+    reloading = render(sample_page())
+    assert '<meta http-equiv="refresh" content="5">' in reloading
+    assert reloading.index('href="./?refresh=off"') < reloading.index("<h1>")
+    still = render(dataclasses.replace(sample_page(), refresh_s=0))
+    assert 'http-equiv="refresh"' not in still and 'href="./"' in still
 
 
 def test_control_characters_are_shown_escaped_and_long_text_is_bounded() -> None:
@@ -189,3 +200,28 @@ def test_the_history_is_an_hour_bounded_per_gpu_and_in_boards() -> None:
     history.add(many, now + 1)
     assert sum(1 for i in range(BOARDS_MAX + 10)
                if history.points(f"G-{i}", now + 1)) <= BOARDS_MAX
+
+
+def test_each_service_shows_where_it_serves_its_engine_and_its_last_failover() -> None:
+    """From the supervisor's view and service.engine's judgement, never judged again."""
+    from gpuguard.supervisor.service import ServiceView
+    from gpuguard.supervisor.state import ServiceState
+
+    when = 1_790_000_000.0
+    views = [ServiceView("llm", ServiceState(active="cpu", reason="xid.recent: Xid 79",
+                                             last_transition=when), None),
+             ServiceView("embed", ServiceState(), None)]
+    engine = Result("service.engine", Status.CRITICAL, Status.CRITICAL, "llm is stuck",
+                    observed={"services": {"llm": {"state": "stuck"}}})
+    page = build(PageParts(replay.load(LIVE), [engine], {"fast": 1.0}, None, 5,
+                           services=views))
+    llm, embed = page.services
+    assert (llm.name, llm.active, llm.engine, llm.why) == \
+        ("llm", "cpu", "stuck", "xid.recent: Xid 79")
+    assert llm.last_failover.startswith("2026-")
+    assert (embed.active, embed.engine, embed.last_failover) == ("gpu", "-", "never")
+    html_text = render(page)
+    assert '<tr data-service="llm">' in html_text and "xid.recent: Xid 79" in html_text
+    # no supervisor configured: the page says so, not an empty table
+    none = render(build(PageParts(replay.load(LIVE), [engine], {"fast": 1.0}, None, 5)))
+    assert "No supervised service" in none and "data-service" not in none

@@ -333,15 +333,15 @@ def _current_exception() -> BaseException:
 def serve(host: str, port: int, registry: CollectorRegistry,
           health: Callable[[], tuple[bool, dict[str, Any]]],
           status: Callable[[], dict[str, Any]], *,
-          page: Callable[[], Answer | None] | None = None,
+          page: Callable[[str], Answer | None] | None = None,
           max_connections: int = 64, max_workers: int = 16,
           head_timeout: float = 5.0, head_bytes: int = 16384,
           write_timeout: float = 10.0) -> GuardedHTTPServer:
     class Handler(HeadHandler):
         def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
+            path, _, query = self.path.partition("?")
             try:
-                code, content_type, body, headers = route(path)
+                code, content_type, body, headers = route(path, query)
             except Exception as exc:
                 # One line in the log, a 500 to the client, and the server goes on.
                 log.error("http_handler_failed", path=path,
@@ -360,7 +360,7 @@ def serve(host: str, port: int, registry: CollectorRegistry,
             self.end_headers()
             self.wfile.write(body)
 
-    def route(path: str) -> Answer:
+    def route(path: str, query: str) -> Answer:
         if path == "/metrics":
             return 200, CONTENT_TYPE_LATEST, generate_latest(registry), ()
         if path == "/healthz":
@@ -368,7 +368,7 @@ def serve(host: str, port: int, registry: CollectorRegistry,
             return 200 if healthy else 503, "application/json", json.dumps(detail).encode(), ()
         if path == "/status":
             return 200, "application/json", json.dumps(status(), indent=2).encode(), ()
-        answer = page() if page is not None and path == "/" else None
+        answer = page(query) if page is not None and path == "/" else None
         if answer is not None:
             return answer
         return 404, "text/plain", b"try /metrics, /healthz or /status\n", ()

@@ -35,6 +35,7 @@ class PageParts:
     history: PageHistory | None = None
     now: float = 0.0  # time.monotonic() of the render
     wall: float = 0.0  # time.time(), for display
+    reloads: bool = True  # False: the page without its meta refresh (?refresh=off)
 
 
 def build(parts: PageParts) -> Page:
@@ -50,7 +51,8 @@ def build(parts: PageParts) -> Page:
         gpu_count=str(len(snap.gpus)),
         verdict=_worst(results) if results else "unknown",
         age=f"{parts.ages['fast']:.0f} s" if "fast" in parts.ages else "no verdict yet",
-        freshness=fresh, freshness_text=fresh_text, refresh_s=parts.refresh_s,
+        freshness=fresh, freshness_text=fresh_text,
+        refresh_s=parts.refresh_s if parts.reloads else 0,
         rendered_at=utc(parts.wall or time.time()),
         gpus=[_card(gpu, results, parts, fresh == "fresh") for gpu in snap.gpus],
         host_findings=_findings([r for r in results if r.gpu is None]),

@@ -23,7 +23,7 @@ import structlog
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuguard.daemon.http import parse_listen
+from gpuguard.daemon.http import Answer, parse_listen
 from gpuguard.daemon.page_history import PageHistory
 from gpuguard.daemon.page_model import PageParts, build
 from gpuguard.daemon.verdict_view import fresh_results
@@ -61,7 +61,8 @@ class StatusPage:
         self.renders_total = 0
         self._generation = 0  # fast cycles sampled
         self._lock = threading.Lock()  # one render at a time
-        self._cached: tuple[int, float, bytes] | None = None  # generation, when, body
+        # per variant (reloading or not): the generation, when, the body
+        self._cached: dict[bool, tuple[int, float, bytes]] = {}
 
     @classmethod
     def of(cls, daemon: Any) -> StatusPage:
@@ -113,18 +114,23 @@ class StatusPage:
         self.history.add(snap, now)
         self._generation += 1
 
-    def answer(self) -> tuple[int, str, bytes, tuple[tuple[str, str], ...]] | None:
-        """(code, content type, body, headers) of `/`, or None when the page is off."""
+    def answer(self, query: str = "") -> Answer | None:
+        """(code, content type, body, headers) of `/`, or None when the page is off.
+        `refresh=off` in the query: the same page without its reload (WCAG 2.2.1: the
+        reader may turn the time limit off; the page links to both)."""
         if not self.enabled:
             return None
+        reloads = "refresh=off" not in query.split("&")
         with self._lock:
             now = time.monotonic()
-            cached = self._cached
+            cached = self._cached.get(reloads)
             if cached is None or cached[0] != self._generation \
                     or now - cached[1] >= self.fast_interval:
-                body = render(build(self.gather(now))).encode("utf-8")
+                parts = self.gather(now)
+                parts.reloads = reloads
+                body = render(build(parts)).encode("utf-8")
                 self.renders_total += 1
-                cached = self._cached = (self._generation, now, body)
+                cached = self._cached[reloads] = (self._generation, now, body)
         return 200, CONTENT_TYPE, cached[2], HEADERS
 
 

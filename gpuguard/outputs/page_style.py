@@ -15,10 +15,10 @@ import hashlib
 STYLE = """
 :root{color-scheme:light dark;--bg:#fff;--fg:#1b1f24;--muted:#57606a;--line:#d0d7de;
 --card:#f6f8fa;--ok:#1a7f37;--warning:#9a6700;--critical:#cf222e;--unknown:#6e40c9;
---grid:#d0d7de;--axis:#57606a}
+--grid:#d0d7de;--axis:#57606a;--link:#0550ae}
 @media (prefers-color-scheme:dark){:root{--bg:#0d1117;--fg:#e6edf3;--muted:#9da7b3;
 --line:#30363d;--card:#161b22;--ok:#3fb950;--warning:#d29922;--critical:#f85149;
---unknown:#a371f7;--grid:#30363d;--axis:#9da7b3}}
+--unknown:#a371f7;--grid:#30363d;--axis:#9da7b3;--link:#79c0ff}}
 *{box-sizing:border-box}
 body{margin:0;background:var(--bg);color:var(--fg);
 font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Noto Sans",sans-serif}
@@ -46,6 +46,8 @@ font-size:.8rem;text-transform:uppercase;border:1px solid currentColor}
 .finding p{margin:.15rem 0}
 .fix,.action{color:var(--muted)}
 #freshness{margin:.25rem 0 .5rem}
+.reload{margin:.5rem 0 0;font-size:.85rem;color:var(--muted)}
+a{color:var(--link)}
 #freshness[data-state=stale],#freshness[data-state=none]{color:var(--critical);font-weight:600}
 .table-wrap{overflow-x:auto}
 table{border-collapse:collapse;width:100%;font-size:.9rem}

@@ -91,7 +91,7 @@ class Page:
     age: str  # the verdict's age, e.g. "3 s"
     freshness: str  # fresh, stale or none
     freshness_text: str
-    refresh_s: int
+    refresh_s: int  # 0: the page does not reload itself (?refresh=off)
     rendered_at: str  # wall time, for display
     gpus: Sequence[GpuCard] = ()
     host_findings: Sequence[Finding] = ()
@@ -102,7 +102,7 @@ class Page:
 
 
 def render(page: Page) -> str:
-    refresh = max(1, int(page.refresh_s))
+    refresh = max(0, int(page.refresh_s))
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en">',
@@ -110,7 +110,7 @@ def render(page: Page) -> str:
         '<meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         '<meta name="color-scheme" content="light dark">',
-        f'<meta http-equiv="refresh" content="{refresh}">',
+        *([f'<meta http-equiv="refresh" content="{refresh}">'] if refresh else []),
         f"<title>gpuguard: {field(page.host, 200)} ({page_state(page.verdict)})</title>",
         f"<style>{STYLE}</style>",
         "</head>",
@@ -123,7 +123,7 @@ def render(page: Page) -> str:
         *_events(page.events, page.events_note),
         "</main>",
         f"<footer><p>{field(page.history_note)} Rendered {field(page.rendered_at)}; "
-        f"this page reloads every {refresh} s and acts on nothing.</p></footer>",
+        "this page acts on nothing.</p></footer>",
         "</body>",
         "</html>",
         "",
@@ -142,10 +142,19 @@ def _header(page: Page) -> list[str]:
             ("gpus", "GPUs", field(page.gpu_count)),
             ("verdict", "Verdict", f'<span class="badge s-{verdict}">{verdict}</span>'),
             ("age", "Verdict age", field(page.age))]
-    return ["<header>", f"<h1>{field(page.host, 200)}</h1>",
+    return ["<header>", _reload_control(page.refresh_s), f"<h1>{field(page.host, 200)}</h1>",
             '<section id="host" aria-label="host">',
             f'<p id="freshness" data-state="{fresh}">{field(page.freshness_text)}</p>',
             "<dl>", *_pairs(rows), "</dl>", "</section>", "</header>"]
+
+
+def _reload_control(refresh_s: int) -> str:
+    """First on the page, so a keyboard or screen-reader user meets it before the reload
+    does (WCAG 2.2.1, timing adjustable): a link to the page without it, or back."""
+    if refresh_s > 0:
+        return (f'<p class="reload">This page reloads every {int(refresh_s)} s. '
+                '<a href="./?refresh=off">Stop reloading</a></p>')
+    return '<p class="reload">This page does not reload. <a href="./">Reload it on a timer</a></p>'
 
 
 def _pairs(rows: Iterable[tuple[str, str, str]]) -> list[str]:

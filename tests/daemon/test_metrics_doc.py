@@ -43,7 +43,7 @@ def test_daemon_exports_what_the_doc_lists(start_daemon, tmp_path):
                           "--kmsg-file", str(FIXTURES / "kmsg" / "dmesg.log"),
                           "--path.sysfs", str(FIXTURES / "sysfs-aer"),
                           "--path.procfs", str(FIXTURES / "procfs-meminfo"),
-                          "--path.rootfs", str(rootfs), env={"DOCKER_HOST": ""})
+                          "--path.rootfs", str(rootfs), "--status-page", env={"DOCKER_HOST": ""})
     daemon.wait_for(lambda: "gpuguard_xid_events_total{" in daemon.metrics() and
                     "gpuguard_disk_free_bytes{" in daemon.metrics(), what="xids and disks")
     text = daemon.metrics()

@@ -58,6 +58,10 @@ def test_the_policy_admits_the_pages_own_style_and_nothing_else(start_daemon: An
     assert f"style-src 'sha256-{digest}';" in CSP
     assert "default-src 'none'" in CSP and "script" not in body.lower()
     assert re.search(r'<meta http-equiv="refresh" content="\d+">', body)
+    # the same page without the timer, for whoever needs it to hold still (WCAG 2.2.1)
+    code, headers, still = fetch(daemon.url + "/?refresh=off")
+    assert code == 200 and headers["Content-Security-Policy"] == CSP
+    assert 'http-equiv="refresh"' not in still and 'id="gpu-0"' in still
     # the replayed H200: its card, from the daemon's verdict
     assert 'id="gpu-0"' in body and "NVIDIA H200" in body and 'data-state="fresh"' in body
 
