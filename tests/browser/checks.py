@@ -1,7 +1,6 @@
 """What the status page promises, as checks on a page loaded in the browser: each raises
-AssertionError, saying what broke. The daemon's pages are held to them
-(test_status_page_browser.py), and so is each mutant of the page, which must fail one
-(test_status_page_mutants.py)."""
+AssertionError, saying what broke (test_status_page_browser.py holds the daemon's pages to
+them; tests/test_status_page_mutations.py makes sure they can fail)."""
 
 from __future__ import annotations
 
@@ -20,12 +19,6 @@ HOST_FIELDS = {"driver", "cuda", "gpus", "verdict", "age"}
 READINGS = {"temperature", "power", "clocks", "ecc", "xids"}
 STATES = ("ok", "warning", "critical", "unknown")
 STOP_RELOAD = "./?refresh=off"
-
-# Every element's tag and attribute names, in document order, and the page's whole text
-SKELETON = """[...document.querySelectorAll('*')].map(e =>
-    [e.tagName.toLowerCase(), ...[...e.attributes].map(a => a.name)].join(' '))"""
-TEXT = "document.title + '\\n' + document.body.textContent"
-
 
 def js_list(selector: str, expression: str = "e.textContent.trim()") -> str:
     return f"[...document.querySelectorAll({selector!r})].map(e => {expression})"
@@ -128,19 +121,3 @@ def check_dark(browser: Browser, load: Any) -> None:
     light_bg, light_fg = browser.evaluate(background), browser.evaluate(colour)
     assert luminance(light_bg) > 0.8, f"light scheme, background {light_bg}"
     assert luminance(light_fg) < 0.2, f"light scheme, text {light_fg}"
-
-
-def check_text_stays_text(browser: Browser, page: Page, benign: list[str],
-                          shown: list[str]) -> None:
-    """A page whose host fields hold hostile strings, as the browser parsed it: the same
-    elements and attribute names, in the same order, as the benign page's (`benign`, its
-    SKELETON), each string's shown form in its text, and nothing the policy refused."""
-    skeleton = browser.evaluate(SKELETON)
-    if skeleton != benign:
-        extra = [e for e in skeleton if e not in benign][:5]
-        raise AssertionError(f"the page's elements are not the benign page's: {len(skeleton)}"
-                             f" against {len(benign)}; new ones: {extra}")
-    text = browser.evaluate(TEXT)
-    missing = [s for s in shown if s not in text]
-    assert missing == [], f"not shown as text: {missing[:5]}"
-    assert page.csp_violations() == [], page.csp_violations()
