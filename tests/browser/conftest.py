@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from tests.browser import axe
-from tests.browser.cdp import CHROMIUM, Browser
+from tests.browser.cdp import CHROMIUM, Browser, Page
+from tests.browser.hosts import DESKTOP, PHONE
 
 
 def need_chromium() -> None:
@@ -29,3 +30,22 @@ def browser() -> Iterator[Browser]:
     need_chromium()
     with Browser.start() as started:
         yield started
+
+
+# name: (viewport, mobile, colour scheme)
+VIEWS = {"desktop": (DESKTOP, False, "light"), "360": (PHONE, True, "light"),
+         "dark": (DESKTOP, False, "dark")}
+
+
+@pytest.fixture
+def view(browser: Browser) -> Iterator[Callable[..., Page]]:
+    """`view(url, "desktop" | "360" | "dark")`: the page loaded so; the browser reset after."""
+    def load(url: str, name: str = "desktop") -> Page:
+        (width, height), mobile, scheme = VIEWS[name]
+        browser.set_viewport(width, height, mobile=mobile)
+        browser.color_scheme(scheme)
+        return browser.navigate(url)
+
+    yield load
+    browser.send("Emulation.clearDeviceMetricsOverride")
+    browser.color_scheme(None)
