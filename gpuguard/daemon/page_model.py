@@ -43,12 +43,8 @@ def build(parts: PageParts) -> Page:
     results = parts.results
     stale = [r for r in results if r.observed.get("stale")]
     fresh, fresh_text = _freshness(results, stale, parts.stale_reason)
-    host = snap.host
     return Page(
-        host=host.hostname or host.source or "this host",
-        driver=str(host.driver_version.get_or("not usable")),
-        cuda=str(host.cuda_driver_version.get_or("-")),
-        gpu_count=str(len(snap.gpus)),
+        **_host(snap),
         verdict=_worst(results) if results else "unknown",
         age=f"{parts.ages['fast']:.0f} s" if "fast" in parts.ages else "no verdict yet",
         freshness=fresh, freshness_text=fresh_text,
@@ -56,12 +52,24 @@ def build(parts: PageParts) -> Page:
         rendered_at=utc(parts.wall or time.time()),
         gpus=[_card(gpu, results, parts, fresh == "fresh") for gpu in snap.gpus],
         host_findings=_findings([r for r in results if r.gpu is None]),
-        services=None if parts.services is None else
-        [_service(v, results) for v in parts.services],
+        services=_services(parts.services, results),
         events=[_event(e) for e in parts.events], events_note=parts.events_note,
         history_note="The charts' history is kept in the daemon's memory only (one point "
                      "per fast cycle, the last hour): it starts empty when the daemon "
                      "restarts.")
+
+
+def _host(snap: Snapshot) -> dict[str, str]:
+    host = snap.host
+    return {"host": host.hostname or host.source or "this host",
+            "driver": str(host.driver_version.get_or("not usable")),
+            "cuda": str(host.cuda_driver_version.get_or("-")),
+            "gpu_count": str(len(snap.gpus))}
+
+
+def _services(views: list[ServiceView] | None, results: list[Result]
+              ) -> list[ServiceRow] | None:
+    return None if views is None else [_service(v, results) for v in views]
 
 
 def _freshness(results: list[Result], stale: list[Result],
