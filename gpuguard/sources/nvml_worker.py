@@ -16,6 +16,7 @@ from typing import Any
 from gpuguard.sources.nvml_inforom import InforomValidity
 from gpuguard.sources.nvml_progress import Progress
 from gpuguard.sources.nvml_read import line_writer, sweep, text
+from gpuguard.sources.pynvml_import import import_pynvml
 
 
 def serve(commands: Any, out: Any, progress_path: str, procfs: str,
@@ -26,7 +27,7 @@ def serve(commands: Any, out: Any, progress_path: str, procfs: str,
     events and writes them as {"t": "xid_event", ...} lines as they happen."""
     progress = Progress(progress_path)
     progress.set(0, "import pynvml")
-    import pynvml
+    pynvml = import_pynvml()  # without ctypes.util (pynvml_import.py)
 
     emit = line_writer(out)
     # each board's InfoROM validated at most once per slow interval (nvml_inforom.py)

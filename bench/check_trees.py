@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Cold `gpuguard check` of two trees against `nvidia-smi -q`, interleaved round by round
+(issue 32): whole processes, wall clock, output to /dev/null, --warmup rounds first; the
+median of each and of the paired ratios (each tree's time over nvidia-smi's in the same
+round). Each tree runs as `python -m gpuguard check` with its own folder first on the path.
+
+    python bench/check_trees.py --tree before=DIR --tree after=DIR --runs 21 --out F
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def timed(cmd: list[str], env: dict[str, str], cwd: str) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=cwd,
+                   check=False)
+    return (time.perf_counter() - start) * 1000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tree", action="append", required=True, help="NAME=DIR")
+    parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    trees = dict(t.split("=", 1) for t in args.tree)
+    times: dict[str, list[float]] = {"nvidia-smi": [], **{n: [] for n in trees}}
+    for i in range(args.warmup + args.runs):
+        row = {"nvidia-smi": timed(["nvidia-smi", "-q"], dict(os.environ), "/")}
+        for name, folder in trees.items():
+            env = {**os.environ, "PYTHONPATH": folder}
+            row[name] = timed([sys.executable, "-m", "gpuguard", "check"], env, folder)
+        if i >= args.warmup:
+            for name, ms in row.items():
+                times[name].append(ms)
+    smi = times["nvidia-smi"]
+    out = {"runs": args.runs, "median_ms": {n: round(statistics.median(t), 1)
+                                            for n, t in times.items()},
+           "ratio_median": {n: round(statistics.median(a / b for a, b in zip(times[n], smi,
+                                                                             strict=True)), 3)
+                            for n in trees},
+           "times_ms": {n: [round(x, 1) for x in t] for n, t in times.items()}}
+    text = json.dumps(out, indent=1)
+    print(json.dumps({k: out[k] for k in ("median_ms", "ratio_median")}))
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
