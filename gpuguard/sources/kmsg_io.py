@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gpuguard.io.bounded import MIB
@@ -29,7 +30,8 @@ def open_device(path: Path) -> int:
         raise KernelLogError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def drain(fd: int, path: Path, deadline_s: float) -> tuple[str, bool]:
+def drain(fd: int, path: Path, deadline_s: float,
+          read: Callable[[int, int], bytes] = os.read) -> tuple[str, bool]:
     """Every record buffered after the descriptor's position, within a size bound and a
     deadline (another character device given as the log, such as /dev/zero, never ends):
     their text, and whether records were overwritten while it read (EPIPE). KernelLogError
@@ -44,7 +46,7 @@ def drain(fd: int, path: Path, deadline_s: float) -> tuple[str, bool]:
                    else f"no end of records within {deadline_s:g} s")
             raise KernelLogError(f"cannot read {path}: {why}: not a kernel log device?")
         try:
-            data = os.read(fd, 16384)
+            data = read(fd, 16384)
         except BlockingIOError:
             break
         except OSError as exc:
