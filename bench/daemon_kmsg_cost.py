@@ -33,8 +33,8 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_before_after import build_fake_nvml, own_host  # noqa: E402
-from daemon_cost import cpu_of, port  # noqa: E402
+from check_before_after import build_fake_nvml, own_host
+from daemon_cost import cpu_of, port
 
 LOAD = ("NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  "
         "(nixbld@)")

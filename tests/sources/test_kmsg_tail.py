@@ -19,8 +19,7 @@ from gpuguard.sources import kmsg
 from gpuguard.sources.kmsg_records import LineParser
 from gpuguard.sources.kmsg_tail import Device, FileTail, KernelLogTail
 from tests.conftest import FIXTURES
-from tests.sources.test_kmsg_driver_prefix import BASE, DRIVER, FORMATS, OTHERS, quoted_case, \
-    render
+from tests.sources import test_kmsg_driver_prefix as prefix
 
 LOGS = sorted(p for p in (FIXTURES / "kmsg").iterdir() if p.suffix in (".kmsg", ".log"))
 
@@ -59,15 +58,15 @@ def test_a_fixture_appended_piece_by_piece_reads_as_the_whole_file(tmp_path, log
 
 def corpus() -> list[tuple[str, list[str]]]:
     cases = []
-    for fmt in FORMATS:
-        for name in DRIVER:
-            for other in OTHERS:
+    for fmt in prefix.FORMATS:
+        for name in prefix.DRIVER:
+            for other in prefix.OTHERS:
                 for where in (0, 1, 3):
                     for continuation in (False, True):
-                        case = quoted_case(fmt, name, other, where, continuation)
+                        case = prefix.quoted_case(fmt, name, other, where, continuation)
                         if case is not None:
                             cases.append((f"{fmt}/{name}/{other[0]}/{where}/{continuation}",
-                                          render(fmt, case)))
+                                          prefix.render(fmt, case)))
     return cases
 
 
@@ -85,13 +84,13 @@ def test_the_quoted_driver_line_corpus_fed_line_by_line_is_the_whole_read():
                 kmsg.parse_lines(lines[:i + 1]), "t", 1), (label, i)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", prefix.FORMATS)
 def test_the_corpus_through_a_saved_log_read_as_it_grows(tmp_path, fmt):
     path = tmp_path / "kmsg.log"
     for label, lines in (c for c in corpus() if c[0].startswith(f"{fmt}/xid")):
         path.write_text("")
         tail = FileTail(path)
-        for line in [*render(fmt, BASE), *lines]:
+        for line in [*prefix.render(fmt, prefix.BASE), *lines]:
             with path.open("a") as f:
                 f.write(line + "\n")
             assert tailed(tail) == whole(path), label
