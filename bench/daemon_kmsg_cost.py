@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Daemon CPU against the kernel log's size (issue 32): the daemon on the fake NVML (1 GPU,
 tests/fake_nvml built here) with a --kmsg-file of 0, 10k, 30k and 100k /dev/kmsg-format
-records (kernel noise, the driver's load, an Xid 13 every 5,000 records), two source trees
+records (kernel noise, the driver's load, an Xid 13 every 5,000 records; with --same-events the load
+and 20 Xid 13s in every log, the 0-line one too, then the noise), two source trees
 (before, after) interleaved round by round, the order rotated.
 
     .venv/bin/python bench/daemon_kmsg_cost.py --before /tmp/before32 --after . \\
@@ -46,11 +47,16 @@ NOISE = ["usb 1-1: new high-speed USB device number {i} using xhci_hcd",
 XID = "NVRM: Xid (PCI:0000:10:00): 13, pid={i}, name=python3, Graphics SM Warp Exception"
 
 
-def kernel_log(lines: int) -> str:
+def kernel_log(lines: int, same_events: bool = False) -> str:
+    """`lines` records; with `same_events`, the driver's load and 20 Xid 13s first in every
+    log (the 0-line one too), then `lines` of noise: the rules judge the same lines at
+    every size, and only the log's size changes."""
+    head = [LOAD, *(XID.format(i=i) for i in range(20))] if same_events else []
     out = []
-    for i in range(lines):
-        text = LOAD if i == 1 else XID.format(i=i) if i % 5000 == 4999 else \
-            NOISE[i % len(NOISE)].format(i=i)
+    for i in range(len(head) + lines):
+        text = head[i] if i < len(head) else "" if same_events else \
+            LOAD if i == 1 else XID.format(i=i) if i % 5000 == 4999 else ""
+        text = text or NOISE[i % len(NOISE)].format(i=i)
         out.append(f"6,{i},{1_000_000 + i * 1000},-;{text}\n")
     return "".join(out)
 
@@ -63,10 +69,11 @@ def cycles(url: str) -> int:
     return 0
 
 
-def measure(tree: Path, lines: int, fake: Path, interval: float, seconds: float) -> dict:
+def measure(tree: Path, lines: int, fake: Path, interval: float, seconds: float,
+            same_events: bool = False) -> dict:
     work = Path(tempfile.mkdtemp(prefix="gpuguard-kmsg-bench-"))
     args = own_host(work)
-    (work / "kmsg.log").write_text(kernel_log(lines))
+    (work / "kmsg.log").write_text(kernel_log(lines, same_events))
     listen = port()
     env = {**os.environ, "PYTHONPATH": str(tree.resolve()), "LD_LIBRARY_PATH": str(fake),
            "FAKE_NVML_GPUS": "1"}
@@ -103,6 +110,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--seconds", type=float, default=15)
+    parser.add_argument("--same-events", action="store_true",
+                        help="the load and 20 Xids in every log, the 0-line one too")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     fake = build_fake_nvml(Path(tempfile.mkdtemp(prefix="gpuguard-fake-nvml-")))
@@ -113,8 +122,8 @@ def main() -> int:
         order = list(trees.items())[r % 2:] + list(trees.items())[:r % 2]
         for lines in sizes:
             for name, tree in order:
-                run = {"round": r, "name": name, **measure(tree, lines, fake, args.interval,
-                                                           args.seconds)}
+                run = {"round": r, "name": name, **measure(
+                    tree, lines, fake, args.interval, args.seconds, args.same_events)}
                 runs.append(run)
                 print(json.dumps(run), flush=True)
     summary: dict[str, dict[str, object]] = {}
@@ -127,6 +136,7 @@ def main() -> int:
     result = {"machine": {"node": platform.node(), "cpus": os.cpu_count(),
                           "python": platform.python_version(), "platform": platform.platform()},
               "interval_s": args.interval, "seconds": args.seconds, "rounds": args.rounds,
+              "same_events": args.same_events,
               "summary": summary, "runs": runs}
     text = json.dumps(result, indent=2)
     print(text)
