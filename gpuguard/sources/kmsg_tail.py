@@ -78,7 +78,9 @@ class DeviceTail:
 
     def read(self, deadline_s: float) -> Reading[dict[str, Any]]:
         try:
-            if self.fed is None or self.fds is None or self._front() != self.first_seq:
+            # a buffer without numbered records (empty) has no front to watch: read whole
+            if self.fed is None or self.fds is None or self.first_seq is None or \
+                    self._front() != self.first_seq:
                 return self._whole(deadline_s)
             text, overwritten = kmsg_io.drain(self.fds[0], self.path, deadline_s, self.device.read)
             if overwritten or self.fed.bytes_read + len(text) > MAX_LOG_BYTES:
