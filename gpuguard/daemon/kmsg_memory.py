@@ -1,11 +1,13 @@
-"""What the daemon remembers of the kernel log this boot (review 3): each cycle reads the
-whole ring buffer again, and a busy host's buffer wraps, so an Xid whose line was
-overwritten used to vanish from xid.recent (a fatal Xid turned ok, and `slurm health`
-resumed a node drained for reset_gpu). The Xids, GSP lines, SXids and repairs the daemon
-has read are kept here, bounded as a single read is (the newest N, and the latest of each
-GPU and code: sources/kmsg_kept.py), and the rules judge what was seen, not only what the
-buffer still holds. A repair (a GPU reset, a driver reload) and an ack (`gpuguard xid ack`'s
-sequence number, the event store's acks) clear a remembered line as they clear a read one.
+"""What the daemon remembers of the kernel log this boot (review 3): each cycle's summary is
+the one a read of the whole ring buffer gives (the daemon reads only what is new, and its
+summary is the whole read's: sources/kmsg_tail.py), and a busy host's buffer wraps, so an
+Xid whose line was overwritten used to vanish from xid.recent (a fatal Xid turned ok, and
+`slurm health` resumed a node drained for reset_gpu). The Xids, GSP lines, SXids and
+repairs the daemon has read are kept here, bounded as a single read is (the newest N, and
+the latest of each GPU and code: sources/kmsg_kept.py), and the rules judge what was seen,
+not only what the buffer still holds. A repair (a GPU reset, a driver reload) and an ack
+(`gpuguard xid ack`'s sequence number, the event store's acks) clear a remembered line as
+they clear a read one.
 
 New lines are told from known ones by their position, the kmsg sequence number (or, in a
 saved log without one, the time stamp): the kernel log only grows within a boot. A read

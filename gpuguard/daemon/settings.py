@@ -13,6 +13,7 @@ from gpuguard.io.paths import state_dir_or_default
 from gpuguard.model.rule import RuleSet
 from gpuguard.sources import boot_state
 from gpuguard.sources import host as host_sources
+from gpuguard.sources.kmsg_tail import KernelLogTail
 
 log = structlog.get_logger("gpuguard.daemon")
 
@@ -55,6 +56,8 @@ class DaemonConfig:
     def __post_init__(self) -> None:
         if self.host is None:
             self.host = self.inputs.host_options()
+        # the kernel log read where the last cycle left it, not whole each cycle (issue 32)
+        self.host.kernel_log_reader = KernelLogTail().read
 
     @property
     def sources(self) -> host_sources.HostOptions:

@@ -54,6 +54,9 @@ class HostOptions:
     workloads: tuple[Workload, ...] = ()
     # Which families to read: all for a live check, only those named for a replay.
     kernel_log: bool = True
+    # Who reads the kernel log: None, a whole read each time (`check`); the daemon's keeps
+    # its place and reads only what is new (sources/kmsg_tail.py)
+    kernel_log_reader: Callable[[Path, float], Reading[dict[str, Any]]] | None = None
     procfs: bool = True
     sysfs: bool = True
     rootfs: bool = True
@@ -354,7 +357,8 @@ def merge(into: Snapshot, host_from: Snapshot) -> None:
 
 
 def read_kernel_log(opts: HostOptions) -> Reading[dict[str, Any]]:
-    log = read_kmsg_at(opts.kmsg_path(), opts.read_timeout)
+    read = opts.kernel_log_reader or read_kmsg_at
+    log = read(opts.kmsg_path(), opts.read_timeout)
     if log.is_ok and opts.state_dir is not None and _is_char_device(opts.kmsg_path()):
         # the ack is a sequence number of this boot's live log, never of a saved file
         acked = boot_state.read_xid_ack(opts.state_dir, opts.paths)

@@ -12,25 +12,23 @@ non-Xid facts the driver.* rules use (an unsigned module refused under Secure Bo
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gpuguard.io.bounded import MIB, BoundedReadError, read_bytes
+from gpuguard.io.bounded import BoundedReadError, read_bytes
 from gpuguard.model.pci import normalise_pci
 from gpuguard.model.snapshot import Reading
 from gpuguard.sources.kmsg_gpu import DriverLines, GspLines
+from gpuguard.sources.kmsg_io import MAX_LOG_BYTES as MAX_LOG_BYTES
+from gpuguard.sources.kmsg_io import KernelLogError as KernelLogError
+from gpuguard.sources.kmsg_io import drain, log_text, now_usec, open_device
 from gpuguard.sources.kmsg_kept import Lost, NewestKept, sxid_key, xid_key
 from gpuguard.sources.kmsg_oom import MAX_OOMS as MAX_OOMS
 from gpuguard.sources.kmsg_oom import OomKills
 from gpuguard.sources.kmsg_records import Record, parse_lines, writer
-
-# The kernel's ring buffer is at most 32 MiB (log_buf_len); twice that is not a kernel log.
-MAX_LOG_BYTES = 64 * MIB
 
 # NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.
 # NVRM: Xid (PCI:0000:00:06): 119, pid='<unknown>', name=<unknown>, Timeout after 6s ...
@@ -81,10 +79,6 @@ _SXID = re.compile(
     r"\((?:PCI:)?(?P<switch>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): "
     r"(?P<sxid>\d{1,10}),\s*(?P<rest>.*)$")
 _SXID_LINK = re.compile(r"\bLink (\d{1,6})\b")
-
-
-class KernelLogError(Exception):
-    pass
 
 
 def xid_event(record: Record) -> dict[str, Any] | None:
@@ -242,109 +236,106 @@ def _line_kind(record: Record) -> str | None:
     return None
 
 
+class LogSummary:
+    """A log's summary fed record by record: summarise() feeds it a whole read; the daemon
+    (sources/kmsg_tail.py) feeds it each read's new records, and the summary is the one a
+    whole read gives. `result()` hands out copies: a later record may still change the
+    newest event kept (an SXid's next line, an OOM kill's second line)."""
+
+    def __init__(self, gaps: bool = False) -> None:
+        self.nvrm = NvrmLines()
+        self.sxids = SxidEvents()
+        self.ooms = OomKills()
+        self.lost = Lost(gaps)
+        self.count = 0
+        self.last_usec: int | None = None
+        self.unsigned_rejected = False
+
+    def feed(self, records: Iterable[Record]) -> None:
+        for record in records:
+            if not record.split:  # a further line of one /dev/kmsg record is no line of the log
+                self.count += 1
+            if record.head is None:
+                self.lost.add(record.seq, record.usec)
+            if record.usec is not None:
+                # the highest, not the last: a saved log may hold an earlier boot after a
+                # later one, and an age is never negative
+                self.last_usec = record.usec if self.last_usec is None else \
+                    max(self.last_usec, record.usec)
+            kind = _line_kind(record)
+            if kind in ("nvrm", "reset"):
+                self.nvrm.add(record, kind)
+            elif kind == "sxid":
+                self.sxids.add(record)
+            elif kind == "oom":
+                self.ooms.add(record)
+            elif kind == "unsigned":
+                self.unsigned_rejected = True
+
+    def result(self, source: str, now_usec: int | None) -> dict[str, Any]:
+        nvrm = self.nvrm
+        return {
+            "source": source,
+            "records": self.count,
+            # A live read knows the time now; a saved log ends when it was saved.
+            "now_usec": now_usec if now_usec is not None else self.last_usec,
+            "xids": _copies(nvrm.xids.events()),
+            "xids_dropped": nvrm.xids.dropped(),
+            # NVSwitch errors: {"sxid", "switch" (PCI id), "link", "text", "seq", "usec"}.
+            "sxids": _copies(self.sxids.kept.events()),
+            "sxids_dropped": self.sxids.kept.dropped(),
+            # Out-of-memory kills (host.memory): {"pid", "process", "scope", "cgroup", "seq",
+            # "usec"}.
+            "ooms": _copies(self.ooms.events),
+            "ooms_dropped": self.ooms.dropped(),
+            "unsigned_module_rejected": self.unsigned_rejected,
+            # The last "API mismatch" the driver logged: library (client) and kernel module
+            # versions.
+            "api_mismatch": dict(nvrm.mismatch) or None,
+            # GSP errors without an Xid (gsp.firmware): {"kind", "pci", "rm_gpu", "text",
+            # "seq", "usec"}; the driver's loads: {"version", "seq", "usec"}
+            # (sources/kmsg_gpu.py).
+            "gsp": _copies(nvrm.gsp.kept.events()),
+            "gsp_dropped": nvrm.gsp.kept.dropped(),
+            "driver_loads": _copies(nvrm.driver.loads.events),
+            # the repairs seen (issue 21, item 3): {"kind": gpu_reset | driver_reload,
+            # "uuid", "pci" (the GPU a reset names; neither for a reload), "text", "seq",
+            # "usec", "n"}
+            "repairs": _copies(nvrm.driver.repairs),
+            "acked_seq": None,
+            # records overwritten before they were read (Lost): how many, and the first
+            # record after them (what "since boot" narrows to); the highest sequence number
+            **self.lost.summary(),
+        }
+
+
+def _copies(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [dict(e) for e in events]
+
+
 def summarise(records: Iterable[Record], source: str, now_usec: int | None,
               gaps: bool = False) -> dict[str, Any]:
-    nvrm = NvrmLines()
-    sxids = SxidEvents()
-    ooms = OomKills()
-    lost = Lost(gaps)
-    count = 0
-    last_usec: int | None = None
-    unsigned_rejected = False
-    for record in records:
-        if not record.split:  # a further line of one /dev/kmsg record is no line of the log
-            count += 1
-        if record.head is None:
-            lost.add(record.seq, record.usec)
-        if record.usec is not None:
-            # the highest, not the last: a saved log may hold an earlier boot after a later
-            # one, and an age is never negative
-            last_usec = record.usec if last_usec is None else max(last_usec, record.usec)
-        kind = _line_kind(record)
-        if kind in ("nvrm", "reset"):
-            nvrm.add(record, kind)
-        elif kind == "sxid":
-            sxids.add(record)
-        elif kind == "oom":
-            ooms.add(record)
-        elif kind == "unsigned":
-            unsigned_rejected = True
-    return {
-        "source": source,
-        "records": count,
-        # A live read knows the time now; a saved log ends when it was saved.
-        "now_usec": now_usec if now_usec is not None else last_usec,
-        "xids": nvrm.xids.events(),
-        "xids_dropped": nvrm.xids.dropped(),
-        # NVSwitch errors: {"sxid", "switch" (PCI id), "link", "text", "seq", "usec"}.
-        "sxids": sxids.kept.events(),
-        "sxids_dropped": sxids.kept.dropped(),
-        # Out-of-memory kills (host.memory): {"pid", "process", "scope", "cgroup", "seq", "usec"}.
-        "ooms": list(ooms.events),
-        "ooms_dropped": ooms.dropped(),
-        "unsigned_module_rejected": unsigned_rejected,
-        # The last "API mismatch" the driver logged: library (client) and kernel module versions.
-        "api_mismatch": nvrm.mismatch or None,
-        # GSP errors without an Xid (gsp.firmware): {"kind", "pci", "rm_gpu", "text", "seq",
-        # "usec"}; the driver's loads: {"version", "seq", "usec"} (sources/kmsg_gpu.py).
-        "gsp": nvrm.gsp.kept.events(),
-        "gsp_dropped": nvrm.gsp.kept.dropped(),
-        "driver_loads": list(nvrm.driver.loads.events),
-        # the repairs seen (issue 21, item 3): {"kind": gpu_reset | driver_reload, "uuid",
-        # "pci" (the GPU a reset names; neither for a reload), "text", "seq", "usec", "n"}
-        "repairs": list(nvrm.driver.repairs),
-        "acked_seq": None,
-        # records overwritten before they were read (Lost): how many, and the first record
-        # after them (what "since boot" narrows to); the highest sequence number read
-        **lost.summary(),
-    }
+    summary = LogSummary(gaps)
+    summary.feed(records)
+    return summary.result(source, now_usec)
 
 
 def read_device(path: Path,
                 deadline_s: float = 5.0) -> Reading[dict[str, Any]]:
     """Read every record buffered in /dev/kmsg without blocking, within a size bound and
-    a deadline (another character device given as the log, such as /dev/zero, never ends)."""
+    a deadline."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except PermissionError:
-        return Reading.failed(f"cannot read {path}: permission denied (reading the kernel log "
-                              "needs CAP_SYSLOG when kernel.dmesg_restrict=1)")
-    except OSError as exc:
-        return Reading.failed(f"cannot read {path}: {exc.strerror or exc}")
-    lines: list[str] = []
-    total = 0
-    overwritten = False
-    end = time.monotonic() + deadline_s
-    try:
-        while True:
-            if total > MAX_LOG_BYTES or time.monotonic() > end:
-                why = (f"more than {MAX_LOG_BYTES // MIB} MiB" if total > MAX_LOG_BYTES
-                       else f"no end of records within {deadline_s:g} s")
-                return Reading.failed(f"cannot read {path}: {why}: not a kernel log device?")
-            try:
-                data = os.read(fd, 16384)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:  # records overwritten while we read: go on,
-                    overwritten = True         # and count the gap in the numbers (Lost)
-                    continue
-                if exc.errno == errno.EPERM:
-                    return Reading.failed(f"cannot read {path}: operation not permitted (needs "
-                                          "CAP_SYSLOG when kernel.dmesg_restrict=1)")
-                return Reading.failed(f"cannot read {path}: {exc.strerror or exc}")
-            if not data:
-                break
-            total += len(data)
-            lines.append(data.decode("utf-8", errors="replace"))
-    finally:
-        os.close(fd)
-    now = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1_000_000)
+        fd = open_device(path)
+        try:
+            text, overwritten = drain(fd, path, deadline_s)
+        finally:
+            os.close(fd)
+    except KernelLogError as exc:
+        return Reading.failed(str(exc))
     # One read of /dev/kmsg is one record and its dictionary lines (` SUBSYSTEM=usb`); a
     # file given as the device comes in 16 KiB pieces: split into lines either way, so a
     # record is read whole and by its own header (sources/kmsg_records.py).
-    text = "".join(lines)
-    return Reading.ok(summarise(parse_lines(text.split("\n")), str(path), now,
+    return Reading.ok(summarise(parse_lines(text.split("\n")), str(path), now_usec(),
                                 gaps=overwritten))
 
 
@@ -353,18 +344,9 @@ def read_file(path: Path, deadline_s: float = 5.0) -> Reading[dict[str, Any]]:
     and a deadline. Binary or unreadable input is an error reading, not a crash."""
     try:
         raw = read_bytes(path, MAX_LOG_BYTES, deadline_s)
-    except BoundedReadError as exc:
+        text = log_text(raw, path)
+    except (BoundedReadError, KernelLogError) as exc:
         return Reading.failed(str(exc))
-    if b"\0" in raw[:65536]:
-        return Reading.failed(f"{path}: binary data, not a kernel log")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return Reading.failed(f"{path}: not UTF-8 text (byte {exc.start}), not a kernel log")
-    if text and not text.endswith("\n"):
-        last = text.rsplit("\n", 1)[-1]
-        return Reading.failed(f"{path}: ends in the middle of a line ({last[:40]!r}...): "
-                              "truncated? save it again with `dmesg > file`")
     # lines end at "\n" only: str.splitlines() would also end one at U+2028, \x0b, \x1c or
     # U+0085, which a USB string or a device name can hold, and a quote behind one would
     # begin a line (and look like a record) of its own

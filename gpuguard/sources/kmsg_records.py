@@ -98,29 +98,40 @@ def writer(record: Record) -> str:
 
 
 def parse_lines(lines: Iterable[str]) -> Iterator[Record]:
-    head: Record | None = None
-    for line in lines:
-        line = line.rstrip("\r\n")
-        if not line.strip() or _DICTIONARY.match(line):
-            continue
-        if line[0] in " \t":
-            # a continuation (dmesg and journalctl indent with spaces: another white space
-            # character, U+2028 say, begins a record's text, not a continuation); before any
-            # record (the log's start was cut), nobody's
-            yield continued(head, line.strip()) if head is not None else \
-                Record(line.strip(), head="")
-            continue
-        head = _header(line)
-        if head.seq is not None and "\\x0a" in head.text:
-            first, *rest = head.text.split("\\x0a")
-            head = Record(first, head.seq, head.usec, head.facility)
+    return LineParser().feed(lines)
+
+
+class LineParser:
+    """The records of a log read in pieces (the daemon reads only what came since its last
+    read: sources/kmsg_tail.py): the record a continuation line continues is carried from
+    one piece to the next, so the pieces give the records the whole log gives."""
+
+    def __init__(self) -> None:
+        self.head: Record | None = None
+
+    def feed(self, lines: Iterable[str]) -> Iterator[Record]:
+        for line in lines:
+            line = line.rstrip("\r\n")
+            if not line.strip() or _DICTIONARY.match(line):
+                continue
+            if line[0] in " \t":
+                # a continuation (dmesg and journalctl indent with spaces: another white
+                # space character, U+2028 say, begins a record's text, not a continuation);
+                # before any record (the log's start was cut), nobody's
+                yield continued(self.head, line.strip()) if self.head is not None else \
+                    Record(line.strip(), head="")
+                continue
+            head = self.head = _header(line)
+            if head.seq is not None and "\\x0a" in head.text:
+                first, *rest = head.text.split("\\x0a")
+                head = self.head = Record(first, head.seq, head.usec, head.facility)
+                yield head
+                for part in rest:
+                    if part.strip():
+                        yield Record(part.strip(), head.seq, head.usec, head.facility,
+                                     head=first, split=True)
+                continue
             yield head
-            for part in rest:
-                if part.strip():
-                    yield Record(part.strip(), head.seq, head.usec, head.facility,
-                                 head=first, split=True)
-            continue
-        yield head
 
 
 def continued(head: Record, text: str) -> Record:
