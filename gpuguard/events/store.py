@@ -198,7 +198,9 @@ def batches(conn: sqlite3.Connection, since: float, kinds: Iterable[str] = (),
     after: tuple[Any, Any] | None = None
     left = limit
     while left > 0:
-        page = " AND (time < ? OR (time = ? AND id < ?))" if after is not None else ""
+        # `time <= ?` alone is what the time index can range over: the OR is then
+        # judged on that range only, not on every row of the store each batch
+        page = " AND time <= ? AND (time < ? OR id < ?)" if after is not None else ""
         cursor = [] if after is None else [after[0], after[0], after[1]]
         rows = conn.execute(f"{columns}{page} ORDER BY time DESC, id DESC LIMIT ?",
                             [*args, *cursor, min(size, left)]).fetchall()
