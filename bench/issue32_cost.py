@@ -174,8 +174,8 @@ def events(base: Path, rounds: int) -> dict:
                                      for who, v in got.items()}
     for fmt in ("table", "json"):
         for who in ("before", "after"):
-            out[f"{fmt} {who}: peak at 100k / at 1k"] = round(
-                out[f"{fmt} 100000"][who]["peak_rss_mib"] / out[f"{fmt} 1000"][who]["peak_rss_mib"], 3)
+            peak = [out[f"{fmt} {n}"][who]["peak_rss_mib"] for n in (100_000, 1000)]
+            out[f"{fmt} {who}: peak at 100k / at 1k"] = round(peak[0] / peak[1], 3)
     return out
 
 
