@@ -97,3 +97,19 @@ def test_check_output_onto_a_fifo_exits_3_and_changes_nothing(tmp_path: Path) ->
                                    "(a FIFO); gpuguard writes only regular files")
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
+
+
+def test_a_file_written_not_durable_is_still_whole_and_skips_only_the_fsyncs(tmp_path, monkeypatch):
+    import os as _os
+
+    from gpuguard.io.atomic import write_text as write
+
+    synced: list[int] = []
+    real = _os.fsync
+    monkeypatch.setattr(_os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    target = tmp_path / "gpu-hardware"
+    write(target, "status=ok\n", durable=False)
+    assert target.read_text() == "status=ok\n" and synced == []
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu-hardware"]  # no temp file left
+    write(target, "status=critical\n")
+    assert target.read_text() == "status=critical\n" and len(synced) == 2  # file, directory

@@ -82,14 +82,15 @@ def _finite_span(text: str, option: str, most_s: float | None = None) -> float:
 def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[str, ...],
                fmt: str, limit: int, state_dir: Path | None) -> None:
     """What happened: rule transitions, Xids, repairs, failovers, acks (any user may read)."""
-    from gpuguard.events.commands import CannotRead, list_events
+    from gpuguard.events.commands import CannotRead, stream_events
     from gpuguard.io.paths import state_dir_or_default
 
     state_dir = state_dir_or_default(state_dir)
 
     try:
-        click.echo(list_events(state_dir, _finite_span(since, "--since"), gpu, rule_id,
-                               kinds, fmt, limit), nl=False)
+        # a batch of rows at a time: 100 000 rows are not held at once (issue 32)
+        stream_events(state_dir, _finite_span(since, "--since"), gpu, rule_id, kinds, fmt,
+                      limit, write=lambda text: click.echo(text, nl=False))
     except CannotRead as exc:
         raise ConfigProblem(str(exc)) from exc
 

@@ -11,6 +11,15 @@ its cadence's stale_after, the one freshness rule (daemon/freshness.py) that `gp
 status` and /healthz read too. A
 file from before a reboot is newer than the clock: Unknown too.
 
+Written as cheaply as that stamp allows (issue 32): each file is renamed into place
+whole, with no fsync of it or its directory. It means nothing after a crash or reboot:
+a file a crash lost or left empty is Unknown to the plugin, one that survived is from
+before the boot (Unknown, as above), which an fsync would only have made durable. The
+content is rewritten every cycle, not only when it changed: the plugin reads the
+file's age from the boottime stamp inside it (POSIX sh built-ins cannot read an
+mtime), so a file whose verdict did not change still carries a new stamp. Which
+condition a rule goes to is worked out once per rule, not once per result and cycle.
+
 "Worst" here is NPD's order, not `check`'s exit code: critical, then unknown, then
 warning. A condition that holds an unknown is Unknown even beside a warning: NPD's OK
 must mean gpuguard looked and saw nothing that sets the condition.
@@ -74,6 +83,7 @@ def pack_rules() -> frozenset[str]:
     return frozenset(registry.HOST_CHECKS) | frozenset(registry.GPU_CHECKS)
 
 
+@functools.lru_cache(maxsize=8192)
 def condition_of(rule_id: str, per_gpu: bool) -> str | None:
     """The condition file a rule's results go to; None only for a pack rule of a family
     in NOT_A_CONDITION. `per_gpu`: the result names a GPU (every result of a site's
@@ -152,7 +162,8 @@ class VerdictFiles:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             for name, mine in by_condition.items():
-                write_text(self.directory / name, condition_text(mine, written, fresh_s))
+                write_text(self.directory / name, condition_text(mine, written, fresh_s),
+                           durable=False)
         except OSError as exc:
             # the plugin answers Unknown as the files age: loud on that side, once here
             if not self._failed_logged:

@@ -11,6 +11,7 @@ import sqlite3
 import sys
 import textwrap
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gpuguard.events import store as eventstore
@@ -98,33 +99,70 @@ def _reader(state_dir: Path) -> sqlite3.Connection:
 
 def list_events(state_dir: Path, since_s: float, gpu: str | None, rule: str | None,
                 kinds: tuple[str, ...], fmt: str, limit: int) -> str:
-    """The table or JSON of `gpuguard events`. The store is closed before a line is
-    made: a reader whose output waits (a pager) holds no read transaction, which would
-    pin the WAL."""
+    """The table or JSON of `gpuguard events`, whole (stream_events' chunks joined)."""
+    chunks: list[str] = []
+    stream_events(state_dir, since_s, gpu, rule, kinds, fmt, limit, chunks.append)
+    return "".join(chunks)
+
+
+def stream_events(state_dir: Path, since_s: float, gpu: str | None, rule: str | None,
+                  kinds: tuple[str, ...], fmt: str, limit: int,
+                  write: Callable[[str], object]) -> None:
+    """The table or JSON of `gpuguard events`, written a batch of rows at a time (issue
+    32: 100 000 rows were 237 MiB held at once). The store's batches are each a
+    statement run to its end (events/store.batches), so a reader whose output waits (a
+    pager) holds no read transaction, which would pin the WAL. The bytes are those of
+    one query rendered whole; the bad rows met are said on stderr after the rows."""
+    path = eventstore.path_in(state_dir)
     conn = _reader(state_dir)
     skipped = Skipped()
+    rows = eventstore.batches(conn, time.time() - since_s, kinds, rule, gpu, limit, skipped)
     try:
-        found = eventstore.query(conn, time.time() - since_s, kinds, rule, gpu, limit,
-                                 skipped)
+        if fmt == "json":
+            _json(rows, write)
+        else:
+            _table(rows, write)
     except sqlite3.Error as exc:
-        raise CannotRead(f"{eventstore.path_in(state_dir)}: {exc}") from exc
+        raise CannotRead(f"{path}: {exc}") from exc
     finally:
         conn.close()
-    say_skipped(eventstore.path_in(state_dir), skipped)
-    if fmt == "json":
-        return json.dumps({"schema": 1, "events": [e.to_json() for e in found]},
-                          indent=2) + "\n"
-    if not found:
-        return "no events\n"
+    say_skipped(path, skipped)
+
+
+def _json(batches: Iterator[list[Event]], write: Callable[[str], object]) -> None:
+    """json.dumps({"schema": 1, "events": [...]}, indent=2) + "\n", event by event: an
+    event's own dump indented two levels (JSON strings hold no newline)."""
+    first = True
+    for batch in batches:
+        parts = []
+        for e in batch:
+            body = json.dumps(e.to_json(), indent=2).replace("\n", "\n    ")
+            parts.append(("{\n  \"schema\": 1,\n  \"events\": [\n    " if first
+                          else ",\n    ") + body)
+            first = False
+        if parts:
+            write("".join(parts))
+    write('{\n  "schema": 1,\n  "events": []\n}\n' if first else "\n  ]\n}\n")
+
+
+def _table(batches: Iterator[list[Event]], write: Callable[[str], object]) -> None:
     width = shutil.get_terminal_size((120, 24)).columns
-    lines = [f"{'TIME (UTC)':<19}  {'KIND':<10}  {'WHAT':<20}  {'GPU':<5}  {'CHANGE':<20}  "
-             f"{'ACTION':<16}  MESSAGE"]
-    for e in found:
-        lines.extend(_table_row(e, width))
-    return "\n".join(lines) + "\n"
+    first = True
+    for batch in batches:
+        lines = []
+        if first and batch:
+            lines.append(f"{'TIME (UTC)':<19}  {'KIND':<10}  {'WHAT':<20}  {'GPU':<5}  "
+                         f"{'CHANGE':<20}  {'ACTION':<16}  MESSAGE")
+            first = False
+        for e in batch:
+            lines.extend(table_row(e, width))
+        if lines:
+            write("\n".join(lines) + "\n")
+    if first:
+        write("no events\n")
 
 
-def _table_row(e: Event, width: int) -> list[str]:
+def table_row(e: Event, width: int) -> list[str]:
     """One event in `events`'s table: a line, and more where its message wraps."""
     what = f"Xid {e.code}" if e.kind == "xid" else \
         (e.status or "-").replace("_", " ") if e.kind == "repair" else printable(e.rule or "-")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,6 +172,47 @@ def query(conn: sqlite3.Connection, since: float | None = None, kinds: Iterable[
     """Events, newest first. `gpu`: an index, a UUID or a serial. Every row is fetched
     before this returns (a reader holds no read transaction past its query, which would
     pin the WAL); a bad one is left out and counted in `skipped`."""
+    where, args = _where(since, kinds, rule, gpu)
+    sql = (f"SELECT id, {', '.join(COLUMNS)} FROM events WHERE {' AND '.join(where)} "
+           "ORDER BY time DESC, id DESC LIMIT ?")
+    return _events(conn.execute(sql, [*args, limit]).fetchall(), skipped)
+
+
+# Rows per statement of batches(): a batch's Events and its output are all a reader
+# holds at once, however many rows it shows.
+BATCH = 500
+
+
+def batches(conn: sqlite3.Connection, since: float, kinds: Iterable[str] = (),
+            rule: str | None = None, gpu: str | None = None, limit: int = 1000,
+            skipped: Skipped | None = None, size: int = BATCH) -> Iterator[list[Event]]:
+    """query()'s events in batches of at most `size` rows, for a reader that shows them
+    as they come (`gpuguard events`). Each batch is a statement of its own, run to its
+    end before the batch is yielded (keyset paging on (time, id), the query's order), so
+    no read transaction is open while the caller writes a batch to a pager that waits;
+    a row written meanwhile is newer than the cursor and not shown, as it would not
+    have been by one query. `since` is required: it keeps rows of no time (which sort
+    last and compare to nothing) out, as the cursor needs."""
+    where, args = _where(since, kinds, rule, gpu)
+    columns = f"SELECT id, {', '.join(COLUMNS)} FROM events WHERE {' AND '.join(where)}"
+    after: tuple[Any, Any] | None = None
+    left = limit
+    while left > 0:
+        # `time <= ?` alone is what the time index can range over: the OR is then
+        # judged on that range only, not on every row of the store each batch
+        page = " AND time <= ? AND (time < ? OR id < ?)" if after is not None else ""
+        cursor = [] if after is None else [after[0], after[0], after[1]]
+        rows = conn.execute(f"{columns}{page} ORDER BY time DESC, id DESC LIMIT ?",
+                            [*args, *cursor, min(size, left)]).fetchall()
+        if not rows:
+            return
+        left -= len(rows)
+        after = (rows[-1][1 + COLUMNS.index("time")], rows[-1][0])
+        yield _events(rows, skipped)
+
+
+def _where(since: float | None, kinds: Iterable[str], rule: str | None,
+           gpu: str | None) -> tuple[list[str], list[Any]]:
     where: list[str] = ["1"]
     args: list[Any] = []
     if since is not None:
@@ -191,9 +232,10 @@ def query(conn: sqlite3.Connection, since: float | None = None, kinds: Iterable[
         else:
             where.append("(gpu_uuid = ? OR gpu_serial = ?)")
             args.extend([gpu, gpu])
-    sql = (f"SELECT id, {', '.join(COLUMNS)} FROM events WHERE {' AND '.join(where)} "
-           "ORDER BY time DESC, id DESC LIMIT ?")
-    rows = conn.execute(sql, [*args, limit]).fetchall()
+    return where, args
+
+
+def _events(rows: list[Any], skipped: Skipped | None) -> list[Event]:
     found = []
     for row_id, *columns in rows:
         values = valid_event(dict(zip(COLUMNS, columns, strict=True)), KINDS)

@@ -40,7 +40,10 @@ def check_writable_target(path: Path) -> None:
                   "regular files", str(path))
 
 
-def write_text(path: Path, text: str, mode: int = 0o644) -> None:
+def write_text(path: Path, text: str, mode: int = 0o644, durable: bool = True) -> None:
+    """`text` at `path`, whole or not at all for every reader; `durable`: on the disk
+    before this returns (fsync of the file and its directory). A file that means
+    nothing after a reboot needs only the rename: its readers are atomic either way."""
     check_writable_target(path)
     directory = path.parent
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
@@ -48,13 +51,16 @@ def write_text(path: Path, text: str, mode: int = 0o644) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    if not durable:
+        return
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

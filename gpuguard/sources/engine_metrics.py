@@ -3,6 +3,16 @@ deadline (gpuguard/io/http_get.py), the text parsed by prometheus-client's parse
 by hand), and the values its profile names (rules/engines/*.yaml) taken out: requests
 running and waiting, the progress counter, KV cache use and preemptions.
 
+The page is cut to the names a read can use before it is parsed (issue 32: a page of
+vLLM's histograms is mostly `_bucket` lines, and the parser costs 0.2 s a MiB): the
+sample lines of the profile's names (every profile's, to recognise an engine) and the
+comment lines of their families and of any family those names could be taken into,
+which is what decides how the parser groups a sample. The lines left out are not
+parsed, so a malformed line of a histogram no longer makes the read an error; every
+line read is parsed as before, and a page that holds none of those names is parsed
+whole, so that what it is (no Prometheus text, or no engine gpuguard knows) is told as
+before.
+
 A read never raises: whatever the engine answers, or does not, is an error in the read
 (the service.engine rule says unknown), never the cycle's."""
 
@@ -46,7 +56,7 @@ def read(url: str, catalog: EngineCatalog, engine: str | None,
     if status != 200:
         return {"error": f"answered {status}", "url": url}
     try:
-        samples = parse(body.decode("utf-8", errors="replace"))
+        samples = parse(body.decode("utf-8", errors="replace"), wanted(catalog, engine))
     except ValueError as exc:
         return {"error": f"not Prometheus text: {str(exc)[:200]}", "url": url}
     profile = catalog.profiles.get(engine) if engine else recognise(samples, catalog)
@@ -68,13 +78,55 @@ class Samples(dict[str, list[float]]):
         self.overflowed: set[str] = set()
 
 
-def parse(text: str) -> Samples:
+def wanted(catalog: EngineCatalog, engine: str | None) -> frozenset[str]:
+    """The bare names a read uses: the named engine's signals, or, to recognise the
+    engine, every profile's recognising and signal names."""
+    profiles = [catalog.profiles[engine]] if engine in catalog.profiles \
+        else list(catalog.profiles.values())
+    names = {n for p in profiles for names in p.signals.values() for n in names}
+    if engine not in catalog.profiles:
+        names.update(n for p in profiles for n in p.recognise)
+    return frozenset(_bare(n) for n in names)
+
+
+# a family whose type lets it hold a sample of this suffix (the parser's allowed names)
+_FAMILY_SUFFIXES = ("_count", "_sum", "_bucket")
+
+
+def prefilter(text: str, names: frozenset[str]) -> str:
+    """The lines of the text the parser needs to give the samples of `names` (bare) as
+    it gives them from the whole text: their sample lines, and the HELP and TYPE lines
+    of their families and of a family that could take one of them in (`x` for `x_sum`)."""
+    families = set(names)
+    families.update(n[:-len(s)] for n in names for s in _FAMILY_SUFFIXES if n.endswith(s))
+    kept = []
+    samples = 0
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) < 3 or _bare(parts[2]) in families:
+                kept.append(line)
+            continue
+        cut = line.find("{")
+        name = line[:cut] if cut >= 0 else line.split(None, 1)[0] if line else ""
+        if _bare(name.rstrip()) in names:
+            kept.append(line)
+            samples += 1
+    # none of the names: the whole page, which says what it is
+    return "\n".join(kept) if samples else text
+
+
+def parse(text: str, names: frozenset[str] | None = None) -> Samples:
     """Every gauge, counter or untyped sample of the text by name (`_total` taken off a
     counter's name, as prometheus-client writes it either way), as written: NaN, Inf
-    and negative values too (the signals that hold one are unknown, values() says).
-    Raises ValueError when the text is not Prometheus text."""
+    and negative values too (the signals that hold one are unknown, values() says);
+    with `names`, those (bare) alone, the rest of the text left unparsed. Raises
+    ValueError when the text (of those names) is not Prometheus text."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    if names is not None:
+        text = prefilter(text, names)
     found = Samples()
     for family in text_string_to_metric_families(text):
         if family.type not in ("gauge", "counter", "unknown", "untyped"):
