@@ -98,7 +98,9 @@ class Daemon:
         except InputProblem as exc:
             raise exc.__cause__ if isinstance(exc.__cause__, ConfigError) else exc from None
 
-    def _use_config(self, config: tuple[Profile, RuleSet]) -> None:
+    def use_config(self, config: tuple[Profile, RuleSet]) -> None:
+        """The profile and rules in use (at start, on SIGHUP): the samples' spans, the
+        status page's switch, host.disk's paths follow them."""
         self._config = config
         self.samples.keep_s, self.service_watch.keep_s = sample_spans(config[1])
         self.page.configure(config[0].status_page, self.cfg.listen)
@@ -110,7 +112,7 @@ class Daemon:
         with self.stats.lock:
             self.stats.reloads_total += 1
         try:
-            self._use_config(self.load_config())
+            self.use_config(self.load_config())
         except ConfigError as exc:
             with self.stats.lock:
                 self.stats.reload_success = 0
@@ -295,7 +297,7 @@ class Daemon:
         parts, NVML, HTTP and the status socket (exit 1 if either cannot listen), the schedule."""
         try:
             config = self.load_config()
-            self._use_config(config)
+            self.use_config(config)
             host, port = http.parse_listen(self.cfg.listen)
             services = load_services(self.cfg.config_path) if self.cfg.config_path else []
         except Exception as exc:  # any bad file is exit 3 at start, never a traceback loop

@@ -162,8 +162,8 @@ def test_the_history_is_as_long_as_the_longest_window_a_rule_judges(tmp_path):
     profile.write_text("rules:\n  nvlink.errors:\n    thresholds: {window_s: 3600}\n")
     daemon = Daemon(DaemonConfig(inputs=dataclasses.replace(DAEMON_INPUTS,
                                                             profile_path=profile)))
-    daemon._fit_history(daemon.load_config()[1])
+    daemon.use_config(daemon.load_config())
     assert daemon.samples.keep_s == 3660.0
     profile.write_text("")
-    daemon._fit_history(daemon.load_config()[1])
+    daemon.use_config(daemon.load_config())
     assert daemon.samples.keep_s == 660.0
