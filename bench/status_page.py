@@ -13,11 +13,9 @@ history filled with an hour of points per GPU).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import multiprocessing
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,8 +27,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-LIVE = REPO / "tests" / "fixtures" / "h200-live" / "idle-snapshot.json"
 sys.path.insert(0, str(REPO))
+
+# the synthetic hosts and the free port of the daemon's cost bench (bench/ is on sys.path
+# when a bench runs as a script)
+from daemon_cost import host  # noqa: E402
+from daemon_cost import port as free_port  # noqa: E402
 
 from gpuguard.daemon.freshness import Freshness  # noqa: E402
 from gpuguard.daemon.page_history import PageHistory  # noqa: E402
@@ -40,19 +42,6 @@ from gpuguard.model.identity import GpuId  # noqa: E402
 from gpuguard.model.results import Result, Status  # noqa: E402
 from gpuguard.outputs.status_page import render  # noqa: E402
 from gpuguard.sources import replay  # noqa: E402
-
-
-def host(gpus: int) -> dict[str, Any]:
-    base = json.loads(LIVE.read_text())
-    one = base["gpus"][0]
-    base["gpus"] = []
-    for i in range(gpus):
-        gpu = copy.deepcopy(one)
-        gpu.update(index=i, uuid=f"GPU-00000000-0000-0000-0000-{i:012d}",
-                   pci_bus_id=f"00000000:{0x18 + i * 0x10:02X}:00.0")
-        base["gpus"].append(gpu)
-    base["host"]["gpu_count"] = gpus
-    return base
 
 
 def render_times(path: Path, rounds: int) -> tuple[float, int]:
@@ -73,12 +62,6 @@ def render_times(path: Path, rounds: int) -> tuple[float, int]:
         body = render(build(PageParts(snap, fresh, ages, None, 5, history=history, now=now)))
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times), len(body.encode())
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def latency(url: str, seconds: float) -> list[float]:
@@ -117,7 +100,7 @@ def flood(url: str, seconds: float, done: Any) -> None:
 
 
 def daemon_run(path: Path, seconds: float) -> dict[str, Any]:
-    port = free_port()
+    port = free_port()  # daemon_cost.port
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuguard", "daemon", "--input", str(path), "--listen",
