@@ -4,10 +4,8 @@ what the page is, and it leaves no process behind."""
 
 from __future__ import annotations
 
-import http.server
 import struct
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 from tests.browser import axe
 from tests.browser.cdp import Browser, JSError
 from tests.browser.conftest import need_axe, need_chromium
+from tests.browser.loopback import serve
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; base-uri 'none'"
 STYLE = """<style>
@@ -38,33 +37,11 @@ PAGES = {
 }
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = PAGES.get(self.path)
-        self.send_response(200 if body is not None else 404)
-        self.send_header("Content-Type", "text/html; charset=utf-8")
-        self.send_header("Content-Security-Policy", CSP)
-        self.send_header("X-Harness", "yes")
-        data = (body or "not here").encode()
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: object) -> None:  # quiet
-        pass
-
-
 @pytest.fixture(scope="module")
 def site() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serve({path: page.encode() for path, page in PAGES.items()},
+               [("Content-Security-Policy", CSP), ("X-Harness", "yes")]) as url:
+        yield url
 
 
 def png_size(data: bytes) -> tuple[int, int]:

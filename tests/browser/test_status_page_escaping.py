@@ -6,52 +6,20 @@ page, each string's text is in it as the page shows it, and nothing ran."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import http.server
 import random
-import threading
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from gpuguard.outputs.page_style import HEADERS
 from gpuguard.outputs.status_page import Page, render, shown
 from tests.browser.cdp import Browser
+from tests.browser.loopback import serve
 from tests.test_status_page_render import NASTY, filled, generated, sample_page
 
 # every element with its attribute names, in document order, as the browser built them
 STRUCTURE = ("Array.from(document.querySelectorAll('*')).map(e => e.tagName + '|' + "
              "Array.from(e.attributes).map(a => a.name).join(','))")
-
-
-@contextlib.contextmanager
-def serve(pages: dict[str, bytes]) -> Iterator[str]:
-    """A loopback server answering each path with its page and the page's headers."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = pages.get(self.path)
-            self.send_response(200 if body is not None else 404)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            for name, value in HEADERS:
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(body or b"")
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 def still(page: Page) -> Page:
@@ -70,7 +38,7 @@ def test_host_text_is_text_in_the_browser(browser: Browser, seed: int) -> None:
     sample = still(sample_page())
     hostile = filled(sample, strings, used)
     pages = {"/benign": render(sample).encode(), "/hostile": render(hostile).encode()}
-    with serve(pages) as url:
+    with serve(pages, HEADERS) as url:
         browser.navigate(url + "/benign")
         benign_structure = browser.evaluate(STRUCTURE)
         loaded = browser.navigate(url + "/hostile")
