@@ -110,7 +110,10 @@ class StatusPage:
         return Renders()
 
     def sample(self, snap: Snapshot, now: float) -> None:
-        """Each fast cycle: the chart's point, and a new render is due."""
+        """Each fast cycle: the chart's point, and a new render is due. Nothing while the
+        page is off: the fast cycle pays nothing for a page nobody can open."""
+        if not self.enabled:
+            return
         self.history.add(snap, now)
         self._generation += 1
 
