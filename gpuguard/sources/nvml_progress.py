@@ -8,11 +8,15 @@ import mmap
 import os
 
 SLOT_SIZE = 128
-MAX_SLOTS = 1 + 64
+GPU_SLOTS = 64
+# slot 0: host calls; then one per GPU's sweep thread; then one per GPU's early InfoROM
+# validation (nvml_early.py)
+MAX_SLOTS = 1 + 2 * GPU_SLOTS
 
 
 class Progress:
-    """One slot per worker thread (slot 0: host calls, slot i+1: GPU i) in shared memory:
+    """One slot per worker thread (slot 0: host calls, slot i+1: GPU i, slot 65+i: GPU i's
+    early InfoROM validation) in shared memory:
     anonymous for a forked worker, a file for one spawned by the daemon."""
 
     def __init__(self, path: str | None = None) -> None:
@@ -39,6 +43,8 @@ class Progress:
         for slot in range(MAX_SLOTS):
             start = slot * SLOT_SIZE
             raw = bytes(self.buf[start : start + SLOT_SIZE]).split(b"\0", 1)[0]
-            if raw:
-                calls.append(raw.decode(errors="replace"))
+            call = raw.decode(errors="replace")
+            # a sweep thread waiting on its GPU's early validation names the same call
+            if call and call not in calls:
+                calls.append(call)
         return calls

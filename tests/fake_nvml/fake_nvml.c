@@ -42,7 +42,9 @@
  *                              whose InfoROM is damaged; otherwise the real H200's versions
  *   FAKE_NVML_INFOROM_GPU=i    ... only for GPU i (default: every GPU)
  *   FAKE_NVML_INFOROM_FILE=path  ... corrupted while this file exists (a test repairs it)
- *   FAKE_NVML_INFOROM_CALLS=path each nvmlDeviceValidateInforom appends a line to this file
+ *   FAKE_NVML_INFOROM_CALLS=path each nvmlDeviceValidateInforom appends a line to this file:
+ *                              "GPU-index caller's-pid caller's-parent-pid"
+ *   FAKE_NVML_INFOROM_MS=n     each nvmlDeviceValidateInforom takes n ms (the H200's: 70)
  *   FAKE_NVML_APP_CLOCK_SM=MHz application SM clock (default: the default, 1980)
  *   FAKE_NVML_MEM_TOTAL_MIB=n  memory total (v1 memory info; default: not supported unless
  *                              FAKE_NVML_PROCS_FILE is set)
@@ -506,10 +508,15 @@ static int inforom_corrupted(int gpu) {
 
 nvmlReturn_t nvmlDeviceValidateInforom(nvmlDevice_t d) {
     maybe_hang("nvmlDeviceValidateInforom", d->index);
+    int ms = env_int("FAKE_NVML_INFOROM_MS", 0);
+    if (ms > 0) {
+        struct timespec wait = {ms / 1000, (long)(ms % 1000) * 1000000L};
+        nanosleep(&wait, NULL);
+    }
     const char *calls = getenv("FAKE_NVML_INFOROM_CALLS");
     if (calls) {
         FILE *f = fopen(calls, "a");
-        if (f) { fprintf(f, "%d\n", d->index); fclose(f); }
+        if (f) { fprintf(f, "%d %d %d\n", d->index, (int)getpid(), (int)getppid()); fclose(f); }
     }
     return inforom_corrupted(d->index) ? 14 : NVML_SUCCESS;
 }
