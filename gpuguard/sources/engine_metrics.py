@@ -18,7 +18,9 @@ A read never raises: whatever the engine answers, or does not, is an error in th
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 import urllib.parse
 from typing import Any
 
@@ -91,30 +93,55 @@ def wanted(catalog: EngineCatalog, engine: str | None) -> frozenset[str]:
 
 # a family whose type lets it hold a sample of this suffix (the parser's allowed names)
 _FAMILY_SUFFIXES = ("_count", "_sum", "_bucket")
+# whitespace within a line (the parser splits the text at "\n" alone, then strips)
+_WS = r"[^\S\n]"
 
 
 def prefilter(text: str, names: frozenset[str]) -> str:
     """The lines of the text the parser needs to give the samples of `names` (bare) as
-    it gives them from the whole text: their sample lines, and the HELP and TYPE lines
-    of their families and of a family that could take one of them in (`x` for `x_sum`)."""
+    it gives them from the whole text: their sample lines, the HELP and TYPE lines of
+    their families and of a family that could take one of them in (`x` for `x_sum`),
+    and any comment line of fewer than three words (the parser starts a family at one).
+    One compiled pattern over the whole text (issue 32: a pass over every line in
+    Python cost 5 ms a MiB, as much as the daemon's cycle)."""
+    kept = _pattern(names).findall("\n" + text)
+    # none of the names: the whole page, which says what it is
+    if any(not line.lstrip().startswith("#") for line in kept):
+        return "\n".join(kept)
+    return text
+
+
+@functools.lru_cache(maxsize=16)
+def _pattern(names: frozenset[str]) -> re.Pattern[str]:
+    """Lines (each after the "\\n" before it) that are a sample of one of the names
+    (`_total` or not) or a comment the parser could group one by. Each alternative is
+    a trie of the names, so a line that starts with none fails within a few letters."""
     families = set(names)
     families.update(n[:-len(s)] for n in names for s in _FAMILY_SUFFIXES if n.endswith(s))
-    kept = []
-    samples = 0
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) < 3 or _bare(parts[2]) in families:
-                kept.append(line)
-            continue
-        cut = line.find("{")
-        name = line[:cut] if cut >= 0 else line.split(None, 1)[0] if line else ""
-        if _bare(name.rstrip()) in names:
-            kept.append(line)
-            samples += 1
-    # none of the names: the whole page, which says what it is
-    return "\n".join(kept) if samples else text
+    # a sample's name ends at its labels or a blank; a comment's word at a blank
+    end = r"(?:_total)?(?=[\s{]|\Z)"
+    line_end = rf"{_WS}*(?=\n|\Z)"
+    family = rf"{_trie(sorted(families))}(?:_total)?(?=\s|\Z)"
+    # a comment of fewer than three words, or whose third word is one of the families
+    comment = rf"#\S*(?:{line_end}|{_WS}+\S+(?:{line_end}|{_WS}+{family}))"
+    # "\n" first, not "^" with re.MULTILINE: a literal first lets the engine skip to
+    # each line's start in C (five times faster a MiB)
+    return re.compile(rf"\n({_WS}*(?:{_trie(sorted(names))}{end}|{comment})[^\n]*)")
+
+
+def _trie(words: list[str]) -> str:
+    """A pattern matching exactly `words`, their common beginnings written once."""
+    if words == [""]:
+        return ""
+    heads: dict[str, list[str]] = {}
+    for word in words:
+        heads.setdefault(word[:1], []).append(word[1:])
+    branches = [re.escape(head) + _trie(rest) if head else "" for head, rest in heads.items()]
+    optional = "" in heads
+    branches = [b for b in branches if b]
+    body = branches[0] if len(branches) == 1 and not optional \
+        else "(?:" + "|".join(branches) + ")"
+    return body + ("?" if optional else "")
 
 
 def parse(text: str, names: frozenset[str] | None = None) -> Samples:

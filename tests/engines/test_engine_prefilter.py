@@ -82,3 +82,58 @@ def test_a_page_that_is_not_prometheus_text_in_a_read_line_is_still_refused():
     names = engine_metrics.wanted(CATALOG, "vllm")
     with pytest.raises(ValueError):
         engine_metrics.parse("vllm:num_requests_running{model_name=\"m\" 7\n", names)
+
+
+def outcome(text: str, engine: str | None, names: frozenset[str] | None) -> object:
+    try:
+        return readings(text, engine, names)
+    except ValueError:
+        return "not Prometheus text"
+
+
+def same_or_refused(text: str) -> None:
+    """As same(), where the whole page's parse may refuse the text at a line of a read
+    name: the cut refuses it too (a malformed line the cut leaves out is not parsed)."""
+    for engine in ENGINES:
+        whole = outcome(text, engine, None)
+        assert outcome(text, engine, engine_metrics.wanted(CATALOG, engine)) == whole, engine
+
+
+RUNNING, WAITING = "vllm:num_requests_running", "vllm:num_requests_waiting"
+TOKENS = "vllm:generation_tokens_total"
+
+ADVERSARIAL = {
+    # names that begin with a read name, and read names that begin another's
+    "prefixes": (f"{RUNNING}_extra 5\nvllm:num_requests 3\n{RUNNING} 2\n{RUNNING}_totals 4\n"
+                 f"{TOKENS}x 8\n{TOKENS} 9\n{WAITING}s 6\n{WAITING} 1\n"),
+    # a read name inside another sample's labels, and inside a read sample's own
+    "labels": (f'other{{name="{RUNNING}"}} 7\nother{{x="a\\n{RUNNING} 9"}} 7\n'
+               f'{RUNNING}{{path="{WAITING} 9"}} 1\n{WAITING}{{a="}}"}} 2\n{TOKENS} 3\n'),
+    # HELP text with an escaped newline followed by what looks like a sample
+    "help escapes": (f"# HELP {RUNNING} Running\\n{RUNNING} 99\n# TYPE {RUNNING} gauge\n"
+                     f"{RUNNING} 2\n# HELP other a\\n{WAITING} 5\n{WAITING} 1\n{TOKENS} 4\n"),
+    "crlf": (f"# HELP {RUNNING} r\r\n# TYPE {RUNNING} gauge\r\n{RUNNING} 2\r\n"
+             f"# TYPE {TOKENS} counter\r\n{TOKENS} 5\r\n{WAITING}\t1\r\n"),
+    "no trailing newline": f"{TOKENS} 5\n# TYPE {RUNNING} gauge\n{RUNNING} 3",
+    "first line read": f"{RUNNING} 3\nother 1\n{TOKENS} 5\n",
+    # a read name present only as a histogram's buckets (and its count and sum)
+    "only buckets": (f"# TYPE {RUNNING} histogram\n{RUNNING}_bucket{{le=\"1\"}} 3\n"
+                     f"{RUNNING}_bucket{{le=\"+Inf\"}} 4\n{RUNNING}_count 4\n{RUNNING}_sum 2\n"
+                     f"{TOKENS} 5\n"),
+    # comments of fewer than three words end a family; other comments do not
+    "short comments": (f"# TYPE {RUNNING} histogram\n#\n{RUNNING}_count 2\n# HELP\n"
+                       f"{RUNNING}_sum 1\n#HELP {RUNNING}\n{RUNNING} 5\n# a comment here\n"
+                       f"{TOKENS} 6\n# HELP {WAITING}_total w\n{WAITING} 1\n"),
+    "blanks": f"  {RUNNING} 3\n\t{TOKENS}  5  \n\n \n{WAITING} {{}} 1\n",
+    # a form feed or a line separator splits a line for str.splitlines, not for the parser
+    "form feed": f"{TOKENS} 5\n{RUNNING} 1\x0c{WAITING} 2\n",
+    "line separator": f"{TOKENS} 5\n{RUNNING} 1\u2028{WAITING} 2\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_an_adversarial_page_reads_as_the_whole_page_does(name):
+    text = ADVERSARIAL[name]
+    same_or_refused(text)
+    same_or_refused(histograms(20) + text)
+    same_or_refused(text + "\n" + histograms(20))
