@@ -16,6 +16,8 @@ import ctypes
 from collections.abc import Callable
 from typing import Any
 
+from gpuguard.sources.nvml_p2p_kept import SweepPairs
+
 Read = Callable[..., Any]
 
 NVLINK_COUNTERS = (("replay", "NVML_NVLINK_ERROR_DL_REPLAY", 0),
@@ -183,16 +185,48 @@ def _error_text(nv: Any, code: int) -> str:
         return f"NVML error {code}"
 
 
-def p2p_status(nv: Any, h: Any, read: Read, index: int, count: int) -> Any:
+class PeerHandles:
+    """The GPUs' handles for one sweep, each asked of NVML once and shared by the per-GPU
+    threads' p2p_status (it asked every peer's handle again: N-1 calls a GPU, N(N-1) a
+    sweep). Two threads may both ask for a handle not yet kept (the same answer twice);
+    a failed ask is not kept, so each GPU that needs it asks and reads its own error, as
+    before."""
+
+    def __init__(self) -> None:
+        self._kept: dict[int, Any] = {}
+
+    def keep(self, index: int, handle: Any) -> None:
+        """A handle its own GPU's thread got (it asks for it first thing)."""
+        self._kept[index] = handle
+
+    def get(self, nv: Any, read: Read, peer: int, at: str) -> Any:
+        kept = self._kept.get(peer)
+        if kept is not None:
+            return kept
+        handle = read("nvmlDeviceGetHandleByIndex",
+                      lambda: nv.nvmlDeviceGetHandleByIndex(peer), at)
+        if not _failed(handle) and not _not_supported(handle):
+            self._kept[peer] = handle  # one dict store: atomic under the GIL
+        return handle
+
+
+def p2p_status(nv: Any, h: Any, read: Read, index: int, count: int,
+               handles: PeerHandles | None = None, kept: SweepPairs | None = None) -> Any:
     """Read, write, NVLink and atomics peer status with every other GPU. An error on any
-    call makes the whole reading an error naming the call and the pair."""
+    call makes the whole reading an error naming the call and the pair. `handles`: the
+    sweep's shared peer handles (else this call asks each peer's); `kept`: the daemon's
+    worker's pairs kept between sweeps (sources/nvml_p2p_kept.py)."""
+    handles = handles if handles is not None else PeerHandles()
     peers: list[dict[str, Any]] = []
     for peer in range(count):
         if peer == index:
             continue
-        at = f" (GPU {index}, peer GPU {peer})"
-        other = read("nvmlDeviceGetHandleByIndex",
-                     lambda peer=peer: nv.nvmlDeviceGetHandleByIndex(peer), at)
+        pair = kept.pair(index, peer) if kept is not None else None
+        known = pair.entry() if pair is not None else None
+        if known is not None:
+            peers.append(known)
+            continue
+        other = handles.get(nv, read, peer, f" (GPU {index}, peer GPU {peer})")
         if _failed(other):
             return other
         entry: dict[str, Any] = {"peer": peer}
@@ -205,6 +239,8 @@ def p2p_status(nv: Any, h: Any, read: Read, index: int, count: int) -> Any:
                 return value
             entry[name] = "not_supported" if _not_supported(value) \
                 else P2P_STATUS.get(value, "unknown")
+        if pair is not None:
+            pair.keep(entry)
         peers.append(entry)
     return peers
 

@@ -15,6 +15,7 @@ from typing import Any
 from gpuguard.model.cuda_compat import NVML_BRANDS
 from gpuguard.sources import nvml_fake, nvml_multi
 from gpuguard.sources.nvml_inforom import InforomValidity
+from gpuguard.sources.nvml_p2p_kept import P2PKept, SweepPairs
 from gpuguard.sources.nvml_progress import Progress
 
 RECOVERY_ACTIONS = {
@@ -68,11 +69,12 @@ def text(value: Any) -> str:
 
 def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
           procfs: str, link_counters: bool = True,
-          inforom: InforomValidity | None = None) -> None:
+          inforom: InforomValidity | None = None, p2p_kept: P2PKept | None = None) -> None:
     """Every reading of every GPU. Without `link_counters` the NVLink error counters are
     left out (None): `gpuguard check` never judges them, and they are most of an NVLink
     GPU's sweep (2-3 ms a call on an H200, four per link). `inforom`: the daemon's
-    worker keeps each board's InfoROM validity for a slow interval (nvml_inforom.py)."""
+    worker keeps each board's InfoROM validity for a slow interval (nvml_inforom.py);
+    `p2p_kept`: and each pair's P2P status while its wiring holds (nvml_p2p_kept.py)."""
     read = _reader(nv, progress, 0)
     fake = nvml_fake.fake_library(nv)
     if fake is not None:
@@ -99,10 +101,12 @@ def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
         return
     # One thread per GPU: NVML is thread-safe and most of a call's time is spent
     # waiting on the GPU, so an 8-GPU host costs about what one GPU costs.
+    handles = nvml_multi.PeerHandles()  # each GPU's handle asked once a sweep, not once a peer
+    pairs = p2p_kept.sweep(count) if p2p_kept is not None else None
     threads = [
         threading.Thread(target=_sweep_gpu,
                          args=(nv, emit, progress, procfs, index, count, link_counters,
-                               inforom),
+                               inforom, (handles, pairs)),
                          daemon=True)
         for index in range(count)
     ]
@@ -114,7 +118,9 @@ def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
 
 def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
                procfs: str, index: int, count: int, link_counters: bool,
-               inforom: InforomValidity | None) -> None:
+               inforom: InforomValidity | None,
+               peers: tuple[nvml_multi.PeerHandles, SweepPairs | None]) -> None:
+    handles, pairs = peers
     slot = index + 1
     lost = [False]
     read = _reader(nv, progress, slot, lost)
@@ -126,9 +132,13 @@ def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progre
         failed = {"state": "error", "error": f"nvmlDeviceGetHandleByIndex: {exc}"}
         emit({"t": "gpu", "index": index, "uuid": failed, "pci_bus_id": failed,
               "gpu_lost": getattr(exc, "value", None) == nv.NVML_ERROR_GPU_IS_LOST})
+        if pairs is not None:
+            pairs.settled(index)  # no wiring of it this sweep: its peers stop waiting
     else:
+        handles.keep(index, handle)
         readings = _read_gpu(nv, handle, where, read, text, procfs, inforom)
-        readings.update(_read_multi_gpu(nv, handle, where, read, index, count, link_counters))
+        readings.update(_read_multi_gpu(nv, handle, where, read, index, count, link_counters,
+                                        handles, (readings["uuid"], pairs)))
         emit({"t": "gpu", "index": index, **readings, "gpu_lost": lost[0]})
     progress.set(slot, "")
 
@@ -300,13 +310,17 @@ def _read_gpu(
 
 
 def _read_multi_gpu(nv: Any, h: Any, where: str, read: Callable[..., Any], index: int,
-                    count: int, link_counters: bool) -> dict[str, Any]:
+                    count: int, link_counters: bool,
+                    handles: nvml_multi.PeerHandles | None = None,
+                    kept: tuple[Any, SweepPairs | None] = (None, None)) -> dict[str, Any]:
     """The readings of issue 11: NVLink, fabric, P2P, HBM temperature, application
-    clocks, GSP firmware (see sources/nvml_multi.py for how each call is passed)."""
+    clocks, GSP firmware (see sources/nvml_multi.py for how each call is passed).
+    `kept`: the UUID and the daemon's kept pairs (nvml_p2p_kept.py); P2P is read last (its
+    key keeps its place), after the GPU's wiring is published, to give peers time."""
     g: dict[str, Any] = {
         "nvlink_links": nvml_multi.nvlink_links(nv, h, read, where, link_counters),
         **nvml_multi.fabric(nv, h, read, where),
-        "p2p_status": nvml_multi.p2p_status(nv, h, read, index, count),
+        "p2p_status": None,
         "memory_temperature_c": read(
             "nvmlDeviceGetFieldValues",
             lambda: nvml_multi.field_value(nv, h, "NVML_FI_DEV_MEMORY_TEMP"),
@@ -330,6 +344,10 @@ def _read_multi_gpu(nv: Any, h: Any, where: str, read: Callable[..., Any], index
         return version
 
     g["gsp_firmware_version"] = read("nvmlDeviceGetGspFirmwareVersion", gsp_version, where)
+    uuid, pairs = kept
+    if pairs is not None:
+        pairs.publish(index, uuid, g)
+    g["p2p_status"] = nvml_multi.p2p_status(nv, h, read, index, count, handles, pairs)
     return g
 
 

@@ -1,7 +1,10 @@
 """The daemon's NVML worker: `python -m gpuguard.sources.nvml_worker PROGRESS_FILE PROCFS
 [--no-xid-events] [--inforom-every=S]` (S: the daemon's slow interval, 60 s by default).
-Reads commands on stdin (`sweep`, `quit`), answers each sweep with the JSON lines of
+Reads commands on stdin (`sweep`, `forget`, `quit`), answers each sweep with the JSON lines of
 sources/nvml_read.py ended by {"t": "end"}, and writes NVML Xid events as they happen.
+`forget` (no answer: the next command's answer is the next line) drops what the worker
+keeps between sweeps (InfoROM validity, P2P status), for the daemon to send when it sees a
+GPU reset.
 The daemon side of this protocol is gpuguard/daemon/sampler.py."""
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuguard.sources.nvml_inforom import InforomValidity
+from gpuguard.sources.nvml_p2p_kept import P2PKept
 from gpuguard.sources.nvml_progress import Progress
 from gpuguard.sources.nvml_read import line_writer, sweep, text
 from gpuguard.sources.pynvml_import import import_pynvml
@@ -32,11 +36,16 @@ def serve(commands: Any, out: Any, progress_path: str, procfs: str,
     emit = line_writer(out)
     # each board's InfoROM validated at most once per slow interval (nvml_inforom.py)
     inforom = InforomValidity(inforom_every_s)
+    # each pair's P2P status while its wiring holds, a slow interval at most (nvml_p2p_kept.py)
+    p2p = P2PKept(inforom_every_s)
     initialised = False
     for command in commands:
         command = command.strip()
         if command == "quit":
             break
+        if command == "forget":
+            inforom, p2p = InforomValidity(inforom_every_s), P2PKept(inforom_every_s)
+            continue
         if command != "sweep":
             emit({"t": "fatal", "kind": "BadCommand", "error": command[:80]})
             emit({"t": "end"})
@@ -46,6 +55,7 @@ def serve(commands: Any, out: Any, progress_path: str, procfs: str,
             try:
                 pynvml.nvmlInit()
                 initialised = True
+                p2p.forget()  # handles and pairs of an earlier NVML are not this one's
             except pynvml.NVMLError as exc:
                 emit({"t": "init_error", "kind": type(exc).__name__, "error": str(exc)})
             progress.set(0, "")
@@ -53,7 +63,7 @@ def serve(commands: Any, out: Any, progress_path: str, procfs: str,
                 threading.Thread(target=_xid_events, args=(pynvml, emit), daemon=True).start()
         if initialised:
             try:
-                sweep(pynvml, emit, progress, procfs, inforom=inforom)
+                sweep(pynvml, emit, progress, procfs, inforom=inforom, p2p_kept=p2p)
                 emit({"t": "done"})
             except Exception as exc:
                 emit({"t": "fatal", "kind": type(exc).__name__, "error": str(exc)})

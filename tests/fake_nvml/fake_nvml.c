@@ -30,7 +30,13 @@
  *                              GPU fabric state (default not_supported; failed: completed
  *                              with an error status)
  *   FAKE_NVML_FABRIC_V1_ONLY=1 no nvmlDeviceGetGpuFabricInfoV (as drivers before 535)
- *   FAKE_NVML_P2P=ok|not_supported  peer-to-peer status between GPUs (default ok)
+ *   FAKE_NVML_P2P=ok|not_supported|error  peer-to-peer status between GPUs (default ok;
+ *                              error: the call answers NVML_ERROR_UNKNOWN, 999)
+ *   FAKE_NVML_GPUS_FILE, FAKE_NVML_NVLINK_DOWN_FILE, FAKE_NVML_FABRIC_FILE,
+ *   FAKE_NVML_P2P_FILE=path    ... the switch without _FILE read from this file (its first
+ *                              line) at every call instead, so a test changes it while the
+ *                              daemon's worker runs; no file: the switch is unset
+ *   FAKE_NVML_P2P_CALLS=path   each nvmlDeviceGetP2PStatus appends a line to this file
  *   FAKE_NVML_MIG_PENDING=1    MIG mode disabled now, enabled after a reset
  *   FAKE_NVML_MEM_TEMP=C       HBM temperature (default 35; its maximum is 95)
  *   FAKE_NVML_RECOVERY=code    the driver's recovery action field (0 none, 1 gpu_reset,
@@ -113,6 +119,21 @@ static int env_int(const char *name, int fallback) {
     return v && *v ? atoi(v) : fallback;
 }
 
+/* A switch's value: from the file its NAME_FILE names (first line, read now), else the
+ * environment. `buf` holds what a file gave. */
+static const char *setting(const char *name, char *buf, size_t len) {
+    char file_var[64];
+    snprintf(file_var, sizeof file_var, "%s_FILE", name);
+    const char *path = getenv(file_var);
+    if (!path) return getenv(name);
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    if (!fgets(buf, (int)len, f)) buf[0] = '\0';
+    fclose(f);
+    buf[strcspn(buf, "\n")] = '\0';
+    return buf;
+}
+
 static void maybe_crash(const char *fn, int gpu) {
     const char *target = getenv("FAKE_NVML_CRASH");
     if (!target || strcmp(target, fn) != 0) return;
@@ -184,7 +205,9 @@ nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) {
 }
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
-    *count = (unsigned int)env_int("FAKE_NVML_GPUS", 1);
+    char buf[32];
+    const char *gpus = setting("FAKE_NVML_GPUS", buf, sizeof buf);
+    *count = (unsigned int)(gpus && *gpus ? atoi(gpus) : 1);
     return NVML_SUCCESS;
 }
 
@@ -309,7 +332,8 @@ static nvmlReturn_t link_check(const char *fn, nvmlDevice_t d, unsigned int link
 }
 
 static int link_down(int gpu, unsigned int link) {
-    const char *list = getenv("FAKE_NVML_NVLINK_DOWN");
+    char buf[1024];
+    const char *list = setting("FAKE_NVML_NVLINK_DOWN", buf, sizeof buf);
     char want[32];
     if (!list) return 0;
     snprintf(want, sizeof want, "%d:%u", gpu, link);
@@ -384,7 +408,8 @@ typedef struct {
 
 /* state: 1 not started, 2 in progress, 3 completed; status: 999 for "failed". */
 static nvmlReturn_t fabric(unsigned int *state, nvmlReturn_t *status) {
-    const char *mode = getenv("FAKE_NVML_FABRIC");
+    char buf[32];
+    const char *mode = setting("FAKE_NVML_FABRIC", buf, sizeof buf);
     *status = NVML_SUCCESS;
     if (!mode || !*mode || strcmp(mode, "not_supported") == 0) return NVML_ERROR_NOT_SUPPORTED;
     if (strcmp(mode, "not_started") == 0) *state = 1;
@@ -426,7 +451,14 @@ nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, unsigned int
                                     unsigned int *status) {
     maybe_hang("nvmlDeviceGetP2PStatus", a->index);
     if (a == b || index > 4) return NVML_ERROR_INVALID_ARGUMENT;
-    const char *mode = getenv("FAKE_NVML_P2P");
+    const char *calls = getenv("FAKE_NVML_P2P_CALLS");
+    if (calls) {
+        FILE *f = fopen(calls, "a");
+        if (f) { fprintf(f, "%d %d %u\n", a->index, b->index, index); fclose(f); }
+    }
+    char buf[32];
+    const char *mode = setting("FAKE_NVML_P2P", buf, sizeof buf);
+    if (mode && strcmp(mode, "error") == 0) return 999; /* NVML_ERROR_UNKNOWN */
     if (mode && strcmp(mode, "not_supported") == 0)
         *status = index == 2 ? 5 : 1; /* NVLink: not supported; the rest: chipset */
     else
