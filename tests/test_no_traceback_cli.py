@@ -36,6 +36,8 @@ from gpuguard.cli.main import main as cli_main
 from tests.conftest import REPO, own_host
 from tests.daemon.conftest import LIVE, free_port
 
+cli_main.load_all()  # the group imports its commands lazily (cli/main.py)
+
 FAKE_SLURM = REPO / "tests" / "slurm" / "fake_slurm"
 LOCALES = ("C", "C.UTF-8")
 WORKERS = 4

@@ -71,7 +71,7 @@ def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Pat
 @rules.command("fields")
 def rules_fields() -> None:
     """Names that a rule's `when:` condition can use."""
-    from gpuguard.config.ruleset import GPU_CONDITION_NAMES, HOST_CONDITION_NAMES
+    from gpuguard.config.rule_files import GPU_CONDITION_NAMES, HOST_CONDITION_NAMES
 
     click.echo("gpu scope:  " + ", ".join(GPU_CONDITION_NAMES))
     click.echo("host scope: " + ", ".join(HOST_CONDITION_NAMES))
