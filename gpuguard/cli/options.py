@@ -82,12 +82,9 @@ def rule_options(fn: Any) -> Any:
 
 
 def span_option(text: str, option: str) -> float:
-    from gpuguard.config.profile import parse_window
+    from gpuguard.config.profile import parse_span
 
-    try:
-        seconds = parse_window(text)
-    except ValueError:
-        seconds = None
+    seconds = parse_span(text)
     if seconds is None:
         raise click.BadParameter(f"a span such as 90s, 15m, 24h, 30d, not {text!r}",
                                  param_hint=option)

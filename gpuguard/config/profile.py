@@ -162,6 +162,14 @@ def parse_version(text: str) -> tuple[int, ...]:
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def parse_span(text: object) -> float | None:
+    """A span such as 90s, 15m, 2h, 1d in seconds; None for `boot` or anything else."""
+    try:
+        return parse_window(text)
+    except ValueError:
+        return None
+
+
 def parse_window(text: object) -> float | None:
     """`boot` (None: since boot), or a span such as 90s, 15m, 2h, 1d."""
     if text == "boot":

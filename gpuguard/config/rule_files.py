@@ -174,12 +174,9 @@ def _read_spans(rule: Rule, spec: RuleSpec, fail: Fail) -> None:
 
 
 def _span(text: str, error: ConfigError) -> float:
-    from gpuguard.config.profile import parse_window
+    from gpuguard.config.profile import parse_span
 
-    try:
-        seconds = parse_window(text)
-    except ValueError:
-        seconds = None
+    seconds = parse_span(text)
     if seconds is None:
         raise error
     return seconds
