@@ -53,6 +53,9 @@ class HostInputs:
     workloads: tuple[Workload, ...] = field(default=())
     # check never judges the NVLink error counters (the daemon does, by growth)
     link_counters: bool = False
+    # `check` reuses an InfoROM validation kept this boot (sources/nvml_inforom_kept.py);
+    # qualify, slurm health and snapshot validate every run
+    inforom_kept: bool = False
 
     def paths(self) -> Paths:
         from gpuguard.io.paths import Paths

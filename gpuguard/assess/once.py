@@ -177,7 +177,8 @@ def _start(inputs: HostInputs, opts: object, profile_later: bool) -> Collection:
 
     assert isinstance(opts, HostOptions)
     if inputs.input_path is None:
-        return Collection(opts, None, inputs.timeout, inputs.link_counters, profile_later)
+        return Collection(opts, None, inputs.timeout, inputs.link_counters, profile_later,
+                          inputs.inforom_kept)
     from gpuguard.sources.replay import InputError  # the replay's error: only with --input
 
     try:

@@ -91,7 +91,8 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
     started = time.monotonic()
     inputs = HostInputs(input_path, path_sysfs, path_procfs, path_rootfs, kmsg_file,
                         state_dir, profile_path, rules_dirs, timeout, probe_image, docker,
-                        "auto", host_resources is True, _workloads(images, python_envs))
+                        "auto", host_resources is True, _workloads(images, python_envs),
+                        inforom_kept=True)
     judgement, early = _start(inputs, record, active is not None, only, skip)
     profile, _ = judgement.configure()
     if xid_window is not None:

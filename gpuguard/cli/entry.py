@@ -40,7 +40,33 @@ def _start_worker_early(args: list[str]) -> None:
     except HostPathForbidden:
         return  # the command says so, naming the option (exit 4)
 
-    nvml.start_early(procfs, nvml.deadline_for(timeout))
+    nvml.start_early(procfs, nvml.deadline_for(timeout), _inforom_keep(args))
+
+
+def _inforom_keep(args: list[str]) -> tuple[str, str, str] | None:
+    """Where the InfoROM's validity is kept, as `check` will decide it (HostOptions:
+    --state-dir, else the host's where the kernel log is the live device); None where a
+    default is refused (the collection then starts its own worker)."""
+    import stat
+
+    from gpuguard.io.guard import HostPathForbidden, host_default_text
+    from gpuguard.sources import nvml
+
+    try:
+        kmsg = _option(args, "--kmsg-file") or host_default_text("kmsg")
+        state = _option(args, "--state-dir")
+        if state is None:
+            try:
+                live = stat.S_ISCHR(os.stat(kmsg).st_mode)
+            except OSError:
+                live = False
+            state = host_default_text("state") if live else None
+        procfs = _option(args, "--path.procfs")
+        boot = (os.path.join(procfs, "sys", "kernel", "random", "boot_id") if procfs
+                else host_default_text("boot_id"))
+    except HostPathForbidden:
+        return None
+    return nvml.keep_place(state, kmsg, boot)
 
 
 def main() -> None:

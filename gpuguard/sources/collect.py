@@ -23,14 +23,18 @@ class Collection:
 
     def __init__(self, opts: host_sources.HostOptions, input_path: Path | None,
                  timeout: float, link_counters: bool = True,
-                 profile_later: bool = False) -> None:
+                 profile_later: bool = False, inforom_kept: bool = False) -> None:
         self.started = time.monotonic()
         self.opts = opts
         self.timeout = timeout
         opts.look_up_host_paths()  # a refused default stops here, before any worker starts
         self.replayed = load_input(input_path, timeout) if input_path is not None else None
+        keep = nvml.keep_place(None if opts.state_dir is None else str(opts.state_dir),
+                               str(opts.kmsg_path()), str(opts.paths.boot_id_file)) \
+            if inforom_kept and opts.kernel_log else None
         self.sweep = None if input_path is not None else \
-            nvml.start_sweep(str(opts.paths.procfs), nvml.deadline_for(timeout), link_counters)
+            nvml.start_sweep(str(opts.paths.procfs), nvml.deadline_for(timeout), link_counters,
+                             keep)
         # beside the NVML worker; with `profile_later`, before the profile is loaded (tell())
         self.host = host_sources.ForkedHostFacts(opts, profile_later)
 

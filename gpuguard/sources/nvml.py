@@ -22,6 +22,7 @@ a process in D state cannot be reaped until the kernel lets go of it).
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -42,13 +43,14 @@ class NvmlSweep:
     """A sweep started in a forked worker (gpuguard/io/forked.py); `result()` collects it
     within the deadline."""
 
-    def __init__(self, procfs: str, deadline_s: float, link_counters: bool = True) -> None:
+    def __init__(self, procfs: str, deadline_s: float, link_counters: bool = True,
+                 keep: tuple[str, str, str] | None = None) -> None:
         self.deadline_s = deadline_s
         self.started = time.monotonic()
         self._progress = Progress()
         # on exception the worker exits 1: the parent reports a worker without a result
         self.worker = forked.Worker(
-            lambda out: _child_main(out, self._progress, procfs, link_counters))
+            lambda out: _child_main(out, self._progress, procfs, link_counters, keep))
         self.pid = self.worker.pid
 
     def result(self) -> Snapshot:
@@ -111,15 +113,29 @@ def deadline_for(timeout: float) -> float:
     return max(0.1, timeout - min(1.0, timeout * 0.1))
 
 
-_early: tuple[NvmlSweep, str, float] | None = None
+_early: tuple[NvmlSweep, tuple[object, ...]] | None = None
 
 
-def start_early(procfs: str, deadline_s: float) -> None:
+def start_early(procfs: str, deadline_s: float,
+                keep: tuple[str, str, str] | None = None) -> None:
     """Fork `gpuguard check`'s worker before the CLI framework loads (gpuguard/cli/entry.py);
     without the NVLink error counters (check reports them never; they cost 2-3 ms a call,
-    72 calls per NVLink GPU on an H200)."""
+    72 calls per NVLink GPU on an H200). `keep`: where the InfoROM's validity is kept
+    (sources/nvml_inforom_kept.py), or None to validate every time."""
     global _early
-    _early = (NvmlSweep(procfs, deadline_s, link_counters=False), procfs, deadline_s)
+    _early = (NvmlSweep(procfs, deadline_s, link_counters=False, keep=keep),
+              (procfs, deadline_s, keep))
+
+
+def keep_place(state_dir: str | None, kmsg: str, boot_id_file: str,
+               ) -> tuple[str, str, str] | None:
+    """Where `check` keeps the InfoROM's validity, in the form the early start and the
+    collection compare (normalised: both spellings of one path are one place); None
+    without a state dir (nothing is kept)."""
+    if state_dir is None:
+        return None
+    return (os.path.normpath(state_dir), os.path.normpath(kmsg),
+            os.path.normpath(boot_id_file))
 
 
 def abandon_early() -> None:
@@ -130,16 +146,17 @@ def abandon_early() -> None:
         early[0].abandon()
 
 
-def start_sweep(procfs: str, deadline_s: float, link_counters: bool = True) -> NvmlSweep:
+def start_sweep(procfs: str, deadline_s: float, link_counters: bool = True,
+                keep: tuple[str, str, str] | None = None) -> NvmlSweep:
     """The early worker if it was started with these settings, else a new one."""
     global _early
     early, _early = _early, None
     if early is not None:
-        started, early_procfs, early_deadline = early
-        if early_procfs == procfs and early_deadline == deadline_s and not link_counters:
+        started, settings = early
+        if settings == (procfs, deadline_s, keep) and not link_counters:
             return started
         started.abandon()
-    return NvmlSweep(procfs, deadline_s, link_counters)
+    return NvmlSweep(procfs, deadline_s, link_counters, keep)
 
 
 def assemble(messages: list[dict[str, Any]]) -> Snapshot:
@@ -206,12 +223,13 @@ def fill_unanswered(snapshot: Snapshot, known: list[Any] | None = None) -> None:
 # --- the forked worker: runs only in the child -------------------------------------
 
 
-def _child_main(out: Any, progress: Progress, procfs: str, link_counters: bool) -> None:
+def _child_main(out: Any, progress: Progress, procfs: str, link_counters: bool,
+                keep: tuple[str, str, str] | None = None) -> None:
     # First the InfoROM validation (70 ms on an H200), through ctypes in a process of its
     # own, so that it overlaps pynvml's import and the rest of the sweep (nvml_early.py).
     from gpuguard.sources.nvml_early import EarlyInforom, WithEarlyInforom
 
-    early = EarlyInforom(progress)
+    early = EarlyInforom(progress, keep=keep)
     progress.set(0, "import pynvml")
     from gpuguard.sources.pynvml_import import import_pynvml
 

@@ -16,6 +16,11 @@ same call, named, after the GPUs that answered, as it did before. Each early
 validation names itself on the progress board (a slot after the sweep's), so one that
 hangs is named too. If the early path cannot run (no library, an init error, no
 handle), the sweep validates directly as well.
+
+With `keep` (`gpuguard check`'s --state-dir, kernel log and boot id file), a validation
+that passed is kept per boot and reused while nothing says it may have changed
+(sources/nvml_inforom_kept.py): then the early process asks NVML only the GPU's UUID
+and InfoROM image version, and the device is not held for 68 ms.
 """
 
 from __future__ import annotations
@@ -23,10 +28,13 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuguard.io import forked
 from gpuguard.sources.nvml_progress import GPU_SLOTS, Progress
+
+if TYPE_CHECKING:
+    from gpuguard.sources.nvml_inforom_kept import KeptInforom
 
 EARLY_SLOT = 1 + GPU_SLOTS  # GPU i's early validation writes slot EARLY_SLOT + i
 
@@ -36,12 +44,13 @@ class EarlyInforom:
     one thread: it forks); `code(index)` is GPU index's NVML return code (0: valid), or
     None when the early path has none for it."""
 
-    def __init__(self, progress: Progress, library: str = "libnvidia-ml.so.1") -> None:
+    def __init__(self, progress: Progress, library: str = "libnvidia-ml.so.1",
+                 keep: tuple[str, str, str] | None = None) -> None:
         read_fd, write_fd = os.pipe()
 
         def body() -> None:
             os.close(read_fd)
-            validate_all(progress, library, write_fd)
+            validate_all(progress, library, write_fd, keep)
 
         self.pid = forked.fork(body)
         os.close(write_fd)
@@ -73,8 +82,15 @@ class EarlyInforom:
             return self._codes.get(index)
 
 
-def validate_all(progress: Progress, library: str, out: int) -> None:
+def validate_all(progress: Progress, library: str, out: int,
+                 keep: tuple[str, str, str] | None = None) -> None:
     """In the early process: every GPU's validation, one thread each, one line each."""
+    kept = None
+    if keep is not None:
+        from gpuguard.sources.nvml_inforom_kept import KeptInforom
+
+        kept = KeptInforom(*keep)
+        kept.start()  # the kernel log and the file are read beside nvmlInit
     try:
         lib = ctypes.CDLL(library)
         count = ctypes.c_uint()
@@ -82,7 +98,13 @@ def validate_all(progress: Progress, library: str, out: int) -> None:
             return  # the sweep's own calls report it
     except (OSError, AttributeError):
         return  # no such library, or one without these symbols: validate directly
-    threads = [threading.Thread(target=validate_one, args=(lib, progress, index, out))
+    driver = ""
+    if kept is not None:
+        progress.set(EARLY_SLOT, "nvmlSystemGetDriverVersion (InfoROM kept)")
+        driver = text_of(lambda buf, size: lib.nvmlSystemGetDriverVersion(buf, size))
+        progress.set(EARLY_SLOT, "")
+    threads = [threading.Thread(target=validate_one,
+                                args=(lib, progress, index, out, kept, driver))
                for index in range(count.value)]
     for thread in threads:
         thread.start()
@@ -90,15 +112,37 @@ def validate_all(progress: Progress, library: str, out: int) -> None:
         thread.join()
 
 
-def validate_one(lib: Any, progress: Progress, index: int, out: int) -> None:
+def validate_one(lib: Any, progress: Progress, index: int, out: int,
+                 kept: KeptInforom | None = None, driver: str = "") -> None:
     slot, where = EARLY_SLOT + index, f" (GPU {index})"
     handle = ctypes.c_void_p()
     progress.set(slot, "nvmlDeviceGetHandleByIndex" + where)
     if lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) == 0:
-        progress.set(slot, "nvmlDeviceValidateInforom" + where)
-        code = int(lib.nvmlDeviceValidateInforom(handle))
+        uuid = image = ""
+        if kept is not None:
+            progress.set(slot, "nvmlDeviceGetUUID" + where)
+            uuid = text_of(lambda buf, size: lib.nvmlDeviceGetUUID(handle, buf, size))
+            progress.set(slot, "nvmlDeviceGetInforomImageVersion" + where)
+            image = text_of(
+                lambda buf, size: lib.nvmlDeviceGetInforomImageVersion(handle, buf, size))
+        if kept is not None and kept.valid(uuid, image, driver):
+            code = 0
+        else:
+            progress.set(slot, "nvmlDeviceValidateInforom" + where)
+            code = int(lib.nvmlDeviceValidateInforom(handle))
+            if kept is not None:  # saved before the code goes out: the worker may exit
+                kept.learnt(uuid, image, driver, code)  # at once, and this process with it
+                kept.save()
         os.write(out, f"{index} {code}\n".encode())  # one write: lines never interleave
     progress.set(slot, "")
+
+
+def text_of(call: Any, size: int = 96) -> str:
+    """An NVML string out-parameter's text, or "" when the call fails."""
+    buf = ctypes.create_string_buffer(size)
+    if call(buf, ctypes.c_uint(size)) != 0:
+        return ""
+    return buf.value.decode("ascii", errors="replace")
 
 
 class WithEarlyInforom:

@@ -51,6 +51,7 @@
  *   FAKE_NVML_INFOROM_CALLS=path each nvmlDeviceValidateInforom appends a line to this file:
  *                              "GPU-index caller's-pid caller's-parent-pid"
  *   FAKE_NVML_INFOROM_MS=n     each nvmlDeviceValidateInforom takes n ms (the H200's: 70)
+ *   FAKE_NVML_INFOROM_IMAGE=v  the InfoROM image version (a reflash; default the H200's)
  *   FAKE_NVML_APP_CLOCK_SM=MHz application SM clock (default: the default, 1980)
  *   FAKE_NVML_MEM_TOTAL_MIB=n  memory total (v1 memory info; default: not supported unless
  *                              FAKE_NVML_PROCS_FILE is set)
@@ -555,7 +556,8 @@ nvmlReturn_t nvmlDeviceValidateInforom(nvmlDevice_t d) {
 
 nvmlReturn_t nvmlDeviceGetInforomImageVersion(nvmlDevice_t d, char *v, unsigned int len) {
     maybe_hang("nvmlDeviceGetInforomImageVersion", d->index);
-    return copy(v, len, "G520.0282.02.02");  /* the real H200's */
+    const char *image = getenv("FAKE_NVML_INFOROM_IMAGE");
+    return copy(v, len, image ? image : "G520.0282.02.02");  /* the real H200's */
 }
 
 /* objects: 0 OEM, 1 ECC, 2 power (the real H200: 2.1, 7.16, N/A) */
