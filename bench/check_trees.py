@@ -5,6 +5,10 @@ median of each and of the paired ratios (each tree's time over nvidia-smi's in t
 round). Each tree runs as `python -m gpuguard check` with its own folder first on the path.
 
     python bench/check_trees.py --tree before=DIR --tree after=DIR --runs 21 --out F
+
+--state-dir gives every run that --state-dir (each tree its own folder under it), and
+--miss NAME=DIR adds a tree that runs with its kept InfoROM validity removed before each
+run (issue 32: the first check of a boot, or one after the kept answer was dropped).
 """
 
 from __future__ import annotations
@@ -32,14 +36,23 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=21)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--state-dir", type=Path)
+    parser.add_argument("--miss", action="append", default=[], help="NAME=DIR")
     args = parser.parse_args()
-    trees = dict(t.split("=", 1) for t in args.tree)
+    trees = dict(t.split("=", 1) for t in args.tree + args.miss)
+    missing = {t.split("=", 1)[0] for t in args.miss}
     times: dict[str, list[float]] = {"nvidia-smi": [], **{n: [] for n in trees}}
     for i in range(args.warmup + args.runs):
         row = {"nvidia-smi": timed(["nvidia-smi", "-q"], dict(os.environ), "/")}
         for name, folder in trees.items():
             env = {**os.environ, "PYTHONPATH": folder}
-            row[name] = timed([sys.executable, "-m", "gpuguard", "check"], env, folder)
+            cmd = [sys.executable, "-m", "gpuguard", "check"]
+            if args.state_dir is not None:
+                state = args.state_dir / name
+                cmd += ["--state-dir", str(state)]
+                if name in missing:
+                    (state / "inforom-valid.json").unlink(missing_ok=True)
+            row[name] = timed(cmd, env, folder)
         if i >= args.warmup:
             for name, ms in row.items():
                 times[name].append(ms)

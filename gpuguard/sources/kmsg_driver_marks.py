@@ -19,17 +19,25 @@ from __future__ import annotations
 import os
 import stat
 import time
-from dataclasses import dataclass
 
 MAX_LOG_BYTES = 64 * 1024 * 1024  # twice the kernel's largest ring (log_buf_len=32M)
 _MARKS = (b"NVRM:", b"GPU reset occurred")
 
 
-@dataclass(frozen=True)
 class DriverMarks:
-    first_seq: int  # the oldest record still in the log
-    last_seq: int  # the newest
-    last_mark: int  # the newest driver record or reset line; -1: none in the log
+    """A plain class, not a dataclass: dataclasses imports inspect, 16 ms before the early
+    process's first NVML call (nvml_early.py)."""
+
+    def __init__(self, first_seq: int, last_seq: int, last_mark: int) -> None:
+        self.first_seq = first_seq  # the oldest record still in the log
+        self.last_seq = last_seq  # the newest
+        self.last_mark = last_mark  # the newest driver record or reset line; -1: none
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DriverMarks) and vars(self) == vars(other)
+
+    def __repr__(self) -> str:
+        return f"DriverMarks({self.first_seq}, {self.last_seq}, {self.last_mark})"
 
     def quiet_since(self, seq: int) -> bool:
         """No driver record after `seq`, and the log still holds every record after it

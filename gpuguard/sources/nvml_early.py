@@ -90,7 +90,7 @@ def validate_all(progress: Progress, library: str, out: int,
         from gpuguard.sources.nvml_inforom_kept import KeptInforom
 
         kept = KeptInforom(*keep)
-        kept.start()  # the kernel log and the file are read beside nvmlInit
+        kept.start()  # the file and the kernel log are read beside nvmlInit
     try:
         lib = ctypes.CDLL(library)
         count = ctypes.c_uint()

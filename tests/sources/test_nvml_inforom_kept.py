@@ -64,8 +64,8 @@ def test_a_passed_validation_is_kept_and_judged_the_same(tmp_path, fake_env):
     again = host.check()
     assert host.validations() == 2  # nothing asked of NVML's 68 ms call this time
     assert again == first and {r["status"] for r in again.values()} == {"ok"}
-    doc = json.loads(host.kept.read_text())
-    assert [g["uuid"] for g in doc["gpus"]] == [UUID0, UUID1]
+    assert [line.split()[1] for line in host.kept.read_text().splitlines()[2:]] == \
+        [UUID0, UUID1]
 
 
 # each change, made after a kept validation, must make the next check validate again
@@ -83,16 +83,24 @@ CHANGES = {
     "a log without sequence numbers": lambda host: host.kmsg.write_text(
         "[    1.000000] NVRM: loading\n"),
     "an hour gone": lambda host: age(host, MAX_AGE_S + 1),
-    "a bad file": lambda host: host.kept.write_text('{"boot_id": '),
+    "a bad file": lambda host: host.kept.write_text(
+        host.kept.read_text().replace(" 580.159.04 ", " 580.159.04 x ")),
+    "another boot's file": lambda host: host.kept.write_text(
+        host.kept.read_text().replace("boot 7e57", "boot 8e57")),
     "a file others may write": lambda host: host.kept.chmod(0o666),
 }
 
 
 def age(host: Host, seconds: float) -> None:
-    doc = json.loads(host.kept.read_text())
-    for gpu in doc["gpus"]:
-        gpu["at"] = time.clock_gettime(time.CLOCK_BOOTTIME) - seconds
-    host.kept.write_text(json.dumps(doc))
+    """Each kept validation made `seconds` ago on the boot clock."""
+    lines = host.kept.read_text().splitlines()
+    at = time.clock_gettime(time.CLOCK_BOOTTIME) - seconds
+    for i, line in enumerate(lines):
+        if line.startswith("gpu "):
+            words = line.split()
+            words[4] = repr(at)
+            lines[i] = " ".join(words)
+    host.kept.write_text("\n".join(lines) + "\n")
 
 
 @pytest.mark.parametrize("change", CHANGES)
@@ -125,7 +133,7 @@ def test_a_failed_validation_is_never_kept(tmp_path, fake_env):
         results = host.check()
         assert {i: r["status"] for i, r in results.items()} == {0: "ok", 1: "critical"}
         assert host.validations() == run + 1  # GPU 1 each time, GPU 0 once
-    assert [g["uuid"] for g in json.loads(host.kept.read_text())["gpus"]] == [UUID0]
+    assert [line.split()[1] for line in host.kept.read_text().splitlines()[2:]] == [UUID0]
 
 
 def test_a_corruption_the_driver_logs_is_found_at_the_next_check(tmp_path, fake_env):
