@@ -209,7 +209,8 @@ class Daemon:
         # GPUs it has seen since boot
         results = judge(snap, profile, ruleset, cadence="fast", samples=self.samples,
                         history=self.recorder, seen=self.gpus_seen)
-        self.xids.count_kernel_log(snap, ruleset)
+        if self.xids.count_kernel_log(snap, ruleset) and self.sampler is not None:
+            self.sampler.forget()  # a GPU reset or driver reload: read P2P, InfoROM anew
         self._last, self._last_at = snap, time.monotonic()
         self.store.update(results, "fast", source_failed=status.source_failure(snap))
         self.page.sample(snap, now)

@@ -155,6 +155,20 @@ class NvmlSampler:
         snap.record_nvml()
         return snap
 
+    def forget(self) -> None:
+        """Have the worker drop what it keeps between sweeps (P2P status, InfoROM
+        validity: sources/nvml_worker.py), so that the next sweep reads them anew; no
+        answer comes. A worker that is not running keeps nothing."""
+        worker = self._worker
+        if worker is None or not worker.alive():
+            return
+        try:
+            assert worker.proc.stdin is not None
+            worker.proc.stdin.write("forget\n")
+            worker.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self._worker = None  # the next sweep starts a fresh one, keeping nothing
+
     def close(self) -> None:
         worker, self._worker = self._worker, None
         if worker is not None and worker.alive():

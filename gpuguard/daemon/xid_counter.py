@@ -62,9 +62,11 @@ class XidCounter:
                     log_.get("now_usec")))
         snap.host.kernel_log = Reading.ok(self.memory.apply(log_))
 
-    def count_kernel_log(self, snap: Snapshot, ruleset: RuleSet) -> None:
+    def count_kernel_log(self, snap: Snapshot, ruleset: RuleSet) -> bool:
+        """Count the log's new Xids and record its new repairs; True when there was a
+        repair (a GPU reset, a driver reload) this daemon had not seen."""
         if not snap.host.kernel_log.is_ok:
-            return
+            return False
         log_ = snap.host.kernel_log.get()
         now_usec, now = log_.get("now_usec"), time.time()
         for event in self.marks.new_events(log_["xids"]):
@@ -79,6 +81,7 @@ class XidCounter:
         if self.recorder is not None:
             for repair in kernel_log_repairs(snap, "kmsg", fresh):
                 self.recorder.record(repair)
+        return bool(fresh)
 
     def add_nvml_event(self, event: dict[str, Any], ruleset: RuleSet,
                        snap: Snapshot | None) -> None:
