@@ -94,6 +94,7 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
                         "auto", host_resources is True, _workloads(images, python_envs),
                         inforom_kept=True)
     judgement, early = _start(inputs, record, active is not None, only, skip)
+    configured = time.monotonic()
     profile, _ = judgement.configure()
     if xid_window is not None:
         profile.xid_window_s = _window(xid_window, judgement, early)
@@ -117,7 +118,7 @@ def check(fmt: str, output: Path | None, only: tuple[str, ...], skip: tuple[str,
                       quiet=quiet)
     emit(text, output)
     if os.environ.get("GPUGUARD_TIMING"):
-        _print_timing(waiting, gathered, snapshot)
+        _print_timing(started, configured, waiting, gathered, snapshot)
     # Everything is written: exit now rather than tear the interpreter down (msgspec, click,
     # the rules: 15-20 ms on the H200 host, a fifth of the whole check; docs/benchmarks.md).
     sys.stdout.flush()
@@ -175,11 +176,14 @@ def _start(inputs: HostInputs, record: bool, active: bool, only: tuple[str, ...]
     return judgement, early
 
 
-def _print_timing(waiting: float, gathered: float, snapshot: Snapshot) -> None:
+def _print_timing(started: float, configured: float, waiting: float, gathered: float,
+                  snapshot: Snapshot) -> None:
     """Where `check`'s time went (GPUGUARD_TIMING=1; docs/benchmarks.md): ms since main()
-    when the parent was ready to wait, when the sources were in, when it was done."""
+    when click had called the command, when the sources were started and the rules
+    loaded, when the parent was ready to wait, when the sources were in, when it was done."""
     ms = timing.ms_since_start
-    click.echo(f"gpuguard timing: parent ready {ms(waiting)} ms, sources in {ms(gathered)} ms, "
+    click.echo(f"gpuguard timing: command {ms(started)} ms, configured {ms(configured)} ms, "
+               f"parent ready {ms(waiting)} ms, sources in {ms(gathered)} ms, "
                f"done {ms(time.monotonic())} ms; NVML worker {snapshot.nvml.elapsed_s} s "
                "from its fork", err=True)
 
