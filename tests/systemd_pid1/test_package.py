@@ -48,6 +48,15 @@ def test_deb_installs_runs_and_removes(machine: Machine, gpuguard_deb: Path):
     checked = machine.run("/usr/bin/gpuguard", "check", "--input", "/root/h200.xml")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "0 critical, 0 warning, 0 unknown" in checked.stdout
+    # /usr/bin/gpuguard is the package's own launcher, not a link to pip's console
+    # script, which imports re for nothing (packaging/bin/gpuguard); status loads no re
+    assert machine.ok("head", "-1", "/usr/bin/gpuguard").strip() == \
+        "#!/opt/gpuguard/venv/bin/python3"
+    assert machine.run("test", "-L", "/usr/bin/gpuguard").returncode != 0
+    status = machine.run("/opt/gpuguard/venv/bin/python3", "-X", "importtime",
+                         "/usr/bin/gpuguard", "status", "--socket", "/nonexistent.sock")
+    assert status.returncode == 3 and "gpuguard.cli.status_client" in status.stderr
+    assert not re.search(r"\|\s+re$", status.stderr, re.M), status.stderr
     # the rule pack travels inside the wheel
     explained = machine.ok("/usr/bin/gpuguard", "rules", "explain", "pcie.link_width")
     assert "/opt/gpuguard/venv/" in explained and "_rules/pcie.yaml" in explained
