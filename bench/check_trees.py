@@ -51,7 +51,7 @@ def main() -> int:
                 state = args.state_dir / name
                 cmd += ["--state-dir", str(state)]
                 if name in missing:
-                    (state / "inforom-valid.json").unlink(missing_ok=True)
+                    (state / "inforom-valid").unlink(missing_ok=True)
             row[name] = timed(cmd, env, folder)
         if i >= args.warmup:
             for name, ms in row.items():

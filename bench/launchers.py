@@ -5,7 +5,9 @@ A daemon (a replay of the real H200's snapshot, or the live NVML with --live) se
 verdict on a status socket; then, interleaved round by round, whole processes, output to
 /dev/null: the venv's `python -c pass` (the interpreter's floor), pip's console script
 (`VENV/bin/gpuguard`, which imports re), the packages' launcher (packaging/bin/gpuguard,
-run by the same interpreter), and `python -m gpuguard` (runpy). Medians and the median of
+run by the same interpreter), and `python -m gpuguard` (runpy). Where gpuguard is not
+installed in the interpreter's venv (a tree on PYTHONPATH), pip's console script is
+written to a temporary folder in the exact text pip generates for it. Medians and the median of
 the paired ratios to `python -c pass`, as JSON.
 
     python bench/launchers.py --runs 21 --warmup 3 --out F [--live]
@@ -27,6 +29,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SNAPSHOT = REPO / "tests" / "fixtures" / "h200-live" / "idle-snapshot.json"
+
+
+# pip's console script for `gpuguard = "gpuguard.cli.entry:main"` (pip 23-24, as in .venv)
+PIP_SCRIPT = """#!{python}
+# -*- coding: utf-8 -*-
+import re
+import sys
+from gpuguard.cli.entry import main
+if __name__ == '__main__':
+    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
+    sys.exit(main())
+"""
 
 
 def timed(cmd: list[str]) -> float:
@@ -55,8 +69,12 @@ def main() -> int:
     parser.add_argument("--live", action="store_true", help="the daemon reads NVML")
     args = parser.parse_args()
     python = sys.executable
-    script = Path(python).parent / "gpuguard"
     tmp = Path(tempfile.mkdtemp(prefix="gpuguard-launchers-"))
+    script = Path(python).parent / "gpuguard"
+    if not script.exists():
+        script = tmp / "gpuguard"
+        script.write_text(PIP_SCRIPT.format(python=python))
+        script.chmod(0o755)
     sock = tmp / "status.sock"
     source = [] if args.live else ["--input", str(SNAPSHOT)]
     with socket.socket() as free:
