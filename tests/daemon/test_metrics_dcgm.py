@@ -4,6 +4,7 @@ value, the health status from the one verdict, off by default at no cost."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -184,12 +185,16 @@ def test_off_by_default_no_series_and_no_import(start_daemon, tmp_path):
     assert "gpuguard.outputs.metrics_dcgm" not in imported
 
 
-def test_the_profile_key_turns_it_on(start_daemon, tmp_path):
+def test_the_profile_key_turns_it_on_and_a_reload_off(start_daemon, tmp_path):
     profile = tmp_path / "profile.yaml"
     profile.write_text("metrics_compat: dcgm\n")
     daemon = start_daemon("--input", str(hgx8(tmp_path)), "--fast-interval", "0.3",
                           "--profile", str(profile))
     daemon.wait_for(lambda: "DCGM_FI_DEV_GPU_TEMP{" in daemon.metrics(), what="compat")
+    # read again on SIGHUP, as the rest of the profile: off again without the key
+    profile.write_text("gpu_count: 8\n")
+    daemon.proc.send_signal(signal.SIGHUP)
+    daemon.wait_for(lambda: "DCGM_" not in daemon.metrics(), what="compat off after reload")
     profile.write_text("metrics_compat: dcdm\n")
     run = subprocess.run([sys.executable, "-m", "gpuguard", "check", "--input",
                           str(hgx8(tmp_path)), "--profile", str(profile)],
