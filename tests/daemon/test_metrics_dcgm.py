@@ -216,3 +216,11 @@ def test_the_series_budget_with_compat_on(start_daemon, tmp_path):
     dcgm = [line for line in samples if line.startswith("DCGM_")]
     assert len(dcgm) == 8 * 32, len(dcgm)
     assert len(samples) <= 800, len(samples)  # 746 measured
+
+
+def test_every_rule_the_health_status_maps_is_a_shipped_rule():
+    """A renamed rule would silently drop out of its DCGM health watch."""
+    from gpuguard.config.ruleset import load_ruleset
+
+    rules = load_ruleset().rules
+    assert set(metrics_dcgm.HEALTH_WATCH) <= set(rules), set(metrics_dcgm.HEALTH_WATCH) - set(rules)
