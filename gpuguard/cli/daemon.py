@@ -55,6 +55,11 @@ from gpuguard.cli.values import MAX_INTERVAL_S, MAX_WAIT_S, FilePath, Finite
 @click.option("--status-page", is_flag=True,
               help="Serve a status page at / (docs/status-page.md); the profile's "
                    "`status_page: true` does it on a loopback listener only.")
+@click.option("--metrics-compat", type=click.Choice(["dcgm"]), default=None,
+              help="Also export dcgm-exporter's series (DCGM_FI_DEV_*, with its names, types, "
+                   "units and labels) from what gpuguard reads, for the dashboards and "
+                   "alerts written for it (docs/metrics.md); the profile's "
+                   "`metrics_compat: dcgm` does it too. Off by default.")
 @rule_options
 @host_source_options
 @path_options
@@ -62,7 +67,7 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
            input_path: Path | None, log_format: str, udev: bool, config_path: Path | None,
            dry_run: bool, active_probe_interval: float, event_store: bool,
            events_file: Path | None, status_socket: Path | None, status_group: str,
-           npd_dir: Path | None, status_page: bool,
+           npd_dir: Path | None, status_page: bool, metrics_compat: str | None,
            profile_path: Path | None, rules_dirs: tuple[Path, ...], kmsg_file: Path | None,
            state_dir: Path | None, docker: bool | None, host_resources: bool | None,
            probe_image: str | None, path_sysfs: Path | None,
@@ -92,6 +97,6 @@ def daemon(listen: str, fast_interval: float, slow_interval: float, timeout: flo
         inputs=inputs, udev=udev, events_file=events_file,
         log_format=log_format, dry_run=dry_run, active_probe_interval=active_probe_interval,
         event_store=event_store, status_socket=status_socket, status_group=status_group,
-        npd_dir=npd_dir, status_page=status_page,
+        npd_dir=npd_dir, status_page=status_page, metrics_compat=metrics_compat,
         config_path=config_or_default(config_path))
     sys.exit(Daemon(cfg).run())

@@ -17,6 +17,7 @@
     gpudirect_rdma: true   # devices.peermem: nvidia-peermem and an RDMA device node
     disk_paths: [/var/lib/models]  # host.disk: free space here (and Docker's data root)
     status_page: true      # the daemon's page at / on a loopback listener (docs/status-page.md)
+    metrics_compat: dcgm   # the daemon also exports dcgm-exporter's series (docs/metrics.md)
     active_probe:          # gpuguard check --active (docs/active-probe.md)
       buffer_mib: 256      # bandwidth copies; pattern_mib: 64 for memory.pattern
       floors_gbps:         # per GPU model, instead of the floors derived from link and SKU
@@ -56,7 +57,8 @@ def load_profile(path: Path) -> Profile:
     if not isinstance(doc, Mapping):
         raise ConfigError(path, 1, "a profile is a mapping (gpu_count, driver, vbios, ecc, "
                           "xid_window, docker, nvlink_links_per_gpu, p2p, mig, uvm, "
-                          "gpudirect_rdma, disk_paths, status_page, active_probe, rules)")
+                          "gpudirect_rdma, disk_paths, status_page, metrics_compat, active_probe, "
+                          "rules)")
     spec = schema.convert(doc, ProfileFile, path)
     _read_gpu_expectations(profile, spec)
     # of two values wrong in a way the shapes cannot tell, the one written first in the
@@ -89,6 +91,7 @@ def _read_gpu_expectations(profile: Profile, spec: ProfileFile) -> None:
     profile.uvm_required = given(spec.uvm) == "required"
     profile.gpudirect_rdma = given(spec.gpudirect_rdma) is True
     profile.status_page = given(spec.status_page) is True
+    profile.metrics_compat = given(spec.metrics_compat)
 
 
 def _read_driver(profile: Profile, path: Path, doc: Mapping, spec: ProfileFile) -> None:

@@ -194,4 +194,6 @@ class ProfileFile(_Strict):
     active_probe: ActiveProbeSpec | Unset = UNSET
     # the daemon's status page at / (gpuguard/daemon/status_page.py), loopback only
     status_page: Flag | Unset = UNSET
+    # the daemon's dcgm-exporter series beside its own (gpuguard/outputs/metrics_dcgm.py)
+    metrics_compat: Literal["dcgm"] | Unset = UNSET
     rules: dict[str, OverrideSpec] | Unset = UNSET

@@ -26,7 +26,7 @@ from gpuguard.config.yamlfile import ConfigError
 from gpuguard.daemon import active, freshness, http, logs, main_loop, notify, status, triggers
 from gpuguard.daemon.freshness import Freshness
 from gpuguard.daemon.latest import LatestResults
-from gpuguard.daemon.metrics import DaemonStats, registry_of
+from gpuguard.daemon.metrics import DaemonStats, compat_text, registry_of
 from gpuguard.daemon.qualify_host import qualify_host_of
 from gpuguard.daemon.recorder import FIRST_HISTORY_WAIT_S, EventRecorder, supervisor_event
 from gpuguard.daemon.sampler import NvmlSampler
@@ -314,7 +314,8 @@ class Daemon:
         try:
             self.publisher.start()  # the status socket: a failure is exit 1, as the port's
             server = http.serve(host, port, registry_of(self), self.health,
-                                self.status_document, page=self.page.answer)
+                                self.status_document, page=self.page.answer,
+                                extra_metrics=compat_text(self))
         except OSError as exc:
             log.error("listen_failed", listen=self.cfg.listen, error=str(exc))
             return 1

@@ -334,6 +334,7 @@ def serve(host: str, port: int, registry: CollectorRegistry,
           health: Callable[[], tuple[bool, dict[str, Any]]],
           status: Callable[[], dict[str, Any]], *,
           page: Callable[[str], Answer | None] | None = None,
+          extra_metrics: Callable[[], bytes] | None = None,
           max_connections: int = 64, max_workers: int = 16,
           head_timeout: float = 5.0, head_bytes: int = 16384,
           write_timeout: float = 10.0) -> GuardedHTTPServer:
@@ -362,7 +363,11 @@ def serve(host: str, port: int, registry: CollectorRegistry,
 
     def route(path: str, query: str) -> Answer:
         if path == "/metrics":
-            return 200, CONTENT_TYPE_LATEST, generate_latest(registry), ()
+            body = generate_latest(registry)
+            # the compat series (daemon/metrics.py compat_text), text of their own
+            if extra_metrics is not None:
+                body += extra_metrics()
+            return 200, CONTENT_TYPE_LATEST, body, ()
         if path == "/healthz":
             healthy, detail = health()
             return 200 if healthy else 503, "application/json", json.dumps(detail).encode(), ()

@@ -52,6 +52,9 @@ class DaemonStats:
     # (xid, severity, gpu, uuid, pci_bus_id) -> events seen, and when the last one happened
     xids: dict[tuple[str, ...], int] = field(default_factory=dict)
     xid_last: dict[tuple[str, ...], float] = field(default_factory=dict)
+    # (gpu, uuid, pci_bus_id) -> (when, code) of the GPU's last Xid (monotonic): the
+    # value of dcgm-exporter's DCGM_FI_DEV_XID_ERRORS (the last code, not a count)
+    xid_latest: dict[tuple[str, ...], tuple[float, int]] = field(default_factory=dict)
 
     def account(self, cadence: str, took_s: float, succeeded: bool) -> None:
         """A cycle of this cadence ended, taking `took_s`, well or not."""
@@ -265,6 +268,33 @@ class DaemonCollector(Collector):
                                 "Size of the last step of the wall clock (negative: back; "
                                 "0 when none was seen).", value=last_jump)
         yield families.build_info()
+
+
+def compat_text(daemon: Any) -> Callable[[], bytes]:
+    """What /metrics adds after the registry's text: dcgm-exporter's series
+    (gpuguard/outputs/metrics_dcgm.py) while `--metrics-compat dcgm` or the profile's
+    `metrics_compat: dcgm` asks for them, from the snapshot and verdict the gpuguard_*
+    series come from; nothing, and that module never imported, while neither does."""
+    def render() -> bytes:
+        config, snapshot = daemon.current()
+        wanted = daemon.cfg.metrics_compat or (config[0].metrics_compat if config else None)
+        # a failed cycle's snapshot is not current: none rather than old (as collect())
+        if wanted != "dcgm" or config is None or snapshot is None or \
+                daemon.store.cycle_failed("fast"):
+            return b""
+        from gpuguard.outputs import metrics_dcgm
+
+        with daemon.stats.lock:
+            last = {gpu: code for gpu, (_, code) in daemon.stats.xid_latest.items()}
+        catalog = config[1].xid_catalog
+
+        def meaning(code: int) -> str | None:
+            entry = catalog.get(code)
+            return None if entry is None else str(entry.meaning)
+
+        return metrics_dcgm.render(snapshot, [e.result for e in daemon.store.entries()],
+                                   last, meaning).encode()
+    return render
 
 
 def registry_of(daemon: Any) -> CollectorRegistry:

@@ -52,6 +52,9 @@ class DaemonConfig:
     status_group: str | None = "gpuguard"  # who besides root may read it
     npd_dir: Path | None = None  # node-problem-detector's condition files (verdict_files.py)
     status_page: bool = False  # --status-page: the page at / on any listener
+    # --metrics-compat dcgm: dcgm-exporter's series beside gpuguard's (issue 33); None:
+    # the profile's metrics_compat decides
+    metrics_compat: str | None = None
 
     def __post_init__(self) -> None:
         if self.host is None:

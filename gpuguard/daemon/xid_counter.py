@@ -112,6 +112,8 @@ class XidCounter:
             self.stats.xids[label] = self.stats.xids.get(label, 0) + 1
             happened = time.monotonic() - ago_s
             self.stats.xid_last[label] = max(self.stats.xid_last.get(label, happened), happened)
+            if gpu is not None and happened >= self.stats.xid_latest.get(labels, (happened, 0))[0]:
+                self.stats.xid_latest[labels] = (happened, xid)
 
 
 def _label(pci: str | None) -> str:

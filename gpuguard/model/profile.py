@@ -29,6 +29,8 @@ class Profile:
     uvm_required: bool = False
     gpudirect_rdma: bool = False
     status_page: bool = False  # the daemon's page at /, on a loopback listener
+    # `dcgm`: the daemon also exports dcgm-exporter's series (gpuguard/outputs/metrics_dcgm)
+    metrics_compat: str | None = None
     # host.disk: paths whose filesystems must keep free space (beside Docker's data root).
     disk_paths: list[Path] = field(default_factory=list)
     # active_probe: settings given (deadline_s, buffer_mib, pattern_mib, max_memory_percent,

@@ -1,0 +1,226 @@
+"""dcgm-exporter's series (issue 33): its names, types, units and labels, the last Xid's
+value, the health status from the one verdict, off by default at no cost."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from gpuguard.model.identity import GpuId
+from gpuguard.model.results import Result, Status
+from gpuguard.model.snapshot import Reading, Snapshot
+from gpuguard.outputs import metrics_dcgm
+from tests.checks.h200x2 import snapshot as h200x2
+from tests.conftest import REPO
+from tests.daemon.test_metrics_doc import DOC, hgx8, samples_of, xid_count
+
+# dcgm-exporter's GPU labels, in its order (render_metrics.go at metrics_dcgm's commit),
+# then the counters file's one label field
+LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
+          "DCGM_FI_DRIVER_VERSION"]
+# the types and help texts of etc/default-counters.csv at that commit (commented lines
+# included), written out here so that the module's table cannot drift unseen
+CSV_TYPES = {
+    "DCGM_FI_DEV_SM_CLOCK": "gauge", "DCGM_FI_DEV_MEM_CLOCK": "gauge",
+    "DCGM_FI_DEV_MEMORY_TEMP": "gauge", "DCGM_FI_DEV_GPU_TEMP": "gauge",
+    "DCGM_FI_DEV_POWER_USAGE": "gauge", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "counter",
+    "DCGM_FI_DEV_GPU_UTIL": "gauge", "DCGM_FI_DEV_MEM_COPY_UTIL": "gauge",
+    "DCGM_FI_DEV_XID_ERRORS": "gauge", "DCGM_FI_DEV_FB_FREE": "gauge",
+    "DCGM_FI_DEV_FB_USED": "gauge", "DCGM_FI_DEV_FB_RESERVED": "gauge",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": "counter", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": "counter",
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": "counter", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": "counter",
+    "DCGM_FI_DEV_RETIRED_SBE": "counter", "DCGM_FI_DEV_RETIRED_DBE": "counter",
+    "DCGM_FI_DEV_RETIRED_PENDING": "counter",
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": "counter",
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": "counter",
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": "counter",
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "counter",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": "counter",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": "counter",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "gauge", "DCGM_EXP_GPU_HEALTH_STATUS": "counter",
+    # not in the counters file: the DCGM field its clock-events collector watches
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "gauge",
+}
+
+
+def host() -> Snapshot:
+    snap = h200x2()
+    snap.host.hostname = "node-a"
+    return snap
+
+
+def parse(text: str) -> tuple[dict[str, str], list[tuple[str, list[tuple[str, str]], str]]]:
+    """The TYPE of each family and each sample as (name, labels in order, value)."""
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
+    samples = []
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        name, rest = line.split("{", 1)
+        labels, value = rest.rsplit("} ", 1)
+        samples.append((name, re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels), value))
+    return types, samples
+
+
+def test_names_types_and_labels_are_dcgm_exporters():
+    types, samples = parse(metrics_dcgm.render(host(), [], {}, lambda _: None))
+    assert types == {n: t for n, t in CSV_TYPES.items()
+                     if n not in {"DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE",
+                                  "DCGM_FI_DEV_RETIRED_PENDING",
+                                  "DCGM_EXP_GPU_HEALTH_STATUS"}}  # H200: no retired pages
+    # counters keep their name: no `_total` a dashboard would not find
+    assert {name for name, _, _ in samples} == set(types)
+    for name, labels, _ in samples:
+        extra = ["err_code", "err_msg"] if name == "DCGM_FI_DEV_XID_ERRORS" else []
+        assert [k for k, _ in labels] == LABELS + extra, (name, labels)
+    first, gpu = dict(samples[0][1]), host().gpus[0]
+    assert first == {"gpu": "0", "UUID": gpu.uuid.get(), "pci_bus_id": gpu.pci_bus_id.get(),
+                     "device": "nvidia0", "modelName": "NVIDIA H200", "Hostname": "node-a",
+                     "DCGM_FI_DRIVER_VERSION": host().host.driver_version.get()}
+    # DCGM's form of the address, as NVML gives it: 8-digit domain
+    assert re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-9]", first["pci_bus_id"])
+
+
+def test_units_are_dcgm_exporters():
+    """MHz, C, W and % as read; framebuffer in MiB (free = total - used - reserved, NVML's
+    v2 memory info); ECC, row remap and NVLink counts as the GPU counts them."""
+    snap = host()
+    gpu = snap.gpus[0]
+    gpu.memory_total_bytes = Reading.ok(143771 * 2**20)
+    gpu.memory_used_bytes = Reading.ok(1000 * 2**20 + 5)
+    gpu.memory_reserved_bytes = Reading.ok(616 * 2**20)
+    gpu.power_draw_w = Reading.ok(81.99)
+    gpu.ecc_volatile_uncorrected = Reading.ok(3)
+    gpu.remapped_rows_failure = Reading.ok(True)
+    _, samples = parse(metrics_dcgm.render(snap, [], {}, lambda _: None))
+    of_gpu0 = {name: value for name, labels, value in samples if dict(labels)["gpu"] == "0"}
+    assert of_gpu0["DCGM_FI_DEV_FB_USED"] == "1000"
+    assert of_gpu0["DCGM_FI_DEV_FB_RESERVED"] == "616"
+    assert of_gpu0["DCGM_FI_DEV_FB_FREE"] == str(143771 - 1000 - 616 - 1)  # whole MiB
+    assert of_gpu0["DCGM_FI_DEV_POWER_USAGE"] == "81.99"
+    assert of_gpu0["DCGM_FI_DEV_GPU_TEMP"] == str(gpu.temperature_c.get())
+    assert of_gpu0["DCGM_FI_DEV_SM_CLOCK"] == str(gpu.clock_sm_mhz.get())
+    assert of_gpu0["DCGM_FI_DEV_GPU_UTIL"] == str(gpu.utilization_gpu_percent.get())
+    assert of_gpu0["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"] == "3"
+    assert of_gpu0["DCGM_FI_DEV_ROW_REMAP_FAILURE"] == "1"
+    crc = sum(link["crc_data"] for link in gpu.nvlink_links.get())
+    assert of_gpu0["DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"] == str(crc)
+
+
+def test_a_field_not_read_has_no_series_as_dcgm_exporter_skips_a_blank():
+    snap = host()
+    snap.gpus[1].temperature_c = Reading.not_supported()
+    snap.gpus[0].temperature_c = Reading.failed("GPU is lost")
+    _, samples = parse(metrics_dcgm.render(snap, [], {}, lambda _: None))
+    assert not [s for s in samples if s[0] == "DCGM_FI_DEV_GPU_TEMP"]
+
+
+def test_the_health_status_is_the_verdicts_worst_per_watch():
+    snap = host()
+    gpu0, gpu1 = snap.gpus[0].identity(), snap.gpus[1].identity()
+
+    def result(rule: str, status: Status, gpu: GpuId) -> Result:
+        return Result(rule, status, Status.CRITICAL, "", gpu)
+
+    results = [result("ecc.uncorrected", Status.CRITICAL, gpu1),
+               result("ecc.corrected", Status.WARNING, gpu1),
+               result("memory.row_remap", Status.OK, gpu1),
+               result("pcie.replays", Status.WARNING, gpu0),
+               result("thermal.margin", Status.OK, gpu0),
+               result("nvlink.state", Status.UNKNOWN, gpu0),  # says nothing: no series
+               result("gpu.identity", Status.CRITICAL, gpu0)]  # no DCGM watch of its own
+    _, samples = parse(metrics_dcgm.render(snap, results, {}, lambda _: None))
+    health = {(dict(labels)["gpu"], dict(labels)["health_watch"]):
+              (dict(labels)["health_error_code"], value)
+              for name, labels, value in samples if name == "DCGM_EXP_GPU_HEALTH_STATUS"}
+    assert health == {("1", "MEM"): ("DCGM_FR_VOLATILE_DBE_DETECTED", "20"),
+                      ("0", "PCIE"): ("DCGM_FR_PCIE_REPLAY_THRESHOLD_VIOLATION", "10"),
+                      ("0", "THERMAL"): ("DCGM_FR_OK", "0")}
+
+
+def test_every_field_is_in_the_docs_table_with_its_citation():
+    table = DOC.split("## dcgm-exporter compatibility", 1)[1]
+    for field in (*metrics_dcgm.FIELDS, metrics_dcgm.XID_ERRORS, metrics_dcgm.HEALTH):
+        assert f"| `{field.name}` |" in table, field.name
+    assert metrics_dcgm.DCGM_EXPORTER_COMMIT in table
+
+
+def kmsg(path: Path, lines: list[tuple[int, int]]) -> Path:
+    """Xid lines (bus, code), one a second, in /dev/kmsg's form."""
+    path.write_text("".join(
+        f"4,{100 + n},{1_000_000 * (n + 1)},-;NVRM: Xid (PCI:0000:{bus:02x}:00): {code}, "
+        f"pid=1234, name=python3, an error\n" for n, (bus, code) in enumerate(lines)))
+    return path
+
+
+def test_the_xid_field_is_the_last_xids_code_not_a_count(start_daemon, tmp_path):
+    """DCGM_FI_DEV_XID_ERRORS: "Value of the last XID error encountered" (the counters
+    file), with err_code and err_msg (gpu_collector.go); 0, "No Error" before any."""
+    log = kmsg(tmp_path / "kmsg.log", [(0x10, 13), (0x10, 79), (0x11, 31), (0x11, 31),
+                                       (0x11, 31)])
+    daemon = start_daemon("--input", str(hgx8(tmp_path)), "--fast-interval", "0.3",
+                          "--kmsg-file", str(log), "--metrics-compat", "dcgm")
+    text = daemon.wait_for(lambda: xid_count(m := daemon.metrics()) == 5 and m,
+                           what="the five Xids counted")
+    _, samples = parse(text[text.index("# HELP DCGM_"):])
+    xids = {dict(labels)["gpu"]: (dict(labels)["err_code"], dict(labels)["err_msg"], value)
+            for name, labels, value in samples if name == "DCGM_FI_DEV_XID_ERRORS"}
+    assert xids["0"] == ("79", "GPU has fallen off the bus", "79")
+    assert xids["1"][0::2] == ("31", "31")  # three of them: still 31, not 3
+    assert {xids[str(i)] for i in range(2, 8)} == {("0", "No Error", "0")}
+
+
+def test_off_by_default_no_series_and_no_import(start_daemon, tmp_path):
+    daemon = start_daemon("--input", str(hgx8(tmp_path)), "--fast-interval", "0.3",
+                          env={"PYTHONPROFILEIMPORTTIME": "1"})
+    daemon.wait_for(lambda: "gpuguard_gpu_temperature_celsius{" in daemon.metrics(),
+                    what="telemetry")
+    assert "DCGM_" not in daemon.metrics()
+    imported = {line.split("|")[-1].strip() for line in daemon.log.read_text().splitlines()
+                if line.startswith("import time:")}
+    assert "gpuguard.daemon.metrics" in imported  # the import log is the daemon's
+    assert "gpuguard.outputs.metrics_dcgm" not in imported
+
+
+def test_the_profile_key_turns_it_on_and_a_reload_off(start_daemon, tmp_path):
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("metrics_compat: dcgm\n")
+    daemon = start_daemon("--input", str(hgx8(tmp_path)), "--fast-interval", "0.3",
+                          "--profile", str(profile))
+    daemon.wait_for(lambda: "DCGM_FI_DEV_GPU_TEMP{" in daemon.metrics(), what="compat")
+    # read again on SIGHUP, as the rest of the profile: off again without the key
+    profile.write_text("gpu_count: 8\n")
+    daemon.proc.send_signal(signal.SIGHUP)
+    daemon.wait_for(lambda: "DCGM_" not in daemon.metrics(), what="compat off after reload")
+    profile.write_text("metrics_compat: dcdm\n")
+    run = subprocess.run([sys.executable, "-m", "gpuguard", "check", "--input",
+                          str(hgx8(tmp_path)), "--profile", str(profile)],
+                         capture_output=True, text=True, cwd=REPO, check=False, timeout=60)
+    assert run.returncode == 3 and "metrics_compat" in run.stderr, run.stderr[-1000:]
+
+
+def test_the_series_budget_with_compat_on(start_daemon, tmp_path):
+    """docs/metrics.md: the budget's 8-GPU NVLink host is at 490 without compat; compat
+    adds 32 per GPU here (23 fields an H200 answers, the last Xid, 8 health watches):
+    746, under the 800 that docs/metrics.md states for compat on."""
+    empty_log = tmp_path / "dmesg.txt"
+    empty_log.write_text("")
+    daemon = start_daemon("--input", str(hgx8(tmp_path)), "--fast-interval", "0.3",
+                          "--kmsg-file", str(empty_log), "--metrics-compat", "dcgm")
+    text = daemon.wait_for(lambda: "DCGM_EXP_GPU_HEALTH_STATUS{" in (m := daemon.metrics())
+                           and "gpuguard_gpu_nvlink_links{" in m and m, what="compat")
+    samples = samples_of(text)
+    dcgm = [line for line in samples if line.startswith("DCGM_")]
+    assert len(dcgm) == 8 * 32, len(dcgm)
+    assert len(samples) <= 800, len(samples)  # 746 measured
+
+
+def test_every_rule_the_health_status_maps_is_a_shipped_rule():
+    """A renamed rule would silently drop out of its DCGM health watch."""
+    from gpuguard.config.ruleset import load_ruleset
+
+    rules = load_ruleset().rules
+    assert set(metrics_dcgm.HEALTH_WATCH) <= set(rules), set(metrics_dcgm.HEALTH_WATCH) - set(rules)
