@@ -28,12 +28,16 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import TYPE_CHECKING, Any
 
 from gpuguard.io import forked
 from gpuguard.sources.nvml_progress import GPU_SLOTS, Progress
 
+# typing and collections.abc only for the type checker: this module runs in the NVML
+# worker before its first NVML call (typing is 5-7 ms there on the H200 host)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from gpuguard.sources.nvml_inforom_kept import KeptInforom
 
 EARLY_SLOT = 1 + GPU_SLOTS  # GPU i's early validation writes slot EARLY_SLOT + i
