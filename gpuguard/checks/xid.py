@@ -28,6 +28,7 @@ from gpuguard.judge.xids import (
     Grade,
     Selection,
     by_gpu,
+    cut_words,
     grade,
     repair_words,
     repairs_for,
@@ -72,7 +73,8 @@ def _judge(ctx: CheckContext, log: dict[str, Any], events: list[dict[str, Any]],
     observed["records_lost"] = log.get("records_lost") or 0  # overwritten before read
     if not counted:
         return ok(_nothing_to_act_on(chosen, window, dropped), **observed)
-    message = _message(counted, dropped, ctx.threshold("repeat_for_vendor"), gpu is None)
+    message = _message(counted, dropped, ctx.threshold("repeat_for_vendor"), gpu is None) \
+        + cut_words(log)
     if any(e["severity"] == "critical" for e in counted):
         return ctx.fail(message, **observed)
     return warning(message, **observed)

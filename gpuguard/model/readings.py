@@ -131,6 +131,8 @@ def kernel_log(value: Any) -> str | None:
                 "first_seq", "first_usec", "last_seq"):
         if not _optional_int(value.get(key)):
             return f"kernel log {key} is not a count: {_show(value.get(key))}"
+    if not isinstance(value.get("cut_line", ""), str):
+        return f"kernel log cut_line is not text: {_show(value.get('cut_line'))}"
     return None
 
 

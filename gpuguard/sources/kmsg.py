@@ -24,7 +24,7 @@ from gpuguard.model.snapshot import Reading
 from gpuguard.sources.kmsg_gpu import DriverLines, GspLines
 from gpuguard.sources.kmsg_io import MAX_LOG_BYTES as MAX_LOG_BYTES
 from gpuguard.sources.kmsg_io import KernelLogError as KernelLogError
-from gpuguard.sources.kmsg_io import drain, log_text, now_usec, open_device
+from gpuguard.sources.kmsg_io import drain, log_text_whole, now_usec, open_device
 from gpuguard.sources.kmsg_kept import Lost, NewestKept, sxid_key, xid_key
 from gpuguard.sources.kmsg_oom import MAX_OOMS as MAX_OOMS
 from gpuguard.sources.kmsg_oom import OomKills
@@ -340,14 +340,25 @@ def read_device(path: Path,
 
 
 def read_file(path: Path, deadline_s: float = 5.0) -> Reading[dict[str, Any]]:
-    """Read a saved kernel log (a file, or a pipe such as `<(dmesg)`), within a size bound
-    and a deadline. Binary or unreadable input is an error reading, not a crash."""
+    """Read a saved kernel log (a file, or a pipe such as `<(dmesg)`), within a size bound and
+    a deadline. Binary or unreadable input is an error reading, not a crash. A last line
+    without its newline is read, and the summary says so (with_cut_line)."""
     try:
         raw = read_bytes(path, MAX_LOG_BYTES, deadline_s)
-        text = log_text(raw, path)
+        text, cut = log_text_whole(raw, path)
     except (BoundedReadError, KernelLogError) as exc:
         return Reading.failed(str(exc))
     # lines end at "\n" only: str.splitlines() would also end one at U+2028, \x0b, \x1c or
     # U+0085, which a USB string or a device name can hold, and a quote behind one would
     # begin a line (and look like a record) of its own
-    return Reading.ok(summarise(parse_lines(text.split("\n")), str(path), None))
+    return Reading.ok(with_cut_line(summarise(parse_lines(text.split("\n")), str(path), None),
+                                    cut))
+
+
+def with_cut_line(summary: dict[str, Any], cut: str | None) -> dict[str, Any]:
+    """The summary of a saved log whose last line had no newline (`cut`: that line) says
+    so in "cut_line" (judge/xids.py window_words: every kernel-log rule's words); the key is
+    there only then, so a whole log's summary is what it always was."""
+    if cut is not None:
+        summary["cut_line"] = cut[:80]
+    return summary
