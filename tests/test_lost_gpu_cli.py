@@ -35,3 +35,47 @@ def test_a_log_whose_last_line_has_no_newline_is_read_and_the_result_says_it_may
     assert "may be cut" in xids[0]["message"]
     gsp = by_gpu(proc, "gsp.firmware")
     assert gsp[0]["status"] == "ok" and "may be cut" in gsp[0]["message"]
+
+
+# each shape (tests/fixtures/kmsg/README.md cites its source): the result it gives, by GPU
+# (the fake's GPU 1 is at 0000:11:00.0, GPU 2 at 0000:12:00.0; `host`: a line naming none)
+SHAPES = {
+    "lost-single-line.log": {1},
+    "lost-short-form.log": {1},
+    "lost-multi-line.log": {1},
+    "lost-multi-line.kmsg": {1},
+    "lost-init-failed.log": {1},
+    "lost-start-failed.log": {1, 2},
+    "lost-probe-failed.log": {"host"},
+    "lost-init-failed-old.log": {"host"},
+}
+
+
+def test_each_lost_gpu_shape_is_critical_on_its_gpu_with_xid_79s_action(tmp_path, fake_env):
+    for name, where in SHAPES.items():
+        proc = check(tmp_path / name, fake_env(gpus=3), (K / name).read_text())
+        xids = by_gpu(proc, "xid.recent")
+        assert proc.returncode == 2, (name, proc.stderr)
+        for key, result in xids.items():
+            if key in where:
+                assert (result["status"], result["action"]) == ("critical", "reboot"), name
+                assert "Xid 79" in result["message"], (name, result["message"])
+            else:
+                assert result["status"] == "ok", (name, key, result["message"])
+
+
+def test_the_lost_gpu_is_cleared_as_xid_79_is(tmp_path, fake_env):
+    """Xid 79 asks for a reboot: a driver reload after it clears it not, nor the lost-GPU
+    line; a window that the line is older than leaves both out (a reboot's log holds
+    neither)."""
+    reload = ("[ 7000.000000] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.54.14  "
+              "Thu Feb 22 01:44:30 UTC 2024\n")
+    lost = (K / "lost-init-failed.log").read_text()
+    xid79 = "[ 6100.000000] NVRM: Xid (PCI:0000:11:00): 79, pid=1, name=x, GPU has fallen " \
+        "off the bus.\n"
+    for extra in ((), ("--xid-window", "5m")):
+        got = [by_gpu(check(tmp_path / f"{n}{len(extra)}", fake_env(gpus=3), log + reload,
+                            *extra), "xid.recent")[1]
+               for n, log in (("lost", lost), ("xid", xid79))]
+        assert got[0]["status"] == got[1]["status"] == ("ok" if extra else "critical")
+        assert got[0]["action"] == got[1]["action"]

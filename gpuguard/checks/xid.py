@@ -147,10 +147,17 @@ def _part(xid: int, events: list[dict[str, Any]], repeat_for_vendor: int,
     where = f"{_unlisted_where(events)}: " if unlisted else ""
     age = f", last {span(last['age_s'])} ago" if last["age_s"] is not None else ""
     times = f" x{len(events)}" if len(events) > 1 else ""
-    text = f"{where}Xid {xid}{times} ({last['meaning']}){age}: {last['action']}"
+    text = f"{where}Xid {xid}{times} ({last['meaning']}{_no_xid(last)}){age}: {last['action']}"
     if last["severity"] == "critical" and len(events) >= repeat_for_vendor:
         text += "; it keeps coming back: contact NVIDIA support or the vendor"
     return text
+
+
+def _no_xid(event: dict[str, Any]) -> str:
+    """The driver's own words where the event is a lost GPU's line without an Xid (a start
+    or a probe that failed: sources/kmsg_lost.py), counted as Xid 79."""
+    line = event.get("line")
+    return f"; the driver logged {line[:80]!r}, no Xid" if isinstance(line, str) else ""
 
 
 def _unlisted_where(events: list[dict[str, Any]]) -> str:

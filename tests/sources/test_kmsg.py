@@ -154,7 +154,9 @@ def test_each_gsp_pattern_is_read_with_its_gpu():
         ("rpc_timeout", "0000:9b:00.0", None, 202), ("rpc_timeout", "0000:3b:00.0", None, 250),
         ("crash", None, 0, 300), ("boot_failed", None, 7, 400)]
     assert log["gsp_dropped"] == 0
-    assert [x["xid"] for x in log["xids"]] == [119]
+    # the RmInitAdapter failure after the GSP boot failure is a lost GPU (issue 36)
+    assert [(x["xid"], x["pci"]) for x in log["xids"]] == [(119, "0000:9b:00.0"),
+                                                          (79, "0000:a2:00.0")]
     # each load of the driver, open or proprietary module; the second is a reload (issue 21,
     # item 3), before every GSP line, so it clears none of them
     assert log["driver_loads"] == [{"version": "570.195.03", "seq": 50, "usec": 500_000},

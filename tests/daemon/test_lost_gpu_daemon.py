@@ -1,0 +1,27 @@
+"""Issue 36, item 1 through the daemon: each lost-GPU shape without an Xid
+(tests/fixtures/kmsg/lost-*) is xid.recent critical on the GPU it names, with Xid 79's
+action, as `check` gives it (tests/test_lost_gpu_cli.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import FIXTURES
+from tests.daemon.conftest import host_snapshot, write_snapshot
+
+
+@pytest.mark.parametrize("name", ["lost-multi-line.log", "lost-multi-line.kmsg",
+                                  "lost-short-form.log", "lost-init-failed.log"])
+def test_the_daemon_gives_the_lost_gpu_critical_on_its_gpu(start_daemon, tmp_path, name):
+    snap = tmp_path / "host.json"
+    write_snapshot(snap, host_snapshot(3))  # GPUs at 18:00, 28:00, 38:00
+    log = tmp_path / name
+    # the fixture's GPU (the fake NVML's GPU 1, 11:00) moved to this snapshot's GPU 1
+    log.write_text((FIXTURES / "kmsg" / name).read_text().replace("11:00.0", "28:00.0"))
+    daemon = start_daemon("--input", str(snap), "--fast-interval", "0.3", "--kmsg-file",
+                          str(log))
+    daemon.wait_for(lambda: daemon.result("xid.recent", 1) is not None, what="xid results")
+    gpu1 = daemon.result("xid.recent", 1)
+    assert (gpu1["status"], gpu1["action"]) == ("critical", "reboot"), gpu1["message"]
+    assert gpu1["message"].startswith("Xid 79 (GPU has fallen off the bus")
+    assert daemon.result("xid.recent", 0)["status"] == "ok"
