@@ -79,3 +79,32 @@ def test_the_lost_gpu_is_cleared_as_xid_79_is(tmp_path, fake_env):
                for n, log in (("lost", lost), ("xid", xid79))]
         assert got[0]["status"] == got[1]["status"] == ("ok" if extra else "critical")
         assert got[0]["action"] == got[1]["action"]
+
+
+# -- PCI against NVML (issue 36, item 2) ------------------------------------------------
+
+SYSFS = FIXTURES / "sysfs-pci-gpus"  # its README: GPUs at 10:00, 11:00 (nvidia), 12:00
+# (vfio-pci), 13:00 (no driver); an audio function, two NVSwitch bridges
+
+
+def test_an_nvidia_gpu_on_the_bus_that_nvml_does_not_list_is_critical_without_a_profile(
+        tmp_path, fake_env):
+    proc = check(tmp_path, fake_env(gpus=1), "", "--path.sysfs", str(SYSFS))
+    count = by_gpu(proc, "gpu.count")["host"]
+    assert count["status"] == "critical", count["message"]
+    assert "0000:11:00.0" in count["message"]
+    # the GPUs of another driver, the audio function and the NVSwitch bridges are not
+    # counted missing
+    for address in ("0000:12:00.0", "0000:13:00.0", "0000:10:00.1", "0000:05:00.0"):
+        assert address not in count["message"].split("list:")[1], count["message"]
+    assert count["observed"]["not_listed"] == ["0000:11:00.0"]
+    assert count["observed"]["on_bus"] == ["0000:10:00.0", "0000:11:00.0", "0000:12:00.0",
+                                           "0000:13:00.0"]
+
+
+def test_gpus_of_another_driver_are_named_and_not_counted_missing(tmp_path, fake_env):
+    proc = check(tmp_path, fake_env(gpus=2), "", "--path.sysfs", str(SYSFS))
+    count = by_gpu(proc, "gpu.count")["host"]
+    assert count["status"] == "ok", count["message"]
+    assert count["message"].endswith("not the nvidia driver's, not counted: 0000:12:00.0 "
+                                     "(vfio-pci), 0000:13:00.0 (no driver)")

@@ -190,6 +190,9 @@ class HostInfo(Validated):
     # rootfs: /dev/nvidia* nodes present; sysfs: UEFI Secure Boot on.
     device_nodes: Reading[list[str]] = reading_field(readings.text_list)
     secure_boot: Reading[bool] = reading_field(readings.flag)
+    # sysfs: the NVIDIA GPU functions on the PCI bus, whatever NVML lists (sources/pci_gpus.py):
+    # [{"address", "class", "device", "driver" (the driver bound, or null)}]
+    pci_gpus: Reading[list[dict[str, Any]]] = reading_field(readings.pci_gpus)
     persistenced_running: Reading[bool] = reading_field(readings.flag)
     # Container toolkit (sources/toolkit.py): CDI specs, nvidia-container-cli, nvidia-ctk, docker.
     cdi_specs: Reading[list[dict[str, Any]]] = reading_field(readings.mapping_list)

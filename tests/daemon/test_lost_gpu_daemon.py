@@ -25,3 +25,15 @@ def test_the_daemon_gives_the_lost_gpu_critical_on_its_gpu(start_daemon, tmp_pat
     assert (gpu1["status"], gpu1["action"]) == ("critical", "reboot"), gpu1["message"]
     assert gpu1["message"].startswith("Xid 79 (GPU has fallen off the bus")
     assert daemon.result("xid.recent", 0)["status"] == "ok"
+
+
+def test_the_daemon_names_an_nvidia_gpu_on_the_bus_that_nvml_does_not_list(start_daemon,
+                                                                          fake_env):
+    """Issue 36, item 2: from its first sweep, without a profile or a GPU seen before."""
+    sysfs = FIXTURES / "sysfs-pci-gpus"  # its README: 11:00 bound to nvidia, 12:00 vfio-pci
+    daemon = start_daemon("--fast-interval", "0.3", "--path.sysfs", str(sysfs),
+                          env=fake_env(gpus=1))
+    count = daemon.wait_for(lambda: (r := daemon.result("gpu.count")) and
+                            r["status"] != "unknown" and r, what="gpu.count")
+    assert count["status"] == "critical", count["message"]
+    assert "not in NVML's list: 0000:11:00.0 " in count["message"]
