@@ -108,3 +108,25 @@ def test_gpus_of_another_driver_are_named_and_not_counted_missing(tmp_path, fake
     assert count["status"] == "ok", count["message"]
     assert count["message"].endswith("not the nvidia driver's, not counted: 0000:12:00.0 "
                                      "(vfio-pci), 0000:13:00.0 (no driver)")
+
+
+# -- a handle NVML cannot give (issue 36, item 3) ---------------------------------------
+
+def test_a_handle_nvml_cannot_give_is_gpu_lost_critical_naming_the_error(tmp_path, fake_env):
+    """nvidia-smi's "Unable to determine the device handle for GPU ...: Unknown Error": the
+    fake's GPU 1 answers NVML_ERROR_UNKNOWN (999) to nvmlDeviceGetHandleByIndex."""
+    proc = check(tmp_path, fake_env(gpus=2, handle_error=999, handle_error_gpu=1))
+    lost = by_gpu(proc, "gpu.lost")
+    assert lost[1]["status"] == "critical", lost[1]["message"]
+    assert "nvmlDeviceGetHandleByIndex: Unknown Error" in lost[1]["message"]
+    assert lost[1]["observed"]["handle_error"] == "nvmlDeviceGetHandleByIndex: Unknown Error"
+    assert lost[0]["status"] == "ok"
+    assert proc.returncode == 2
+
+
+def test_a_handle_not_supported_is_no_lost_gpu(tmp_path, fake_env):
+    proc = check(tmp_path, fake_env(gpus=2, handle_error=3, handle_error_gpu=1))
+    lost = by_gpu(proc, "gpu.lost")
+    assert lost[1]["status"] != "critical", lost[1]["message"]
+    # the other GPU is still read whole (its P2P status with the peer of no handle too)
+    assert by_gpu(proc, "p2p.status")[0]["status"] == "ok"

@@ -96,6 +96,13 @@ def _gone(ctx: CheckContext, missing: list[dict[str, Any]]) -> Finding:
 def lost(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     # NVML's "GPU is lost" is an answer, not a failure to get one: the driver knows the
     # GPU fell off the bus. Its other rules are unknown; this one says what is known.
+    if gpu.handle_error.is_ok:
+        # NVML counts the GPU but gives no handle for it, with an error that is not "not
+        # supported" (issue 36, item 3): nothing of it can be read, which is the finding
+        return ctx.fail(f"NVML cannot give this GPU's handle ({gpu.handle_error.get()}): "
+                        "it is counted but cannot be reached (failed to initialise or fell "
+                        "off the bus; see xid.recent)", gpu_lost=gpu.gpu_lost.get_or(None),
+                        handle_error=gpu.handle_error.get())
     if gpu.gpu_lost.get():
         return ctx.fail("NVML says this GPU is lost: it has fallen off the bus (as Xid 79) "
                         "and answers no call", gpu_lost=True)

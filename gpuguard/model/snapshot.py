@@ -108,6 +108,9 @@ class GpuSnapshot(Validated):
 
     # True when NVML answered "GPU is lost" for this GPU: it fell off the bus (as Xid 79).
     gpu_lost: Reading[bool] = reading_field(readings.flag)
+    # the error nvmlDeviceGetHandleByIndex answered for this GPU (not "not supported"):
+    # NVML counts it but cannot reach it (sources/nvml_read.py; gpu.lost)
+    handle_error: Reading[str] = reading_field(readings.text)
 
     # Multi-GPU hosts (issue 11). NVLink, one entry per link: {"link": n, "up": bool,
     # "version": int|None, "remote_pci": str|None, "replay": int|None, "recovery": int|None,

@@ -37,3 +37,12 @@ def test_the_daemon_names_an_nvidia_gpu_on_the_bus_that_nvml_does_not_list(start
                             r["status"] != "unknown" and r, what="gpu.count")
     assert count["status"] == "critical", count["message"]
     assert "not in NVML's list: 0000:11:00.0 " in count["message"]
+
+
+def test_the_daemon_gives_a_handle_nvml_cannot_give_as_gpu_lost(start_daemon, fake_env):
+    daemon = start_daemon("--fast-interval", "0.3",
+                          env=fake_env(gpus=2, handle_error=999, handle_error_gpu=1))
+    lost = daemon.wait_for(lambda: daemon.result("gpu.lost", 1), what="gpu.lost of GPU 1")
+    assert lost["status"] == "critical", lost["message"]
+    assert "nvmlDeviceGetHandleByIndex: Unknown Error" in lost["message"]
+    assert daemon.result("gpu.lost", 0)["status"] == "ok"
