@@ -9,6 +9,7 @@ from typing import Any
 from gpuguard.checks import not_probed
 from gpuguard.judge.registry import CheckContext, Finding, gpu_check, host_check, ok, unknown
 from gpuguard.model.derived import missing_gpu_name
+from gpuguard.model.pci import normalise_pci
 from gpuguard.model.snapshot import GpuSnapshot
 
 
@@ -28,15 +29,51 @@ def count(ctx: CheckContext) -> Finding:
         # counted (unknown ones included), so this is an inconsistent input, not a count.
         return unknown(f"the driver counts {seen} GPU(s) but {listed} are listed: the "
                        "input is inconsistent", gpu_count=seen, listed=listed)
+    on_bus = on_the_bus(ctx)
+    if isinstance(on_bus, Finding):
+        return on_bus
+    note, bus = on_bus
     expected = ctx.profile.gpu_count
     if expected is None:
         if seen == 0:
-            return ctx.fail("the driver sees no GPU", gpu_count=seen)
-        return ok(f"{seen} GPU(s) (no gpu_count in the profile to compare with)", gpu_count=seen)
+            return ctx.fail(f"the driver sees no GPU{note}", gpu_count=seen, **bus)
+        return ok(f"{seen} GPU(s) (no gpu_count in the profile to compare with){note}",
+                  gpu_count=seen, **bus)
     if seen != expected:
-        return ctx.fail(f"{seen} GPU(s) visible, the profile expects {expected}",
-                        gpu_count=seen, expected=expected)
-    return ok(f"{seen} GPU(s), as the profile expects", gpu_count=seen, expected=expected)
+        return ctx.fail(f"{seen} GPU(s) visible, the profile expects {expected}{note}",
+                        gpu_count=seen, expected=expected, **bus)
+    return ok(f"{seen} GPU(s), as the profile expects{note}", gpu_count=seen,
+              expected=expected, **bus)
+
+
+def on_the_bus(ctx: CheckContext) -> Finding | tuple[str, dict[str, Any]]:
+    """The PCI bus against NVML's list (issue 36, item 2; sources/pci_gpus.py): critical
+    naming each NVIDIA GPU bound to the nvidia driver that NVML does not list; the GPUs
+    bound to another driver (vfio-pci) or to none are named in a note, not missing. Where
+    sysfs was not read: no note and nothing observed, the rule as it was."""
+    pci = ctx.snapshot.host.pci_gpus
+    if not pci.is_ok:
+        return "", {}
+    listed = {normalise_pci(g.pci_bus_id.get()) for g in ctx.snapshot.gpus
+              if g.pci_bus_id.is_ok}
+    unread = len(listed) < len(ctx.snapshot.gpus)
+    missing = [g["address"] for g in pci.get()
+               if g.get("driver") == "nvidia" and normalise_pci(g["address"]) not in listed]
+    others = [f"{g['address']} ({g['driver'] or 'no driver'})" for g in pci.get()
+              if g.get("driver") != "nvidia"]
+    bus = {"on_bus": [g["address"] for g in pci.get()], "not_listed": missing,
+           "other_driver": others}
+    if missing and unread:
+        return unknown(f"{len(missing)} NVIDIA GPU(s) on the PCI bus may be missing from "
+                       f"NVML ({', '.join(missing)}): the bus address of a listed GPU was "
+                       "not read", gpu_count=len(ctx.snapshot.gpus), **bus)
+    if missing:
+        return ctx.fail(f"{len(missing)} NVIDIA GPU(s) on the PCI bus, bound to the nvidia "
+                        f"driver, are not in NVML's list: {', '.join(missing)} (failed to "
+                        "initialise or fell off the bus: see xid.recent and "
+                        "`dmesg | grep NVRM`)", gpu_count=len(ctx.snapshot.gpus), **bus)
+    note = f"; not the nvidia driver's, not counted: {', '.join(others)}" if others else ""
+    return note, bus
 
 
 def _gone(ctx: CheckContext, missing: list[dict[str, Any]]) -> Finding:
@@ -59,6 +96,13 @@ def _gone(ctx: CheckContext, missing: list[dict[str, Any]]) -> Finding:
 def lost(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     # NVML's "GPU is lost" is an answer, not a failure to get one: the driver knows the
     # GPU fell off the bus. Its other rules are unknown; this one says what is known.
+    if gpu.handle_error.is_ok:
+        # NVML counts the GPU but gives no handle for it, with an error that is not "not
+        # supported" (issue 36, item 3): nothing of it can be read, which is the finding
+        return ctx.fail(f"NVML cannot give this GPU's handle ({gpu.handle_error.get()}): "
+                        "it is counted but cannot be reached (failed to initialise or fell "
+                        "off the bus; see xid.recent)", gpu_lost=gpu.gpu_lost.get_or(None),
+                        handle_error=gpu.handle_error.get())
     if gpu.gpu_lost.get():
         return ctx.fail("NVML says this GPU is lost: it has fallen off the bus (as Xid 79) "
                         "and answers no call", gpu_lost=True)

@@ -28,6 +28,7 @@ from gpuguard.judge.xids import (
     Grade,
     Selection,
     by_gpu,
+    cut_words,
     grade,
     repair_words,
     repairs_for,
@@ -72,7 +73,8 @@ def _judge(ctx: CheckContext, log: dict[str, Any], events: list[dict[str, Any]],
     observed["records_lost"] = log.get("records_lost") or 0  # overwritten before read
     if not counted:
         return ok(_nothing_to_act_on(chosen, window, dropped), **observed)
-    message = _message(counted, dropped, ctx.threshold("repeat_for_vendor"), gpu is None)
+    message = _message(counted, dropped, ctx.threshold("repeat_for_vendor"), gpu is None) \
+        + cut_words(log)
     if any(e["severity"] == "critical" for e in counted):
         return ctx.fail(message, **observed)
     return warning(message, **observed)
@@ -145,10 +147,17 @@ def _part(xid: int, events: list[dict[str, Any]], repeat_for_vendor: int,
     where = f"{_unlisted_where(events)}: " if unlisted else ""
     age = f", last {span(last['age_s'])} ago" if last["age_s"] is not None else ""
     times = f" x{len(events)}" if len(events) > 1 else ""
-    text = f"{where}Xid {xid}{times} ({last['meaning']}){age}: {last['action']}"
+    text = f"{where}Xid {xid}{times} ({last['meaning']}{_no_xid(last)}){age}: {last['action']}"
     if last["severity"] == "critical" and len(events) >= repeat_for_vendor:
         text += "; it keeps coming back: contact NVIDIA support or the vendor"
     return text
+
+
+def _no_xid(event: dict[str, Any]) -> str:
+    """The driver's own words where the event is a lost GPU's line without an Xid (a start
+    or a probe that failed: sources/kmsg_lost.py), counted as Xid 79."""
+    line = event.get("line")
+    return f"; the driver logged {line[:80]!r}, no Xid" if isinstance(line, str) else ""
 
 
 def _unlisted_where(events: list[dict[str, Any]]) -> str:

@@ -122,16 +122,27 @@ def window_words(log: dict[str, Any], window_s: float | None) -> str:
     busy host wraps, and unknown forever would be a false alarm; the ok it gives claims only
     what was read, and the daemon keeps what it read before the wrap (daemon/kmsg_memory.py)."""
     window = "since boot" if window_s is None else f"in the last {span(window_s)}"
+    cut = cut_words(log)
     lost, seq, usec = (log.get(k) for k in ("records_lost", "lost_before_seq",
                                              "lost_before_usec"))
     if not lost:
-        return window
+        return window + cut
     now = log.get("now_usec")
     if window_s is not None and now is not None and usec is not None \
             and now - window_s * 1_000_000 >= usec:
-        return window  # every record of the window was read
+        return window + cut  # every record of the window was read
     at = f"[{usec // 10**6}.{usec % 10**6:06d}]" if usec is not None else f"record {seq}"
-    return f"since {at} ({lost} earlier kernel log record(s) overwritten before they were read)"
+    return (f"since {at} ({lost} earlier kernel log record(s) overwritten before they were "
+            f"read){cut}")
+
+
+def cut_words(log: dict[str, Any]) -> str:
+    """The note for a saved log whose last line had no newline (sources/kmsg.py
+    with_cut_line): read as it is, but it may have been cut."""
+    cut = log.get("cut_line")
+    if not isinstance(cut, str):
+        return ""
+    return f" (the log's last line has no newline and may be cut: {cut[:40]!r})"
 
 
 @dataclass

@@ -79,6 +79,17 @@ def mapping_list(value: Any) -> str | None:
     return None
 
 
+def pci_gpus(value: Any) -> str | None:
+    """[{"address": text, "driver": text or null, ...}] (sources/pci_gpus.py)."""
+    if mapping_list(value):
+        return mapping_list(value)
+    for gpu in value:
+        if not isinstance(gpu.get("address"), str) or \
+                not (gpu.get("driver") is None or isinstance(gpu.get("driver"), str)):
+            return f"a PCI GPU is not {{address, driver}}: {_show(gpu)}"
+    return None
+
+
 def _optional_int(value: Any, lo: int = 0) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool)
                              and lo <= value < MAX_COUNTER)
@@ -131,6 +142,8 @@ def kernel_log(value: Any) -> str | None:
                 "first_seq", "first_usec", "last_seq"):
         if not _optional_int(value.get(key)):
             return f"kernel log {key} is not a count: {_show(value.get(key))}"
+    if not isinstance(value.get("cut_line", ""), str):
+        return f"kernel log cut_line is not text: {_show(value.get('cut_line'))}"
     return None
 
 

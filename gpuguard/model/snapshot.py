@@ -108,6 +108,9 @@ class GpuSnapshot(Validated):
 
     # True when NVML answered "GPU is lost" for this GPU: it fell off the bus (as Xid 79).
     gpu_lost: Reading[bool] = reading_field(readings.flag)
+    # the error nvmlDeviceGetHandleByIndex answered for this GPU (not "not supported"):
+    # NVML counts it but cannot reach it (sources/nvml_read.py; gpu.lost)
+    handle_error: Reading[str] = reading_field(readings.text)
 
     # Multi-GPU hosts (issue 11). NVLink, one entry per link: {"link": n, "up": bool,
     # "version": int|None, "remote_pci": str|None, "replay": int|None, "recovery": int|None,
@@ -190,6 +193,9 @@ class HostInfo(Validated):
     # rootfs: /dev/nvidia* nodes present; sysfs: UEFI Secure Boot on.
     device_nodes: Reading[list[str]] = reading_field(readings.text_list)
     secure_boot: Reading[bool] = reading_field(readings.flag)
+    # sysfs: the NVIDIA GPU functions on the PCI bus, whatever NVML lists (sources/pci_gpus.py):
+    # [{"address", "class", "device", "driver" (the driver bound, or null)}]
+    pci_gpus: Reading[list[dict[str, Any]]] = reading_field(readings.pci_gpus)
     persistenced_running: Reading[bool] = reading_field(readings.flag)
     # Container toolkit (sources/toolkit.py): CDI specs, nvidia-container-cli, nvidia-ctk, docker.
     cdi_specs: Reading[list[dict[str, Any]]] = reading_field(readings.mapping_list)

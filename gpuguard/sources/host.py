@@ -105,9 +105,10 @@ def _procfs(opts: HostOptions) -> dict[str, Reading[Any]]:
 
 
 def _sysfs(opts: HostOptions) -> dict[str, Reading[Any]]:
-    from gpuguard.sources import sysfs
+    from gpuguard.sources import pci_gpus, sysfs
 
-    return {"secure_boot": sysfs.secure_boot(opts.paths.sysfs)}
+    return {"secure_boot": sysfs.secure_boot(opts.paths.sysfs),
+            "pci_gpus": pci_gpus.read(opts.paths.sysfs)}
 
 
 def _rootfs(opts: HostOptions) -> dict[str, Reading[Any]]:
@@ -177,7 +178,7 @@ def _workloads(opts: HostOptions) -> dict[str, Reading[Any]]:
 HOST_SOURCES: tuple[HostSource, ...] = (
     HostSource("procfs", ("kernel_module_version", "kernel_modules", "persistenced_running",
                           "fabricmanager_running"), lambda o: o.procfs, _procfs),
-    HostSource("sysfs", ("secure_boot",), lambda o: o.sysfs, _sysfs),
+    HostSource("sysfs", ("secure_boot", "pci_gpus"), lambda o: o.sysfs, _sysfs),
     HostSource("host_memory", ("host_memory",), lambda o: o.procfs, _host_memory),
     HostSource("rootfs", ("device_nodes", "cdi_specs", "container_cli", "ctk_version"),
                lambda o: o.rootfs, _rootfs),

@@ -24,8 +24,9 @@ from gpuguard.model.snapshot import Reading
 from gpuguard.sources.kmsg_gpu import DriverLines, GspLines
 from gpuguard.sources.kmsg_io import MAX_LOG_BYTES as MAX_LOG_BYTES
 from gpuguard.sources.kmsg_io import KernelLogError as KernelLogError
-from gpuguard.sources.kmsg_io import drain, log_text, now_usec, open_device
+from gpuguard.sources.kmsg_io import drain, log_text_whole, now_usec, open_device
 from gpuguard.sources.kmsg_kept import Lost, NewestKept, sxid_key, xid_key
+from gpuguard.sources.kmsg_lost import LostLines
 from gpuguard.sources.kmsg_oom import MAX_OOMS as MAX_OOMS
 from gpuguard.sources.kmsg_oom import OomKills
 from gpuguard.sources.kmsg_records import Record, parse_lines, writer
@@ -38,20 +39,8 @@ _XID = re.compile(
     r"(?P<xid>\d{1,10}),\s*(?P<rest>.*)$"
 )
 _PID = re.compile(r"pid='?(?P<pid><unknown>|\d{1,10})'?,\s*name=(?P<name>[^,]*),\s*(?P<text>.*)$")
-# NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.   NVRM: GPU has fallen off the bus.
-# The words between the GPU and the phrase hold no "[": a line the kernel begins with a
-# process's name (`comm[pid]: segfault at ... in <file>`) cannot reach the phrase through
-# a name or a file called "fallen off the bus".
-_FALLEN = re.compile(
-    r"^NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}"
-    r"(?:\.[0-7])?)?[^\[\]]{0,40}?fallen off the bus", re.IGNORECASE)
-# At probe time, in three lines of one record (NVIDIA/NVSentinel#155, driver 570.158.01):
-# NVRM: The NVIDIA GPU 0000:b3:00.0
-# NVRM: (PCI ID: 10de:26b5) installed in this system has
-# NVRM: fallen off the bus and is not responding to commands.
-_PROBE_GPU = re.compile(
-    r"^NVRM: The NVIDIA GPU (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)")
-_PROBE_FALLEN = re.compile(r"^NVRM: (?:[^\[\]]{0,80}\s)?fallen off the bus and is not responding")
+# The lost-GPU lines without an Xid ("fallen off the bus" in one line or in the probe's
+# three, the probe and start failures): sources/kmsg_lost.py.
 _UNSIGNED = re.compile(
     r"(Loading of unsigned module is rejected|module verification failed|"
     r"Lockdown: .*unsigned module|Key was rejected by service)")
@@ -82,31 +71,22 @@ _SXID_LINK = re.compile(r"\bLink (\d{1,6})\b")
 
 
 def xid_event(record: Record) -> dict[str, Any] | None:
-    """The Xid a record reports, or None; a 'fallen off the bus' line counts as Xid 79.
-    Only a line of the driver's own record is one (sources/kmsg_records.py)."""
+    """The Xid a record's line reports, or None. Only a line of the driver's own record is
+    one (sources/kmsg_records.py); a lost GPU's line without an Xid: sources/kmsg_lost.py."""
     if writer(record) != "nvrm":
         return None
-    if m := _XID.match(record.text):
-        event: dict[str, Any] = {"xid": int(m["xid"]), "pci": normalise_pci(m["pci"]),
-                                 "pid": None, "process": None, "text": m["rest"].strip()}
-        if p := _PID.match(m["rest"]):
-            event["pid"] = None if p["pid"] == "<unknown>" else int(p["pid"])
-            event["process"] = None if p["name"] in ("<unknown>", "") else p["name"]
-            event["text"] = p["text"].strip()
-    elif m := _FALLEN.match(record.text):
-        return fallen_off(record, m["pci"])
-    else:
+    m = _XID.match(record.text)
+    if m is None:
         return None
+    event: dict[str, Any] = {"xid": int(m["xid"]), "pci": normalise_pci(m["pci"]),
+                             "pid": None, "process": None, "text": m["rest"].strip()}
+    if p := _PID.match(m["rest"]):
+        event["pid"] = None if p["pid"] == "<unknown>" else int(p["pid"])
+        event["process"] = None if p["name"] in ("<unknown>", "") else p["name"]
+        event["text"] = p["text"].strip()
     event["seq"] = record.seq
     event["usec"] = record.usec
     return event
-
-
-def fallen_off(record: Record, pci: str | None) -> dict[str, Any]:
-    """Xid 79 for the GPU at `pci` (None: the line names none)."""
-    return {"xid": 79, "pci": normalise_pci(pci) if pci else None, "pid": None,
-            "process": None, "text": "GPU has fallen off the bus.", "seq": record.seq,
-            "usec": record.usec}
 
 
 class SxidEvents:
@@ -162,7 +142,7 @@ class NvrmLines:
         self.gsp = GspLines()
         self.driver = DriverLines()
         self.n = 0
-        self.probe: tuple[str, int] | None = None  # a GPU probed: (its address, lines left)
+        self.lost = LostLines()
         self.expect: str | None = None  # the next line of a 575+ API mismatch
 
     def add(self, record: Record, kind: str = "nvrm") -> None:
@@ -172,29 +152,17 @@ class NvrmLines:
         if kind == "reset":
             self.driver.reset(record, self.n)
             return
-        event = xid_event(record) or self._probed(record)
+        event = xid_event(record) or self.lost.event(record)
         if event is not None:
             event["n"] = self.n
             self.xids.append(event)
-        elif not (self.gsp.add(record.text, record.seq, record.usec, self.n) or
-                  self.driver.add(record, self.n,
-                                  after_lines=bool(self.xids.seen or self.gsp.kept.seen))):
+        elif self.gsp.add(record.text, record.seq, record.usec, self.n):
+            pass
+        elif self.driver.add(record, self.n,
+                             after_lines=bool(self.xids.seen or self.gsp.kept.seen)):
+            self.lost.loaded()
+        else:
             self._mismatch(record.text)
-
-    def _probed(self, record: Record) -> dict[str, Any] | None:
-        """Xid 79 from the probe's three-line "fallen off the bus" record, its GPU named on
-        the first line (on a line of its own in dmesg -t: the next lines are looked at)."""
-        if m := _PROBE_GPU.match(record.text):
-            self.probe = (m["pci"], 3)
-            return None
-        if self.probe is None:
-            return None
-        pci, left = self.probe
-        self.probe = (pci, left - 1) if left > 1 else None
-        if _PROBE_FALLEN.match(record.text):
-            self.probe = None
-            return fallen_off(record, pci)
-        return None
 
     def _mismatch(self, text: str) -> None:
         if m := _CLIENT_VERSION.match(text):
@@ -340,14 +308,25 @@ def read_device(path: Path,
 
 
 def read_file(path: Path, deadline_s: float = 5.0) -> Reading[dict[str, Any]]:
-    """Read a saved kernel log (a file, or a pipe such as `<(dmesg)`), within a size bound
-    and a deadline. Binary or unreadable input is an error reading, not a crash."""
+    """Read a saved kernel log (a file, or a pipe such as `<(dmesg)`), within a size bound and
+    a deadline. Binary or unreadable input is an error reading, not a crash. A last line
+    without its newline is read, and the summary says so (with_cut_line)."""
     try:
         raw = read_bytes(path, MAX_LOG_BYTES, deadline_s)
-        text = log_text(raw, path)
+        text, cut = log_text_whole(raw, path)
     except (BoundedReadError, KernelLogError) as exc:
         return Reading.failed(str(exc))
     # lines end at "\n" only: str.splitlines() would also end one at U+2028, \x0b, \x1c or
     # U+0085, which a USB string or a device name can hold, and a quote behind one would
     # begin a line (and look like a record) of its own
-    return Reading.ok(summarise(parse_lines(text.split("\n")), str(path), None))
+    return Reading.ok(with_cut_line(summarise(parse_lines(text.split("\n")), str(path), None),
+                                    cut))
+
+
+def with_cut_line(summary: dict[str, Any], cut: str | None) -> dict[str, Any]:
+    """The summary of a saved log whose last line had no newline (`cut`: that line) says
+    so in "cut_line" (judge/xids.py window_words: every kernel-log rule's words); the key is
+    there only then, so a whole log's summary is what it always was."""
+    if cut is not None:
+        summary["cut_line"] = cut[:80]
+    return summary

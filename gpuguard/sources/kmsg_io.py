@@ -72,16 +72,33 @@ def now_usec() -> int:
 def log_text(raw: bytes, path: Path, offset: int = 0) -> str:
     """A saved log's bytes as text, or KernelLogError saying why they are not a kernel log;
     `offset`: where in the file they begin (a read of what was appended since the last one,
-    which ended at a line's end: the same verdict and words as a read of the whole file)."""
-    if b"\0" in raw[:max(0, 65536 - offset)]:
-        raise KernelLogError(f"{path}: binary data, not a kernel log")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise KernelLogError(f"{path}: not UTF-8 text (byte {offset + exc.start}), not a "
-                             "kernel log") from None
+    which ended at a line's end: the same verdict and words as a read of the whole file).
+    Bytes that end in the middle of a line are an error here: the daemon's read of what was
+    appended waits for the line's end (log_text_whole() reads a whole file's last line)."""
+    text = _decoded(raw, path, offset)
     if text and not text.endswith("\n"):
         last = text.rsplit("\n", 1)[-1]
         raise KernelLogError(f"{path}: ends in the middle of a line ({last[:40]!r}...): "
                              "truncated? save it again with `dmesg > file`")
     return text
+
+
+def log_text_whole(raw: bytes, path: Path) -> tuple[str, str | None]:
+    """A whole saved log's bytes as text (KernelLogError: not a kernel log), and its last
+    line where it has no newline (None where the file ends at a line's end). A pasted
+    excerpt often ends so; every line before it is whole, and the last one is read as it
+    is: the caller says it may have been cut (issue 36, item 4)."""
+    text = _decoded(raw, path, 0)
+    if text and not text.endswith("\n"):
+        return text, text.rsplit("\n", 1)[-1]
+    return text, None
+
+
+def _decoded(raw: bytes, path: Path, offset: int) -> str:
+    if b"\0" in raw[:max(0, 65536 - offset)]:
+        raise KernelLogError(f"{path}: binary data, not a kernel log")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise KernelLogError(f"{path}: not UTF-8 text (byte {offset + exc.start}), not a "
+                             "kernel log") from None

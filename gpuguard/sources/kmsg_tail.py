@@ -177,11 +177,15 @@ class FileTail:
         self.saved = None
         try:
             raw = read_bytes(self.path, MAX_LOG_BYTES, deadline_s)
-            text = kmsg_io.log_text(raw, self.path)
+            text, cut = kmsg_io.log_text_whole(raw, self.path)
         except (BoundedReadError, KernelLogError) as exc:
             return Reading.failed(str(exc))
         fed = _Fed(kmsg.LogSummary())
         fed.feed(text)
+        if cut is not None:
+            # its last line may be one being written: not kept, so the next read takes the
+            # file whole again (and the line with its end) instead of its rest as a line
+            return Reading.ok(kmsg.with_cut_line(fed.summary.result(str(self.path), None), cut))
         # the stamp from before the read: a file changed while it was read is looked at
         # again next time (its size or times differ)
         self.saved = _Saved((*_stamp(st)[:2], len(raw), *_stamp(st)[3:]), len(raw),
@@ -209,6 +213,8 @@ class FileTail:
         finally:
             os.close(fd)
         raw = b"".join(chunks)
+        if raw and not raw.endswith(b"\n"):
+            return None  # a line being written: the whole read takes it as cut, keeps nothing
         text = kmsg_io.log_text(raw, self.path, saved.size)  # KernelLogError: nothing kept changes
         saved.fed.feed(text)
         tail = (saved.tail + raw)[-PROBE_BYTES:]

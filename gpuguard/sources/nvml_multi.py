@@ -234,6 +234,11 @@ def p2p_status(nv: Any, h: Any, read: Read, index: int, count: int,
         other = handles.get(nv, read, peer, f" (GPU {index}, peer GPU {peer})")
         if _failed(other):
             return other
+        if _not_supported(other):
+            # no handle of the peer (NVML answered "not supported" for it): no status of
+            # the pair, rather than the answer handed to NVML as a handle
+            peers.append({"peer": peer, **{name: "not_supported" for name, _, _ in P2P_CAPS}})
+            continue
         entry: dict[str, Any] = {"peer": peer}
         for name, const, fallback in P2P_CAPS:
             cap = ctypes.c_uint(constant(nv, const, fallback))

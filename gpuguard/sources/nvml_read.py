@@ -135,8 +135,14 @@ def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progre
         handle = nv.nvmlDeviceGetHandleByIndex(index)
     except nv.NVMLError as exc:
         failed = {"state": "error", "error": f"nvmlDeviceGetHandleByIndex: {exc}"}
+        # a GPU NVML counts but cannot give a handle for (nvidia-smi's "Unable to determine
+        # the device handle for GPU ...: Unknown Error"): gpu.lost names the error (issue
+        # 36, item 3); not supported is no such answer
+        refused = None if isinstance(exc, nv.NVMLError_NotSupported) else \
+            f"nvmlDeviceGetHandleByIndex: {exc}"
         emit({"t": "gpu", "index": index, "uuid": failed, "pci_bus_id": failed,
-              "gpu_lost": getattr(exc, "value", None) == nv.NVML_ERROR_GPU_IS_LOST})
+              "gpu_lost": getattr(exc, "value", None) == nv.NVML_ERROR_GPU_IS_LOST,
+              **({"handle_error": refused} if refused is not None else {})})
         if pairs is not None:
             pairs.settled(index)  # no wiring of it this sweep: its peers stop waiting
     else:

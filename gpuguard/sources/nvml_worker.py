@@ -78,8 +78,10 @@ def _xid_events(nv: Any, emit: Callable[[dict[str, Any]], None]) -> None:
     try:
         event_set = nv.nvmlEventSetCreate()
         for index in range(nv.nvmlDeviceGetCount()):
-            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            # a GPU whose handle NVML cannot give (gpu.lost says so) takes no other GPU's
+            # events with it
             with contextlib.suppress(nv.NVMLError):
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
                 nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
     except (nv.NVMLError, AttributeError) as exc:
         emit({"t": "xid_events_unavailable", "error": f"{type(exc).__name__}: {exc}"})

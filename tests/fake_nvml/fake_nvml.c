@@ -15,6 +15,10 @@
  *                              un-wedges the GPU at run time); default: forever
  *   FAKE_NVML_TEMP_FILE=path   read the temperature from this file at every call
  *   FAKE_NVML_LOST_GPU=i       GPU i answers NVML_ERROR_GPU_IS_LOST (15), as after Xid 79
+ *   FAKE_NVML_HANDLE_ERROR=code  nvmlDeviceGetHandleByIndex answers this NVML error code
+ *                              (999: "Unknown Error", as `nvidia-smi` shows it for a GPU
+ *                              that failed to initialise; 3: not supported)
+ *   FAKE_NVML_HANDLE_ERROR_GPU=i ... only for GPU i (default: every GPU)
  *   FAKE_NVML_TEMP=C           GPU temperature (default 40)
  *   FAKE_NVML_WIDTH=N          current PCIe link width (default 16; max is 16)
  *   FAKE_NVML_UTIL=P           GPU utilization percent (default 0)
@@ -214,6 +218,9 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
 
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev) {
     if (index >= 64) return NVML_ERROR_INVALID_ARGUMENT;
+    int failing = env_int("FAKE_NVML_HANDLE_ERROR", NVML_SUCCESS);
+    int only = env_int("FAKE_NVML_HANDLE_ERROR_GPU", -1);
+    if (failing != NVML_SUCCESS && (only < 0 || only == (int)index)) return failing;
     devices[index].index = (int)index;
     *dev = &devices[index];
     return NVML_SUCCESS;

@@ -313,3 +313,26 @@ def test_ten_nodes_with_restart_app_faults_drain_no_more_than_the_brakes_share(
     # repaired: n1 is resumed (its reason is gpuguard's), and a next node may drain
     out = fleet.health(host_snapshot(2), "--rules", str(rules))
     assert fleet.node("n1") == ("IDLE", "none"), out.stdout
+
+
+@pytest.mark.parametrize("shape", ["lost-multi-line.log", "lost-init-failed.log"])
+def test_health_drains_for_a_gpu_lost_without_an_xid_and_keeps_it_while_missing(
+        fleet: Fleet, shape: str) -> None:
+    """Issue 36: the open module's three-line "fallen off the bus" record with no Xid, and
+    a failed start (tests/fixtures/kmsg/lost-*, moved to this snapshot's GPU 1 at 28:00):
+    drained with the lost GPU's reason; the GPU then gone from NVML and the log: no resume,
+    not even with --no-qualify."""
+    log = fleet.root / "kmsg.log"
+    log.write_text((REPO / "tests" / "fixtures" / "kmsg" / shape).read_text()
+                   .replace("0000:11:00.0", "0000:28:00.0"))
+    fleet.health(host_snapshot(8), "--kmsg-file", str(log))
+    assert fleet.node() == ("IDLE+DRAIN", "gpuguard: reboot: xid.recent GPU 1"), fleet.node()
+    now = host_snapshot(8)
+    del now["gpus"][1]
+    for i, gpu in enumerate(now["gpus"]):
+        gpu["index"] = i
+    now["host"]["gpu_count"] = 7
+    log.write_text("")
+    kept = fleet.health(now, "--kmsg-file", str(log), "--no-qualify")
+    assert fleet.node()[0] == "IDLE+DRAIN", kept.stdout
+    assert "00000000:28:00.0), present at the drain, is missing" in kept.stdout

@@ -31,7 +31,10 @@ SNAPSHOT = REPO / "tests" / "fixtures" / "h200-live" / "idle-snapshot.json"
 EXPECTED = KMSG / "expected-verdicts.json"
 # fixtures added after the expected file was written, for lines the old code misread: not
 # compared with it (their own tests say what they hold)
-NEW_SHAPES = ("fallen-off-probe.log", "api-mismatch-575.log")
+NEW_SHAPES = ("fallen-off-probe.log", "api-mismatch-575.log", "lost-single-line.log",
+              "lost-short-form.log", "lost-multi-line.log", "lost-multi-line.kmsg",
+              "lost-probe-failed.log", "lost-init-failed.log", "lost-init-failed-old.log",
+              "lost-start-failed.log")
 
 
 def fixtures() -> list[Path]:
