@@ -110,6 +110,38 @@ def test_gpus_of_another_driver_are_named_and_not_counted_missing(tmp_path, fake
                                      "(vfio-pci), 0000:13:00.0 (no driver)")
 
 
+def driver_procfs(root: Path, *addresses: str) -> None:
+    """The nvidia driver's procfs in the test's own host: a folder per GPU it lists."""
+    for address in addresses:
+        (root / "proc" / "driver" / "nvidia" / "gpus" / address).mkdir(parents=True)
+
+
+def test_a_gpu_the_container_was_not_given_is_no_lost_gpu(tmp_path, fake_env):
+    """In a container the toolkit binds back only the given GPUs' /proc/driver/nvidia/gpus
+    entries, while /sys shows the host's whole bus: GPU 11:00 is another container's."""
+    args = own_host(tmp_path)
+    driver_procfs(tmp_path, "0000:10:00.0")
+    proc = gpuguard("check", "--format", "json", *args, "--path.sysfs", str(SYSFS),
+                    env=fake_env(gpus=1))
+    count = by_gpu(proc, "gpu.count")["host"]
+    assert count["status"] == "ok", count["message"]
+    assert count["message"].endswith("not given to this container (not in "
+                                     "/proc/driver/nvidia/gpus), not counted: 0000:11:00.0")
+    assert count["observed"]["not_this_container"] == ["0000:11:00.0"]
+
+
+def test_a_gpu_the_driver_lists_but_nvml_does_not_is_critical(tmp_path, fake_env):
+    """On a host the driver's procfs lists every GPU it probed, lost or not (here in the
+    eight-digit domain form some drivers write)."""
+    args = own_host(tmp_path)
+    driver_procfs(tmp_path, "0000:10:00.0", "00000000:11:00.0")
+    proc = gpuguard("check", "--format", "json", *args, "--path.sysfs", str(SYSFS),
+                    env=fake_env(gpus=1))
+    count = by_gpu(proc, "gpu.count")["host"]
+    assert count["status"] == "critical", count["message"]
+    assert count["observed"]["not_listed"] == ["0000:11:00.0"]
+
+
 # -- a handle NVML cannot give (issue 36, item 3) ---------------------------------------
 
 def test_a_handle_nvml_cannot_give_is_gpu_lost_critical_naming_the_error(tmp_path, fake_env):

@@ -57,12 +57,16 @@ def on_the_bus(ctx: CheckContext) -> Finding | tuple[str, dict[str, Any]]:
     listed = {normalise_pci(g.pci_bus_id.get()) for g in ctx.snapshot.gpus
               if g.pci_bus_id.is_ok}
     unread = len(listed) < len(ctx.snapshot.gpus)
-    missing = [g["address"] for g in pci.get()
-               if g.get("driver") == "nvidia" and normalise_pci(g["address"]) not in listed]
+    unlisted = [g for g in pci.get()
+                if g.get("driver") == "nvidia" and normalise_pci(g["address"]) not in listed]
+    # not in the driver's procfs: the container toolkit gave this container other GPUs
+    # (sources/pci_gpus.py); a lost GPU stays listed there
+    elsewhere = [g["address"] for g in unlisted if g.get("in_driver_procfs") is False]
+    missing = [g["address"] for g in unlisted if g.get("in_driver_procfs") is not False]
     others = [f"{g['address']} ({g['driver'] or 'no driver'})" for g in pci.get()
               if g.get("driver") != "nvidia"]
     bus = {"on_bus": [g["address"] for g in pci.get()], "not_listed": missing,
-           "other_driver": others}
+           "other_driver": others, "not_this_container": elsewhere}
     if missing and unread:
         return unknown(f"{len(missing)} NVIDIA GPU(s) on the PCI bus may be missing from "
                        f"NVML ({', '.join(missing)}): the bus address of a listed GPU was "
@@ -73,6 +77,9 @@ def on_the_bus(ctx: CheckContext) -> Finding | tuple[str, dict[str, Any]]:
                         "initialise or fell off the bus: see xid.recent and "
                         "`dmesg | grep NVRM`)", gpu_count=len(ctx.snapshot.gpus), **bus)
     note = f"; not the nvidia driver's, not counted: {', '.join(others)}" if others else ""
+    if elsewhere:
+        note += (f"; not given to this container (not in /proc/driver/nvidia/gpus), not "
+                 f"counted: {', '.join(elsewhere)}")
     return note, bus
 
 

@@ -108,7 +108,9 @@ def _sysfs(opts: HostOptions) -> dict[str, Reading[Any]]:
     from gpuguard.sources import pci_gpus, sysfs
 
     return {"secure_boot": sysfs.secure_boot(opts.paths.sysfs),
-            "pci_gpus": pci_gpus.read(opts.paths.sysfs)}
+            # the driver's procfs only where procfs is read (a replay names its own)
+            "pci_gpus": pci_gpus.read(opts.paths.sysfs,
+                                      opts.paths.procfs if opts.procfs else None)}
 
 
 def _rootfs(opts: HostOptions) -> dict[str, Reading[Any]]:

@@ -7,6 +7,14 @@ or 0x0302xx (3D controller, the data-centre boards). NVSwitch bridges (0x0680xx)
 boards' HDMI audio functions (0x0403xx) are not GPUs. Each carries the driver bound to it
 (the basename of its `driver` link; None where none is): a GPU given to vfio-pci for
 passthrough, or left unbound, is not NVML's to list.
+
+Each also says whether the nvidia driver's procfs lists it (`/proc/driver/nvidia/gpus/
+<address>`, under --path.procfs), or None where that folder was not read. In a container
+the NVIDIA container toolkit mounts a tmpfs over /proc/driver/nvidia and binds back only
+the given GPUs' entries (NVIDIA/libnvidia-container src/nvc_mount.c at ef9042c:
+mount_procfs, mount_procfs_gpu), while /sys shows the host's whole bus: a GPU bound to
+nvidia that the driver's procfs does not list is another container's, not a lost one. On
+a host every GPU the driver probed is there (nv_pci_probe adds it), lost or not.
 """
 
 from __future__ import annotations
@@ -23,8 +31,9 @@ GPU_CLASSES = ("0x0300", "0x0302")
 MAX_FUNCTIONS = 4096
 
 
-def read(sysfs: Path) -> Reading[list[dict[str, Any]]]:
-    """[{"address", "class", "device", "driver"}] of each NVIDIA GPU function, by address."""
+def read(sysfs: Path, procfs: Path | None = None) -> Reading[list[dict[str, Any]]]:
+    """[{"address", "class", "device", "driver", "in_driver_procfs"}] of each NVIDIA GPU
+    function, by address; `procfs` None: the driver's procfs is not read (a replay)."""
     devices = sysfs / "bus" / "pci" / "devices"
     try:
         names = sorted(os.listdir(devices))
@@ -34,6 +43,7 @@ def read(sysfs: Path) -> Reading[list[dict[str, Any]]]:
         return Reading.failed(f"cannot list {devices}: {exc.strerror or exc}")
     if len(names) > MAX_FUNCTIONS:
         return Reading.failed(f"{devices}: more than {MAX_FUNCTIONS} functions, not a PCI bus")
+    attached = driver_procfs_gpus(procfs) if procfs is not None else None
     gpus = []
     for name in names:
         node = devices / name
@@ -43,7 +53,8 @@ def read(sysfs: Path) -> Reading[list[dict[str, Any]]]:
         if not cls.startswith(GPU_CLASSES):
             continue
         gpus.append({"address": name, "class": cls, "device": _attribute(node, "device"),
-                     "driver": _driver(node)})
+                     "driver": _driver(node),
+                     "in_driver_procfs": None if attached is None else _short(name) in attached})
     return Reading.ok(gpus)
 
 
@@ -59,3 +70,25 @@ def _driver(node: Path) -> str | None:
         return os.path.basename(os.readlink(node / "driver"))
     except OSError:
         return None
+
+
+def driver_procfs_gpus(procfs: Path) -> set[str] | None:
+    """The addresses the nvidia driver's procfs lists (four-digit domain, lower case), or
+    None where it cannot be read (no driver loaded, no procfs)."""
+    folder = procfs / "driver" / "nvidia" / "gpus"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return None
+    return {_short(name) for name in names[:MAX_FUNCTIONS]}
+
+
+def _short(address: str) -> str:
+    """"0000:18:00.0" and "00000000:18:00.0" (the driver's procfs has used both widths of
+    the PCI domain) as one: a four-digit domain, lower case."""
+    parts = address.lower().split(":")
+    try:
+        return f"{int(parts[0], 16):04x}:{parts[1]}:{parts[2]}" if len(parts) == 3 \
+            else address.lower()
+    except ValueError:
+        return address.lower()
