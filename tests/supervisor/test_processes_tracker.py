@@ -295,10 +295,11 @@ def test_a_spent_deadline_is_an_error(fake: FakeProc) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or not Path("/proc/self/stat").exists(),
                     reason="Linux's /proc is needed")
-def test_a_live_tree_is_psutils_recursive_children() -> None:
+@pytest.mark.parametrize("children_files", [True, False], ids=["children-files", "scan"])
+def test_a_live_tree_is_psutils_recursive_children(children_files: bool) -> None:
     main = subprocess.Popen(["bash", "-c", "sleep 60 & sleep 60 & (sleep 60 & sleep 60 & wait) "
                              "& wait"])
-    tracker = ProcessTracker(psutil.PROCFS_PATH)
+    tracker = ProcessTracker(psutil.PROCFS_PATH, prefer_children=children_files)
     try:
         def oracle() -> list[int]:
             kids = psutil.Process(main.pid).children(recursive=True)
@@ -306,6 +307,8 @@ def test_a_live_tree_is_psutils_recursive_children() -> None:
 
         _wait_for(lambda: len(oracle()) == 6)
         assert tracker.update(main.pid, 2.0).pids == oracle()
+        # the mode asked for, unless this kernel has no children files
+        assert tracker.counts.mode in (("children", "scan") if children_files else ("scan",))
         victim = psutil.Process(main.pid).children()[0]
         victim.kill()
         _wait_for(lambda: victim.pid not in oracle())
