@@ -11,9 +11,10 @@ A service tree (bash and 8 sleep children) among N extra idle processes (sleeps:
 the daemon keeps one per service), the order swapped every other cycle; the tracker's
 clock advances --interval seconds a cycle (the daemon's fast interval), so its full scan
 every 60 s is in the figures at the rate it would run. Each cycle checks that both give
-the same PIDs. Reports, per N, the median and mean of each way's time per cycle and the
-median of the per-cycle ratio old/new; the first 3 cycles (the tracker's first full scan)
-are left out.
+the same PIDs. --threads T makes each child a Python process with T threads (the
+children files are read per thread). Reports, per N, the median and mean of each way's
+time per cycle and the median of the per-cycle ratio old/new; the first 3 cycles (the
+tracker's first full scan) are left out.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import platform
 import signal
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,8 +44,12 @@ def old_way(main: int) -> list[int]:
     return sorted([main, *(child.pid for child in proc.children(recursive=True))])
 
 
-def spawn_tree(children: int) -> subprocess.Popen[bytes]:
-    script = " ".join(["sleep 3600 &"] * children) + " wait"
+def spawn_tree(children: int, threads: int) -> subprocess.Popen[bytes]:
+    child = "sleep 3600" if not threads else (
+        f"{sys.executable} -c 'import threading, time\n"
+        f"for _ in range({threads}): threading.Thread(target=time.sleep, args=(3600,), "
+        "daemon=True).start()\ntime.sleep(3600)'")
+    script = " ".join([f"{child} &"] * children) + " wait"
     main = subprocess.Popen(["bash", "-c", script])
     end = time.monotonic() + 30
     while len(psutil.Process(main.pid).children()) < children:
@@ -55,7 +61,7 @@ def spawn_tree(children: int) -> subprocess.Popen[bytes]:
 
 def measure(main: int, cycles: int, interval: float, mode: str) -> dict[str, Any]:
     now = [0.0]
-    tracker = ProcessTracker(psutil.PROCFS_PATH, prefer_children=(mode == "children"),
+    tracker = ProcessTracker(psutil.PROCFS_PATH, prefer_children=(mode == "prefer-children"),
                              clock=lambda: now[0])
     old_s: list[float] = []
     new_s: list[float] = []
@@ -103,6 +109,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--extra", default="0,500,2000")
     parser.add_argument("--children", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="threads of each child (python instead of sleep)")
     parser.add_argument("--cycles", type=int, default=120)
     parser.add_argument("--interval", type=float, default=5.0)
     parser.add_argument("--out", type=Path)
@@ -113,11 +121,13 @@ def main() -> None:
                    f"kernel {platform.release()}",
         "python": platform.python_version(), "psutil": psutil.__version__,
         "children_files": children_files, "cycles": args.cycles,
-        "interval_s": args.interval, "tree": f"bash + {args.children} sleeps", "runs": {},
+        "interval_s": args.interval, "runs": {},
+        "tree": f"bash + {args.children} sleeps" if not args.threads else
+                f"bash + {args.children} pythons of {args.threads} threads each",
     }
     started: list[subprocess.Popen[bytes]] = []
     try:
-        tree = spawn_tree(args.children)
+        tree = spawn_tree(args.children, args.threads)
         started.append(tree)
         idle: list[subprocess.Popen[bytes]] = []
         for extra in (int(x) for x in args.extra.split(",")):
@@ -126,7 +136,7 @@ def main() -> None:
                 started.append(idle[-1])
             time.sleep(0.5)
             host = len(psutil.pids())
-            for mode in ("children", "scan") if children_files else ("scan",):
+            for mode in ("prefer-children", "scan") if children_files else ("scan",):
                 run = measure(tree.pid, args.cycles, args.interval, mode)
                 run["processes_on_host"] = host
                 results["runs"][f"{extra} {mode}"] = run

@@ -9,7 +9,11 @@ stat) and each cycle reads only those and the ones that may have joined:
   (a child belongs to the thread that forked it). They exist with CONFIG_PROC_CHILDREN;
   whether they do is looked at once per main process (its own task's file). The tree is
   walked from the main PID through them each cycle, so a new child, a grandchild, an exit
-  are seen at once. Its cost grows with the members' threads, not with the host.
+  are seen at once. Its cost grows with the members' threads, not with the host: one
+  file per thread, and an inference server's workers have a thread per core. So they are
+  used only while the members have at most MAX_WALKED_THREADS threads (field 20 of the
+  stats read anyway); above, the next way, which goes on from the walk (loadavg is read
+  at every walk too, and a walk counts as a full scan).
 - else the PIDs created since the last cycle: /proc/loadavg's last field is the last PID
   the kernel handed out; the PIDs after the one seen a cycle ago are read one by one (a
   PID that is not there yet, handed out but not yet visible, is read again next cycle).
@@ -58,6 +62,11 @@ MAX_PROBED_PIDS = 2048
 # how many of the last PIDs handed out before a full scan are read again next cycle
 # (handed out, not yet visible while /proc was listed)
 RECHECK_AFTER_SCAN = 32
+# the members' threads above which the PIDs handed out are read instead of the children
+# files: those are one file per thread (a PyTorch worker has one per core), and 8 workers
+# of 150 threads cost 18-30 ms a cycle, more than psutil's scan of 600 processes
+# (docs/benchmarks.md); at 64, about 1.3 ms
+MAX_WALKED_THREADS = 64
 MAX_STAT = 4096
 MAX_STATUS = 64 * 1024
 MAX_CHILDREN_FILE = 1024 * 1024
@@ -74,6 +83,7 @@ class TrackerError(OSError):
 class Stat:
     ppid: int
     start_ticks: int
+    threads: int = 1
 
 
 @dataclass
@@ -130,8 +140,13 @@ class ProcessTracker:
         if self._main != (main, main_stat.start_ticks):
             self._start_over(main, main_stat.start_ticks)
         recheck: set[int] = set()
-        if self._children_files:
+        threads = sum(s.threads for pid, s in self._known.items() if pid != main)
+        if self._children_files and threads + main_stat.threads <= MAX_WALKED_THREADS:
             self.counts.mode = "children"
+            # loadavg is read first all the same: a cycle in the other mode goes on from
+            # here (the walk found every process up to this last PID, as a full scan)
+            self._last_pid = self._loadavg_last_pid(budget)
+            self._last_full = self.clock()
             trusted = self._walk_children(main, budget)
             candidates = set(self._known) | trusted
         else:
@@ -275,7 +290,8 @@ def parse_stat(text: str, pid: int) -> Stat:
     fields = text[text.rfind(")") + 1:].split()
     if len(fields) < 20 or not fields[1].isdigit() or not fields[19].isdigit():
         raise OSError(errno.EINVAL, f"/proc/{pid}/stat has no parent or start time")
-    return Stat(int(fields[1]), int(fields[19]))
+    threads = int(fields[17]) if fields[17].isdigit() else 1  # field 20
+    return Stat(int(fields[1]), int(fields[19]), threads)
 
 
 def _listed(path: str, bound: int, budget: _Budget) -> Iterable[str]:

@@ -25,6 +25,7 @@ class FakeProcess:
     ppid: int
     start: int
     threads: dict[int, list[int]] = field(default_factory=dict)  # tid -> children it forked
+    nthreads: int = 1
 
 
 class FakeProc:
@@ -60,6 +61,8 @@ class FakeProc:
         for orphans in gone.threads.values():
             for orphan in orphans:
                 self.procs[orphan].ppid = reparent_to
+                if reparent_to in self.procs:
+                    self.procs[reparent_to].threads.setdefault(reparent_to, []).append(orphan)
         self.write()
 
     def write(self) -> None:
@@ -81,7 +84,7 @@ class FakeProc:
     def _write_stat(self, pid: int, tgid: int, proc: FakeProcess) -> None:
         where = self.root / str(pid)
         where.mkdir(exist_ok=True)
-        rest = " ".join(["0"] * 17 + [str(proc.start)] + ["0"] * 30)
+        rest = " ".join(["0"] * 15 + [str(proc.nthreads), "0", str(proc.start)] + ["0"] * 30)
         (where / "stat").write_text(f"{pid} (a (b) c) S {proc.ppid} {rest}\n")
         (where / "status").write_text(f"Name:\tx\nTgid:\t{tgid}\nPid:\t{pid}\n")
 
@@ -189,6 +192,27 @@ def test_a_child_forked_by_another_thread_is_found(tmp_path: Path) -> None:
     fake.write()
     assert pids(tracker) == [100, 101]
     assert tracker.counts.mode == "children" and tracker.counts.full_scans == 0
+
+
+def test_members_with_many_threads_are_tracked_by_the_pids_handed_out(tmp_path: Path) -> None:
+    fake = FakeProc(tmp_path / "proc", with_children=True)
+    fake.add(1, 0, 1)
+    fake.add(100, 1, 10)
+    fake.add(101, 100, 11)
+    fake.procs[101].nthreads = proc_tracker.MAX_WALKED_THREADS  # with the main's, above
+    fake.write()
+    tracker = tracker_of(fake)
+    assert pids(tracker) == [100, 101] and tracker.counts.mode == "children"
+    fake.add(102, 101, 12)
+    assert pids(tracker) == [100, 101, 102]
+    # the children walk was as good as a full scan: this mode goes on from it
+    assert tracker.counts.mode == "scan" and tracker.counts.full_scans == 0
+    fake.remove(101, reparent_to=100)
+    assert pids(tracker) == [100, 102]
+    fake.add(103, 102, 13)
+    fake.last_pid = None  # the children files alone again
+    fake.write()
+    assert pids(tracker) == [100, 102, 103] and tracker.counts.mode == "children"
 
 
 def test_without_children_files_the_scan_is_the_fallback(tmp_path: Path) -> None:
