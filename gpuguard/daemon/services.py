@@ -31,6 +31,7 @@ from gpuguard.judge.trend import fit
 from gpuguard.model.derived import held_by
 from gpuguard.model.snapshot import Reading, Snapshot
 from gpuguard.supervisor import processes, readiness
+from gpuguard.supervisor.proc_tracker import ProcessTracker
 from gpuguard.supervisor.service import Supervisor
 
 log = structlog.get_logger("gpuguard.services")
@@ -67,6 +68,9 @@ class ServiceWatch:
         # the variant whose probe answered while the service's processes were not known
         # (an exec service without pid_file_*): its engine is looked for all the same
         self._probed: dict[str, str] = {}
+        # an exec service's known processes, kept across cycles so that a cycle reads
+        # only them and the new ones, not every process (supervisor/proc_tracker.py)
+        self._trackers: dict[str, ProcessTracker] = {}
         self.requests = Requests()
         # the engines' metrics and the services' logs (issue 23), made with the first
         # services: they load the engine profiles
@@ -226,6 +230,12 @@ class ServiceWatch:
             log.info("service_answered", service=name, variant=variant,
                      action="its engine is looked for now (its processes are not known)")
 
+    def _tracker(self, name: str) -> ProcessTracker:
+        tracker = self._trackers.get(name)
+        if tracker is None:
+            tracker = self._trackers[name] = processes.new_tracker()
+        return tracker
+
     def _entry(self, supervisor: Supervisor, snap: Snapshot, now: float) -> dict[str, Any]:
         service = supervisor.service
         variant = supervisor.view().state.active
@@ -233,7 +243,8 @@ class ServiceWatch:
         # tied to (service.gpu_errors)
         entry: dict[str, Any] = {"variant": variant, "gpus": service.gpus}
         try:
-            tree = processes.tree(service, variant, TREE_DEADLINE_S)
+            tree = processes.tree(service, variant, TREE_DEADLINE_S,
+                                  tracker=self._tracker(service.name))
         except processes.TreeError as exc:
             # not known is not "no memory": the rules say unknown, the window starts over
             self._runs.pop(service.name, None)

@@ -7,9 +7,11 @@
   `cgroup.procs`; its identity is the unit's InvocationID (new at every start).
 - exec: the main PID from the variant's pid file (`exec.pid_file_gpu` / `pid_file_cpu`:
   the user's start command backgrounds the service, so gpuguard has no child of its own)
-  and its descendants (psutil); its identity is that PID and its start in clock ticks
-  since boot (field 22 of /proc/PID/stat): the boot clock, so a wall-clock step (which
-  moves psutil's create_time, boot time + ticks) invents no restart.
+  and its descendants (supervisor/proc_tracker.py: kept from cycle to cycle when the
+  caller gives its tracker, so that not every process is read each cycle); its identity
+  is that PID and its start in clock ticks since boot (field 22 of /proc/PID/stat): the
+  boot clock, so a wall-clock step (which moves psutil's create_time, boot time + ticks)
+  invents no restart.
 
 Every read is bounded: files through boundedio, commands and the Docker API with a
 timeout. psutil is imported here, on the daemon's path only.
@@ -27,6 +29,7 @@ from typing import Any
 
 from gpuguard.io import bounded as boundedio
 from gpuguard.supervisor.config import Service
+from gpuguard.supervisor.proc_tracker import ProcessTracker, parse_stat
 
 _RFC3339 = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
@@ -46,10 +49,12 @@ class Tree:
 
 
 def tree(service: Service, variant: str, deadline_s: float,
-         cgroupfs: str = "/sys/fs/cgroup") -> Tree:
+         cgroupfs: str = "/sys/fs/cgroup", tracker: ProcessTracker | None = None) -> Tree:
+    """The service's processes now. `tracker` (exec only) is the one the caller keeps
+    for this service across cycles; without one, a new one reads every process."""
     cfg = service.backend_config
     if service.backend == "exec":
-        return _exec_tree(cfg.get(f"pid_file_{variant}"), variant, deadline_s)
+        return _exec_tree(cfg.get(f"pid_file_{variant}"), variant, deadline_s, tracker)
     if service.backend == "systemd":
         return _systemd_tree(str(cfg[variant]), deadline_s, cgroupfs)
     if service.backend == "docker":
@@ -57,8 +62,20 @@ def tree(service: Service, variant: str, deadline_s: float,
     raise TreeError(f"backend {service.backend} has no process tree")
 
 
-def _exec_tree(pid_file: str | None, variant: str, deadline_s: float) -> Tree:
+def new_tracker() -> ProcessTracker:
+    """A tracker of an exec service's tree, on the procfs psutil reads (the PIDs are of
+    gpuguard's own PID namespace, and their RSS comes from psutil)."""
     import psutil
+
+    return ProcessTracker(psutil.PROCFS_PATH)
+
+
+def _exec_tree(pid_file: str | None, variant: str, deadline_s: float,
+               tracker: ProcessTracker | None) -> Tree:
+    import psutil
+
+    if tracker is None:
+        tracker = new_tracker()
 
     if not pid_file:
         raise TreeError(f"exec.pid_file_{variant} is not configured: the service's "
@@ -72,11 +89,10 @@ def _exec_tree(pid_file: str | None, variant: str, deadline_s: float) -> Tree:
     try:
         main = psutil.Process(int(text))
         started = main.create_time()
-        pids = [main.pid, *(child.pid for child in main.children(recursive=True))]
-        ticks = start_ticks(main.pid, deadline_s)
+        tracked = tracker.update(main.pid, deadline_s)
     except (psutil.Error, OSError) as exc:
         raise TreeError(f"PID {text} from {pid_file} is not running ({exc})") from exc
-    return Tree(f"pid {main.pid} start ticks {ticks}", started, sorted(pids))
+    return Tree(f"pid {main.pid} start ticks {tracked.start_ticks}", started, tracked.pids)
 
 
 def start_ticks(pid: int, deadline_s: float) -> int:
@@ -85,11 +101,7 @@ def start_ticks(pid: int, deadline_s: float) -> int:
     import psutil
 
     text = boundedio.read_text(f"{psutil.PROCFS_PATH}/{pid}/stat", 4096, deadline_s)
-    # the name (field 2) may hold spaces and parentheses: the fields after its last ')'
-    fields = text[text.rfind(")") + 1:].split()
-    if len(fields) < 20 or not fields[19].isdigit():
-        raise OSError(f"/proc/{pid}/stat has no start time")
-    return int(fields[19])
+    return parse_stat(text, pid).start_ticks
 
 
 def _systemd_tree(unit: str, deadline_s: float, cgroupfs: str) -> Tree:
