@@ -145,6 +145,27 @@ def cpu(proc: psutil.Process | None) -> dict[str, float]:
     return {"self": t.user + t.system, "children": t.children_user + t.children_system}
 
 
+def threads(proc: psutil.Process) -> dict[int, tuple[str, float]]:
+    """Each thread's name (/proc/PID/task/TID/comm) and user+system seconds."""
+    out = {}
+    with contextlib.suppress(psutil.Error):
+        for t in proc.threads():
+            try:
+                name = Path(f"/proc/{proc.pid}/task/{t.id}/comm").read_text().strip()
+            except OSError:
+                name = "?"
+            out[t.id] = (name, t.user_time + t.system_time)
+    return out
+
+
+def thread_split(start: dict[int, tuple[str, float]], end: dict[int, tuple[str, float]]
+                 ) -> list[str]:
+    """The daemon's threads by CPU in the span, most first: where a share comes from."""
+    rows = sorted(((cpu_s - start.get(tid, (name, 0.0))[1], tid, name)
+                   for tid, (name, cpu_s) in end.items()), reverse=True)
+    return [f"{tid} {name}: {seconds:.2f} s" for seconds, tid, name in rows[:8] if seconds > 0]
+
+
 def scrape(url: str, count: int) -> dict[str, Any]:
     latencies, body = [], b""
     for _ in range(count):
@@ -251,7 +272,14 @@ def one_round(args: argparse.Namespace, n: int) -> dict[str, Any]:
                                   stdout=subprocess.DEVNULL, stderr=log)
         procs.insert(0, daemon)
         url = f"http://127.0.0.1:{listen}"
-        wait_until("daemon /healthz", lambda: get(url + "/healthz", 1) is not None, 90)
+
+        def healthy() -> bool:
+            if daemon.poll() is not None:  # gone at start: say why, not "not ready"
+                raise RuntimeError(f"the daemon exited {daemon.returncode}: "
+                                   f"{(tmp / 'daemon.log').read_text()[-2000:]}")
+            return get(url + "/healthz", 1) is not None
+
+        wait_until("daemon /healthz", healthy, 90)
         ps = psutil.Process(daemon.pid)
         children = Children(ps)
         children.thread.start()
@@ -259,10 +287,11 @@ def one_round(args: argparse.Namespace, n: int) -> dict[str, Any]:
 
         worker = children.worker()
         cycles0 = metric(get(url + "/metrics").decode(), 'gpuguard_cycles_total{cadence="fast"}')
-        d0, w0, t0 = cpu(ps), cpu(worker), time.monotonic()
+        procs0 = len(psutil.pids())  # the service's tree is looked for among them each cycle
+        d0, w0, t0, th0 = cpu(ps), cpu(worker), time.monotonic(), threads(ps)
         before = set(children.seen)
         time.sleep(args.span)
-        d1, w1, t1 = cpu(ps), cpu(worker), time.monotonic()
+        d1, w1, t1, th1 = cpu(ps), cpu(worker), time.monotonic(), threads(ps)
         cycles1 = metric(get(url + "/metrics").decode(), 'gpuguard_cycles_total{cadence="fast"}')
         worker_after = children.worker()
         span = t1 - t0
@@ -284,6 +313,10 @@ def one_round(args: argparse.Namespace, n: int) -> dict[str, Any]:
             "core_percent_daemon_and_worker": round((daemon_s + worker_s) / span * 100, 3),
             "core_percent_daemon": round(daemon_s / span * 100, 3),
             "core_percent_nvml_worker": round(worker_s / span * 100, 3),
+            "daemon_threads_cpu_in_span": thread_split(th0, th1),
+            # the exec service's process tree is a psutil children() walk of every
+            # /proc/PID/stat each fast cycle: its cost grows with this count
+            "host_processes_at_start_and_end": [procs0, len(psutil.pids())],
             "nvml_worker_same_pid": worker is not None and worker_after is not None
             and worker.pid == worker_after.pid,
             "reaped_children_cpu_s": round(reaped_s, 3),
