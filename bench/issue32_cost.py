@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Issue 32's parts of "the daemon does only what changed", before and after in one run:
 
-  engine  CPU of parsing one engine page (vLLM V1 names, padded with histograms to
-          200 KiB, 1 MiB, 8 MiB): the whole page (main's parse) against the page cut to
-          the read's names; and the every-cycle daemon's own CPU on one fake-NVML GPU
-          (bench/daemon_cost.py, no engine) to put the read in proportion.
+  engine  CPU of the daemon's read of one engine page (vLLM V1 names, padded with
+          histograms to 200 KiB, 1 MiB, 8 MiB): the GET, the cut and the parse of BASE's
+          code against this tree's, each in fresh processes, interleaved; a page over the
+          read's MAX_BYTES (the 8 MiB one: the daemon answers "more than ...") is not
+          fetched, its cut and parse alone are timed. Against the daemon's own CPU per
+          cycle on one replayed GPU (bench/daemon_cost.py, no engine): the issue's
+          (cycle + read) / cycle.
   npd     CPU and wall time of one write of the NPD condition files (40 rules x 8 GPUs),
           main's code against this tree's, on tmpfs (/dev/shm) and on disk (/var/tmp).
   events  peak RSS and time of `events --since 90d --limit N --format F` for 1k and 100k
@@ -44,32 +47,93 @@ def page(size: int) -> str:
     return "".join(out)
 
 
-def cpu_of(fn, rounds: int) -> float:
+# One tree's engine read, in a process of its own (PYTHONPATH=<tree>): the daemon's read as
+# it runs each cycle (sources/engine_metrics.read: the GET under its MAX_BYTES bound, the
+# cut, the parse), median CPU of this process; a page over MAX_BYTES the daemon refuses
+# (the read is an error, nothing parsed), so for it only the cut and parse are timed, as
+# an upper bound of what a bound raised to take it would cost.
+ENGINE = """
+import json, statistics, sys, time, urllib.request
+from gpuguard.config.engine_profiles import load_catalog
+from gpuguard.sources import engine_metrics as em
+url, rounds = sys.argv[1], int(sys.argv[2])
+catalog = load_catalog()
+names = em.wanted(catalog, "vllm")
+text = urllib.request.urlopen(url, timeout=30).read().decode()
+def med(fn, n):
     times = []
-    for _ in range(rounds):
-        start = time.process_time()
-        fn()
-        times.append(time.process_time() - start)
+    for _ in range(n):
+        c = time.process_time(); fn(); times.append(time.process_time() - c)
     return statistics.median(times)
+out = {"bytes": len(text), "max_bytes": em.MAX_BYTES, "get": len(text) <= em.MAX_BYTES}
+if out["get"]:
+    got = em.read(url, catalog, "vllm")
+    assert "error" not in got, got
+    out["values"] = got["values"]
+    out["read_cpu_ms"] = round(med(lambda: em.read(url, catalog, "vllm"), rounds) * 1e3, 3)
+else:
+    out["read_error"] = em.read(url, catalog, "vllm").get("error", "")[:120]
+out["parse_cpu_ms"] = round(med(lambda: em.parse(text, names), rounds) * 1e3, 3)
+print(json.dumps(out))
+"""
 
 
-def engine(rounds: int, daemon_s: float) -> dict:
-    from gpuguard.config.engine_profiles import load_catalog
+def serve_pages(pages: dict[str, str]):
+    """The pages on loopback (a thread of this process: its CPU is not the reader's)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bodies = {f"/{k}": v.encode() for k, v in pages.items()}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = bodies.get(self.path, b"")
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def engine(base: Path, rounds: int, daemon_s: float) -> dict:
+    """Each tree's read of each page, interleaved (base, after) `rounds` times in fresh
+    processes; against the daemon's own cycle on one replayed GPU with no engine
+    (bench/daemon_cost.py, this tree): (cycle + read) / cycle, the issue's ratio."""
     from gpuguard.sources import engine_metrics as em
 
-    catalog = load_catalog()
-    names = em.wanted(catalog, "vllm")
-    out: dict = {"pages": []}
-    for size in (200 * 1024, 1024 * 1024, 8 * 1024 * 1024):
-        text = page(size)
-        n = rounds if size < 4 * 2**20 else max(3, rounds // 4)
-        whole = cpu_of(lambda t=text: em.parse(t), n)
-        cut = cpu_of(lambda t=text: em.parse(t, names), n)
-        assert em.values(catalog.profiles["vllm"], em.parse(text)) == \
-            em.values(catalog.profiles["vllm"], em.parse(text, names))
-        out["pages"].append({"bytes": len(text), "whole_parse_cpu_ms": round(whole * 1e3, 2),
-                             "cut_parse_cpu_ms": round(cut * 1e3, 2),
-                             "ratio_cut_to_whole": round(cut / whole, 4)})
+    sizes = {"200KiB": 200 * 1024, "1MiB": 1024 * 1024, "8MiB": 8 * 1024 * 1024}
+    pages = {k: page(v) for k, v in sizes.items()}
+    server = serve_pages(pages)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    out: dict = {"max_bytes": em.MAX_BYTES, "pages": []}
+    try:
+        for key, text in pages.items():
+            inner = 9 if len(text) < 4 * 2**20 else 3
+            got: dict[str, list[dict]] = {"before": [], "after": []}
+            for _ in range(rounds):
+                for who, tree in (("before", base), ("after", REPO)):
+                    got[who].append(json.loads(run_in(tree, ENGINE, f"{url}/{key}",
+                                                      str(inner))))
+            row = {"page": key, "bytes": len(text), "get": got["after"][0]["get"]}
+            if not row["get"]:
+                row["daemon_answers"] = got["after"][0]["read_error"]
+            for who, runs in got.items():
+                for field in ("read_cpu_ms", "parse_cpu_ms"):
+                    if field in runs[0]:
+                        row[f"{who}_{field}"] = round(statistics.median(
+                            r[field] for r in runs), 3)
+                if "values" in runs[0]:
+                    row[f"{who}_values"] = runs[0]["values"]
+            out["pages"].append(row)
+    finally:
+        server.shutdown()
     if daemon_s:
         sys.path.insert(0, str(REPO / "bench"))
         import daemon_cost
@@ -77,9 +141,10 @@ def engine(rounds: int, daemon_s: float) -> dict:
         run = daemon_cost.measure(1, 5.0, daemon_s, 5)
         cycle = run["cpu_s_per_cycle"] * 1e3
         out["daemon_one_gpu_cpu_ms_per_cycle"] = cycle
-        for p in out["pages"]:
-            p["daemon_ratio_whole"] = round((cycle + p["whole_parse_cpu_ms"]) / cycle, 2)
-            p["daemon_ratio_cut"] = round((cycle + p["cut_parse_cpu_ms"]) / cycle, 2)
+        for row in out["pages"]:
+            field = "read_cpu_ms" if row["get"] else "parse_cpu_ms"
+            for who in ("before", "after"):
+                row[f"{who}_daemon_ratio"] = round((cycle + row[f"{who}_{field}"]) / cycle, 3)
     return out
 
 
@@ -196,7 +261,7 @@ def main() -> None:
                "after": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                                        capture_output=True, text=True).stdout.strip()}
     args.out.mkdir(parents=True, exist_ok=True)
-    parts = {"engine": lambda: engine(args.rounds, args.daemon_s),
+    parts = {"engine": lambda: engine(base, min(args.rounds, 5), args.daemon_s),
              "npd": lambda: npd(base, args.rounds), "events": lambda: events(base, 3)}
     for name in args.only or list(parts):
         result = {**machine, name: parts[name]()}
