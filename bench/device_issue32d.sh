@@ -47,4 +47,7 @@ if [ -d "$before/gpuguard" ]; then
 else
     echo "no $before: no before/after"
 fi
+echo "== the per-call profile of one cold sweep (bench/nvml_phases.py, 7 fresh processes)"
+(cd "$repo" && PYTHONPATH=$repo timeout 60 $V/bin/python bench/nvml_phases.py --runs 7 \
+    --out "$R/nvml_phases.json" > "$R/nvml_phases.txt" 2>&1); tail -25 "$R/nvml_phases.txt"
 tar -czf "$OUT/issue32d.tgz" -C "$OUT" issue32d
