@@ -51,6 +51,10 @@ MAX_AGE_S = 3600.0
 MAX_FILE_BYTES = 64 * 1024
 MAX_GPUS = 1024
 READ_DEADLINE_S = 2.0
+# How long a GPU whose validation is kept waits for the kernel log's read: a few ms on a
+# host's usual log (360 records, 2-3 ms on the H200 host); a ring of 100k records can take
+# longer than the 68 ms validation itself, and then validating is the faster answer.
+LOG_WAIT_S = 0.05
 
 
 def boot_clock() -> float:
@@ -68,8 +72,8 @@ class KeptInforom:
     """The kept validations of one `check`: `valid(uuid, image, driver)` says whether a
     GPU's may be reused, `learnt()` records this run's answer, `save()` writes what
     changed. start() reads the file, then the kernel log, in a thread beside nvmlInit:
-    `valid` waits for the file (and for the log only if the file has this GPU), `learnt`
-    for both."""
+    `valid` waits for the file, and for the log only if the file has this GPU and at
+    most LOG_WAIT_S; `learnt` for the file alone."""
 
     def __init__(self, state_dir: str, kmsg: str, boot_id_file: str,
                  clock: Any = boot_clock) -> None:
@@ -104,18 +108,21 @@ class KeptInforom:
         entry = self.entries.get(uuid)
         if entry is None or not image or entry.image != image or entry.driver != driver:
             return False  # validated at once: the kernel log is not waited for
-        self._log_read.wait()
+        if not self._log_read.wait(LOG_WAIT_S):
+            return False
         age = self.clock() - entry.at
         return (self.marks is not None and 0.0 <= age < MAX_AGE_S
                 and self.marks.quiet_since(entry.seq))
 
     def learnt(self, uuid: str, image: str, driver: str, code: int) -> None:
-        """This run's validation of a GPU: kept when it passed, forgotten when not."""
+        """This run's validation of a GPU: kept when it passed, forgotten when not. The
+        answer waits for nothing: a kernel log not read by now (the validation took its
+        68 ms meanwhile) keeps nothing this run."""
         self._file_read.wait()
-        self._log_read.wait()
+        log_read = self._log_read.is_set()
         with self._lock:
-            if code != 0 or self.marks is None or not _word(uuid) or not _word(image) \
-                    or not _word(driver):
+            if code != 0 or not log_read or self.marks is None or not _word(uuid) \
+                    or not _word(image) or not _word(driver):
                 self.changed |= self.entries.pop(uuid, None) is not None
                 return
             # the log's newest record when it was read, before the validation ended: a
@@ -137,16 +144,20 @@ class KeptInforom:
             tmp = f"{self.path}.{os.getpid()}.tmp"
             try:
                 os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                # O_EXCL: never into a file someone else left under this name
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                              | os.O_CLOEXEC, 0o644)
+            except OSError:
+                return  # not kept: the next run validates, as it would have
+            try:
                 try:
                     os.write(fd, ("\n".join(lines) + "\n").encode())
                 finally:
                     os.close(fd)
                 os.replace(tmp, self.path)
-            except OSError:  # not kept: the next run validates, as it would have
+            except OSError:
                 with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+                    os.unlink(tmp)  # ours: made above
 
 
 def _word(text: str) -> bool:
