@@ -9,6 +9,8 @@ round). Each tree runs as `python -m gpuguard check` with its own folder first o
 --state-dir gives every run that --state-dir (each tree its own folder under it), and
 --miss NAME=DIR adds a tree that runs with its kept InfoROM validity removed before each
 run (issue 32: the first check of a boot, or one after the kept answer was dropped).
+--command NAME=EXE and --miss-command NAME=EXE do the same for an installed command (a
+wheel's console script: `EXE check`, no PYTHONPATH), the issue's "wheel installed".
 """
 
 from __future__ import annotations
@@ -38,15 +40,24 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--state-dir", type=Path)
     parser.add_argument("--miss", action="append", default=[], help="NAME=DIR")
+    parser.add_argument("--command", action="append", default=[], help="NAME=EXE")
+    parser.add_argument("--miss-command", action="append", default=[], help="NAME=EXE")
     args = parser.parse_args()
     trees = dict(t.split("=", 1) for t in args.tree + args.miss)
-    missing = {t.split("=", 1)[0] for t in args.miss}
-    times: dict[str, list[float]] = {"nvidia-smi": [], **{n: [] for n in trees}}
+    commands = dict(t.split("=", 1) for t in args.command + args.miss_command)
+    missing = {t.split("=", 1)[0] for t in args.miss + args.miss_command}
+    runs = {**{n: ("tree", d) for n, d in trees.items()},
+            **{n: ("command", e) for n, e in commands.items()}}
+    times: dict[str, list[float]] = {"nvidia-smi": [], **{n: [] for n in runs}}
     for i in range(args.warmup + args.runs):
         row = {"nvidia-smi": timed(["nvidia-smi", "-q"], dict(os.environ), "/")}
-        for name, folder in trees.items():
-            env = {**os.environ, "PYTHONPATH": folder}
-            cmd = [sys.executable, "-m", "gpuguard", "check"]
+        for name, (kind, where) in runs.items():
+            if kind == "tree":
+                env, folder = {**os.environ, "PYTHONPATH": where}, where
+                cmd = [sys.executable, "-m", "gpuguard", "check"]
+            else:
+                env, folder = dict(os.environ), "/"
+                cmd = [where, "check"]
             if args.state_dir is not None:
                 state = args.state_dir / name
                 cmd += ["--state-dir", str(state)]
@@ -61,7 +72,7 @@ def main() -> int:
                                             for n, t in times.items()},
            "ratio_median": {n: round(statistics.median(a / b for a, b in zip(times[n], smi,
                                                                              strict=True)), 3)
-                            for n in trees},
+                            for n in runs},
            "times_ms": {n: [round(x, 1) for x in t] for n, t in times.items()}}
     text = json.dumps(out, indent=1)
     print(json.dumps({k: out[k] for k in ("median_ms", "ratio_median")}))
