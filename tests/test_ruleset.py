@@ -192,8 +192,8 @@ def test_missing_rules_dir(tmp_path):
     [
         ("gpu_count: eight\n", 1, "gpu_count must be a whole number"),
         ("gpus: 8\n", 1, "gpus: unknown key (allowed: active_probe, disk_paths, docker, "
-         "driver, ecc, gpu_count, gpudirect_rdma, mig, nvlink_links_per_gpu, p2p, rules, "
-         "status_page,"),
+         "driver, ecc, gpu_count, gpudirect_rdma, metrics_compat, mig, nvlink_links_per_gpu, "
+         "p2p, rules, status_page,"),
         ("disk_paths: [models]\n", 1, "disk_paths: 'models' is not an absolute path"),
         ("disk_paths: /models\n", 1, "disk_paths must be a list of absolute paths"),
         ("driver:\n  min_version: 570.86\n", 2, "must be a quoted version"),
