@@ -49,24 +49,17 @@ def count(ctx: CheckContext) -> Finding:
 def on_the_bus(ctx: CheckContext) -> Finding | tuple[str, dict[str, Any]]:
     """The PCI bus against NVML's list (issue 36, item 2; sources/pci_gpus.py): critical
     naming each NVIDIA GPU bound to the nvidia driver that NVML does not list; the GPUs
-    bound to another driver (vfio-pci) or to none are named in a note, not missing. Where
-    sysfs was not read: no note and nothing observed, the rule as it was."""
+    bound to another driver (vfio-pci) or to none, and those another container was given,
+    are named in a note, not missing. Where sysfs was not read: no note and nothing
+    observed, the rule as it was."""
     pci = ctx.snapshot.host.pci_gpus
     if not pci.is_ok:
         return "", {}
     listed = {normalise_pci(g.pci_bus_id.get()) for g in ctx.snapshot.gpus
               if g.pci_bus_id.is_ok}
     unread = len(listed) < len(ctx.snapshot.gpus)
-    unlisted = [g for g in pci.get()
-                if g.get("driver") == "nvidia" and normalise_pci(g["address"]) not in listed]
-    # not in the driver's procfs: the container toolkit gave this container other GPUs
-    # (sources/pci_gpus.py); a lost GPU stays listed there
-    elsewhere = [g["address"] for g in unlisted if g.get("in_driver_procfs") is False]
-    missing = [g["address"] for g in unlisted if g.get("in_driver_procfs") is not False]
-    others = [f"{g['address']} ({g['driver'] or 'no driver'})" for g in pci.get()
-              if g.get("driver") != "nvidia"]
-    bus = {"on_bus": [g["address"] for g in pci.get()], "not_listed": missing,
-           "other_driver": others, "not_this_container": elsewhere}
+    bus = bus_against_nvml(pci.get(), listed)
+    missing = bus["not_listed"]
     if missing and unread:
         return unknown(f"{len(missing)} NVIDIA GPU(s) on the PCI bus may be missing from "
                        f"NVML ({', '.join(missing)}): the bus address of a listed GPU was "
@@ -76,11 +69,28 @@ def on_the_bus(ctx: CheckContext) -> Finding | tuple[str, dict[str, Any]]:
                         f"driver, are not in NVML's list: {', '.join(missing)} (failed to "
                         "initialise or fell off the bus: see xid.recent and "
                         "`dmesg | grep NVRM`)", gpu_count=len(ctx.snapshot.gpus), **bus)
+    others, elsewhere = bus["other_driver"], bus["not_this_container"]
     note = f"; not the nvidia driver's, not counted: {', '.join(others)}" if others else ""
     if elsewhere:
         note += (f"; not given to this container (not in /proc/driver/nvidia/gpus), not "
                  f"counted: {', '.join(elsewhere)}")
     return note, bus
+
+
+def bus_against_nvml(on_bus: list[dict[str, Any]], listed: set[str]) -> dict[str, Any]:
+    """The bus's GPUs sorted by what they are to NVML's list `listed` (normalised bus ids):
+    every address, the nvidia driver's missing from the list, those of another driver or
+    none, and those the driver's procfs does not show (another container's: a lost GPU
+    stays listed there)."""
+    unlisted = [g for g in on_bus
+                if g.get("driver") == "nvidia" and normalise_pci(g["address"]) not in listed]
+    return {"on_bus": [g["address"] for g in on_bus],
+            "not_listed": [g["address"] for g in unlisted
+                           if g.get("in_driver_procfs") is not False],
+            "other_driver": [f"{g['address']} ({g['driver'] or 'no driver'})" for g in on_bus
+                             if g.get("driver") != "nvidia"],
+            "not_this_container": [g["address"] for g in unlisted
+                                   if g.get("in_driver_procfs") is False]}
 
 
 def _gone(ctx: CheckContext, missing: list[dict[str, Any]]) -> Finding:

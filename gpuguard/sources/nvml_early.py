@@ -102,6 +102,8 @@ def validate_all(progress: Progress, library: str, out: int,
             return  # the sweep's own calls report it
     except (OSError, AttributeError):
         return  # no such library, or one without these symbols: validate directly
+    if kept is not None and keep is not None and is_fake_in_host_state(lib, keep[0]):
+        kept = None
     driver = ""
     if kept is not None:
         progress.set(EARLY_SLOT, "nvmlSystemGetDriverVersion (InfoROM kept)")
@@ -139,6 +141,22 @@ def validate_one(lib: Any, progress: Progress, index: int, out: int,
                 kept.save()
         os.write(out, f"{index} {code}\n".encode())  # one write: lines never interleave
     progress.set(slot, "")
+
+
+def is_fake_in_host_state(lib: Any, state_dir: str) -> bool:
+    """The tests' fake NVML (nvml_fake.py's marker) with the host's own state dir: a
+    README reader's fake run keeps nothing in /var/lib/gpuguard (its GPUs are not this
+    host's); with a --state-dir of their own the tests keep as a host would."""
+    from gpuguard.io.guard import HOST_DEFAULTS
+    from gpuguard.sources.nvml_fake import MARKER
+
+    if os.path.normpath(state_dir) != HOST_DEFAULTS["state"][0]:
+        return False
+    try:
+        ctypes.c_int.in_dll(lib, MARKER)
+    except (ValueError, OSError):
+        return False  # a real driver's library
+    return True
 
 
 def text_of(call: Any, size: int = 96) -> str:

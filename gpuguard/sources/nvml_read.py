@@ -16,9 +16,7 @@ from gpuguard.sources.nvml_inforom import InforomValidity
 from gpuguard.sources.nvml_p2p_kept import P2PKept, SweepPairs
 from gpuguard.sources.nvml_progress import Progress
 
-# typing and collections.abc only for the type checker: this module runs in the NVML
-# worker before its first NVML call (typing is 5-7 ms there on the H200 host)
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # typing only for the checker: 5-7 ms of the worker's path
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any

@@ -158,3 +158,18 @@ def test_marks_read_from_a_file_of_records(tmp_path):
     log.write_text("6,12,1,-;b\n6,11,2,-;a\n")
     assert read_marks(str(log), 1.0) is None  # not in order: not one log
     assert read_marks(str(tmp_path / "missing"), 1.0) is None
+
+
+def test_the_fake_keeps_nothing_in_the_hosts_own_state_dir(fake_nvml):
+    """A README reader's fake-NVML run (the guard lifted, no --state-dir) must leave no
+    kept validity of the fake's GPUs in /var/lib/gpuguard; a test's own state dir keeps."""
+    import ctypes
+
+    from gpuguard.sources.nvml_early import is_fake_in_host_state
+
+    lib = ctypes.CDLL(str(fake_nvml / "libnvidia-ml.so.1"))
+    assert is_fake_in_host_state(lib, "/var/lib/gpuguard")
+    assert is_fake_in_host_state(lib, "/var/lib/gpuguard/")
+    assert not is_fake_in_host_state(lib, "/tmp/a-state-dir")
+    libc = ctypes.CDLL(None)  # no marker: a real driver's library keeps where it is told
+    assert not is_fake_in_host_state(libc, "/var/lib/gpuguard")
