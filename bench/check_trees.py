@@ -11,6 +11,8 @@ round). Each tree runs as `python -m gpuguard check` with its own folder first o
 run (issue 32: the first check of a boot, or one after the kept answer was dropped).
 --command NAME=EXE and --miss-command NAME=EXE do the same for an installed command (a
 wheel's console script: `EXE check`, no PYTHONPATH), the issue's "wheel installed".
+With --state-dir, each run's kept InfoROM line ("at seq" of the file after the run) is
+recorded too: a run whose "at" moved validated anew (a miss), one whose stayed reused it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ def timed(cmd: list[str], env: dict[str, str], cwd: str) -> float:
     return (time.perf_counter() - start) * 1000
 
 
+def kept_line(state: Path) -> str:
+    """The "at seq" of the first GPU kept in `state`'s inforom-valid, or "-" for none."""
+    try:
+        lines = (state / "inforom-valid").read_text().splitlines()
+    except OSError:
+        return "-"
+    gpus = [line.split() for line in lines if line.startswith("gpu ")]
+    return f"{gpus[0][4]} {gpus[0][5]}" if gpus and len(gpus[0]) == 6 else "-"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tree", action="append", default=[], help="NAME=DIR")
@@ -49,6 +61,7 @@ def main() -> int:
     runs = {**{n: ("tree", d) for n, d in trees.items()},
             **{n: ("command", e) for n, e in commands.items()}}
     times: dict[str, list[float]] = {"nvidia-smi": [], **{n: [] for n in runs}}
+    kept: dict[str, list[str]] = {n: [] for n in runs}
     for i in range(args.warmup + args.runs):
         row = {"nvidia-smi": timed(["nvidia-smi", "-q"], dict(os.environ), "/")}
         for name, (kind, where) in runs.items():
@@ -64,6 +77,8 @@ def main() -> int:
                 if name in missing:
                     (state / "inforom-valid").unlink(missing_ok=True)
             row[name] = timed(cmd, env, folder)
+            if args.state_dir is not None and i >= args.warmup:
+                kept[name].append(kept_line(args.state_dir / name))
         if i >= args.warmup:
             for name, ms in row.items():
                 times[name].append(ms)
@@ -73,7 +88,8 @@ def main() -> int:
            "ratio_median": {n: round(statistics.median(a / b for a, b in zip(times[n], smi,
                                                                              strict=True)), 3)
                             for n in runs},
-           "times_ms": {n: [round(x, 1) for x in t] for n, t in times.items()}}
+           "times_ms": {n: [round(x, 1) for x in t] for n, t in times.items()},
+           "kept_at_seq": kept if args.state_dir is not None else None}
     text = json.dumps(out, indent=1)
     print(json.dumps({k: out[k] for k in ("median_ms", "ratio_median")}))
     if args.out:
