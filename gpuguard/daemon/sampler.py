@@ -65,6 +65,17 @@ class _Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def send(self, command: str) -> bool:
+        """One command line to the worker (sources/nvml_worker.py); False when its pipe
+        is gone (the worker exited)."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        except OSError:  # BrokenPipeError among them
+            return False
+        return True
+
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -96,11 +107,7 @@ class NvmlSampler:
             self._worker = _Worker(self.progress_path, self.procfs, self.on_xid,
                                    self.inforom_every_s)
         worker = self._worker
-        try:
-            assert worker.proc.stdin is not None
-            worker.proc.stdin.write("sweep\n")
-            worker.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+        if not worker.send("sweep"):
             self._worker = None
             snap = Snapshot()
             snap.nvml.sweep_error = "the NVML worker exited before the sweep"
@@ -162,22 +169,18 @@ class NvmlSampler:
         worker = self._worker
         if worker is None or not worker.alive():
             return
-        try:
-            assert worker.proc.stdin is not None
-            worker.proc.stdin.write("forget\n")
-            worker.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+        if not worker.send("forget"):
             self._worker = None  # the next sweep starts a fresh one, keeping nothing
 
     def close(self) -> None:
         worker, self._worker = self._worker, None
         if worker is not None and worker.alive():
             try:
-                assert worker.proc.stdin is not None
-                worker.proc.stdin.write("quit\n")
-                worker.proc.stdin.flush()
-                worker.proc.wait(timeout=2)
-            except (OSError, subprocess.TimeoutExpired):
+                if worker.send("quit"):
+                    worker.proc.wait(timeout=2)
+                else:
+                    worker.kill()
+            except subprocess.TimeoutExpired:
                 worker.kill()
         if self._stuck is not None:
             self._stuck.kill()

@@ -148,15 +148,10 @@ def is_fake_in_host_state(lib: Any, state_dir: str) -> bool:
     README reader's fake run keeps nothing in /var/lib/gpuguard (its GPUs are not this
     host's); with a --state-dir of their own the tests keep as a host would."""
     from gpuguard.io.guard import HOST_DEFAULTS
-    from gpuguard.sources.nvml_fake import MARKER
+    from gpuguard.sources.nvml_fake import marker_of
 
-    if os.path.normpath(state_dir) != HOST_DEFAULTS["state"][0]:
-        return False
-    try:
-        ctypes.c_int.in_dll(lib, MARKER)
-    except (ValueError, OSError):
-        return False  # a real driver's library
-    return True
+    return (os.path.normpath(state_dir) == HOST_DEFAULTS["state"][0]
+            and marker_of(lib) is not None)
 
 
 def text_of(call: Any, size: int = 96) -> str:

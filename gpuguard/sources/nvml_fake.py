@@ -29,15 +29,21 @@ def fake_library(nv: Any) -> dict[str, Any] | None:
     """{"t": "fake", "library": its path, "settings": the FAKE_NVML_* variables in force}
     when pynvml's library is the fake, else None."""
     lib = getattr(nv, "nvmlLib", None)
-    if lib is None:
+    marker = None if lib is None else marker_of(lib)
+    if marker is None:
         return None
-    try:
-        marker = ctypes.c_int.in_dll(lib, MARKER)
-    except (ValueError, OSError):
-        return None  # a real driver's library: the symbol is not there
     settings = " ".join(f"{name}={value}" for name, value in sorted(os.environ.items())
                         if name.startswith("FAKE_NVML_"))
     return {"t": "fake", "library": _path_of(ctypes.addressof(marker), lib), "settings": settings}
+
+
+def marker_of(lib: Any) -> Any:
+    """The fake's marker symbol in a loaded library (ctypes.CDLL), or None: a real
+    driver's library has no such symbol."""
+    try:
+        return ctypes.c_int.in_dll(lib, MARKER)
+    except (ValueError, OSError):
+        return None
 
 
 def _path_of(address: int, lib: Any) -> str:
