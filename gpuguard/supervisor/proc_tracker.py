@@ -212,13 +212,8 @@ class ProcessTracker:
         task = f"{self.procfs}/{pid}/task"
         children: list[int] = []
         for tid in _listed(task, MAX_THREADS, budget):
-            try:
-                text = boundedio.read_text(f"{task}/{tid}/children", MAX_CHILDREN_FILE,
-                                           budget.left())
-            except TrackerError:
-                raise
-            except OSError as exc:
-                _raise_if_deadline(exc)
+            text = _read_or_none(f"{task}/{tid}/children", MAX_CHILDREN_FILE, budget)
+            if text is None:
                 continue  # the thread or the process ended since the listing
             children.extend(int(x) for x in text.split() if x.isdigit())
         return children
@@ -246,12 +241,8 @@ class ProcessTracker:
         return handed_out | self._pending, handed_out, set()
 
     def _loadavg_last_pid(self, budget: _Budget) -> int | None:
-        try:
-            text = boundedio.read_text(f"{self.procfs}/loadavg", MAX_LOADAVG, budget.left())
-        except TrackerError:
-            raise
-        except OSError as exc:
-            _raise_if_deadline(exc)
+        text = _read_or_none(f"{self.procfs}/loadavg", MAX_LOADAVG, budget)
+        if text is None:
             return None
         fields = text.split()
         return int(fields[4]) if len(fields) >= 5 and fields[4].isdigit() else None
@@ -270,14 +261,9 @@ class ProcessTracker:
             return None  # it ended (or is unreadable: not a member we can tell)
 
     def _is_process(self, pid: int, budget: _Budget) -> bool:
-        try:
-            text = boundedio.read_text(f"{self.procfs}/{pid}/status", MAX_STATUS,
-                                       budget.left())
-        except TrackerError:
-            raise
-        except OSError as exc:
-            _raise_if_deadline(exc)
-            return False
+        text = _read_or_none(f"{self.procfs}/{pid}/status", MAX_STATUS, budget)
+        if text is None:
+            return False  # it ended, or is unreadable
         for line in text.splitlines():
             if line.startswith("Tgid:"):
                 return line[5:].strip() == str(pid)
@@ -310,6 +296,18 @@ def _listed(path: str, bound: int, budget: _Budget) -> Iterable[str]:
     except OSError as exc:
         if exc.errno not in (errno.ESRCH, errno.ENOENT):
             raise
+
+
+def _read_or_none(path: str, max_bytes: int, budget: _Budget) -> str | None:
+    """A bounded read within the budget's deadline: the text, or None where the file is
+    gone or unreadable (a process that ended); TrackerError when the deadline passed."""
+    try:
+        return boundedio.read_text(path, max_bytes, budget.left())
+    except TrackerError:
+        raise
+    except OSError as exc:
+        _raise_if_deadline(exc)
+        return None
 
 
 def _raise_if_deadline(exc: OSError) -> None:
