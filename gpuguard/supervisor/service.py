@@ -363,6 +363,8 @@ class Supervisor:
             st.next_retry = time.time() + backoff  # shown
             st.boot_id = self.boot_id
             st.retry_boottime = boottime() + backoff
+        # the file first: whoever reads it after the log says "failed" sees the failure
+        self._save()
         if unexpected is not None:
             self.log.error("failover_unexpected_error", exc_info=unexpected)
         if rollback_error is not None:
@@ -371,7 +373,6 @@ class Supervisor:
                        keeping=source)
         self._tell({"to": to, "reason": error, "action": "none", "outcome": "failed",
                     "step": step})
-        self._save()
 
     def _save(self) -> None:
         """The state to its file; a write that fails (a full or read-only filesystem) is

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,18 +28,48 @@ def small_state_dir(tmp_path: Path) -> Iterator[Path]:
         yield mnt
 
 
-def fill(directory: Path) -> Path:
-    """A file that takes every byte left; its path."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+class SpaceHog:
+    """Takes every byte left on a filesystem and keeps taking what frees up, until
+    released: a state write renamed over its old file frees that file's page, and a hog
+    that filled once would leave it to the daemon's next write (the old race of this test).
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "filler"
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        self._stop = threading.Event()
+        self._take()  # full before the constructor returns
+        self._thread = threading.Thread(target=self._keep, daemon=True)
+        self._thread.start()
+
+    def _take(self) -> None:
+        try:
+            while os.write(self._fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass  # ENOSPC: full
+
+    def _keep(self) -> None:
+        while not self._stop.wait(0.005):  # 100x faster than the daemon's 0.5 s cycle
+            self._take()
+
+    def release(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join()
+        os.close(self._fd)
+        self.path.unlink()
+
+
+@pytest.fixture
+def space_hog(small_state_dir: Path) -> Iterator[SpaceHog]:
+    """A hog on the tiny state filesystem, released (fd closed) before it is unmounted."""
+    hog = SpaceHog(small_state_dir)
     try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass  # ENOSPC: full
+        yield hog
     finally:
-        os.close(fd)
-    return filler
+        hog.release()
 
 
 def write_errors(daemon) -> float:
@@ -49,7 +80,7 @@ def write_errors(daemon) -> float:
 
 
 def test_a_full_state_filesystem_fails_over_first_and_writes_the_state_later(
-        start_daemon, fake_env, tmp_path, small_state_dir):
+        start_daemon, fake_env, tmp_path, small_state_dir, request):
     temperature = tmp_path / "temperature"
     temperature.write_text("40\n")
     config = exec_service(tmp_path, min_cpu_time=0)
@@ -61,7 +92,7 @@ def test_a_full_state_filesystem_fails_over_first_and_writes_the_state_later(
     # nothing failed before the filesystem filled (a cycle's write right after the fill
     # may already fail: that is the fault under test, not a failure before it)
     assert write_errors(daemon) == 0
-    filler = fill(small_state_dir)
+    hog = request.getfixturevalue("space_hog")  # full from here on
 
     temperature.write_text("95\n")  # critical: failover_after 2
     daemon.wait_for(lambda: (tmp_path / "variants" / "cpu").exists(), 20,
@@ -73,7 +104,7 @@ def test_a_full_state_filesystem_fails_over_first_and_writes_the_state_later(
     assert failed and "No space left" in failed[0]["error"], failed
     assert state.read(path).active == "gpu"  # the old file is whole (atomic writes)
 
-    filler.unlink()  # room again: the next cycle writes what it could not
+    hog.release()  # room again: the next cycle writes what it could not
     daemon.wait_for(lambda: state.read(path).active == "cpu", 10, "the state written")
     assert '"failover_state_write_recovered"' in daemon.log.read_text()
     assert state.read(path).transitions["to_cpu"] == 1
