@@ -18,6 +18,7 @@ import pytest
 from openapi_core.validation.response.exceptions import InvalidData
 from openapi_spec_validator import validate
 from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
+from prometheus_client import CollectorRegistry
 
 from gpuguard.daemon import http
 from gpuguard.daemon.app import Daemon
@@ -188,3 +189,28 @@ def test_a_running_daemons_answers_match_the_document(start_daemon: Any,
     assert isinstance(stale["stale_reason"], str)
     health = validated(checker, daemon.url + "/healthz")
     assert health.status_code == 200 and json.loads(health.data)["stale_results"] is True
+
+
+def test_a_daemon_on_the_fake_nvml_answers_as_documented(start_daemon: Any, fake_env: Any
+                                                          ) -> None:
+    """A live sweep (the C fake of libnvidia-ml, two GPUs), not a replay."""
+    daemon = start_daemon("--fast-interval", "0.5", env=fake_env(gpus=2))
+    checker = api()
+    assert validated(checker, daemon.url + "/healthz").status_code == 200
+    status = json.loads(validated(checker, daemon.url + "/status").data)
+    assert status["host"]["source"] == "nvml" and status["host"]["gpu_count"] == 2
+    assert validated(checker, daemon.url + "/metrics").status_code == 200
+
+
+def test_a_route_that_raises_is_the_documented_500() -> None:
+    """http.serve's own answer when what it serves raises (here: the status callable)."""
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("the status document exploded")
+
+    server = http.serve("127.0.0.1", 0, CollectorRegistry(), lambda: (True, {}), broken)
+    try:
+        answer = validated(api(), f"http://127.0.0.1:{server.server_address[1]}/status")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert answer.status_code == 500
