@@ -6,8 +6,15 @@ from pathlib import Path
 
 import click
 
-from gpuguard.cli.options import ConfigProblem, state_dir_option
+from gpuguard.cli.options import (
+    ConfigProblem,
+    emit_json,
+    state_dir_option,
+    text_or_json_option,
+)
 from gpuguard.cli.values import MAX_WAIT_S, Finite
+
+SCHEMA = 1  # of status's JSON document (gpuguard/outputs/schemas/failover-status.schema.json)
 
 
 @click.group()
@@ -17,24 +24,43 @@ def failover() -> None:
 
 @failover.command("status")
 @state_dir_option()
-def failover_status(state_dir: Path | None) -> None:
+@text_or_json_option()
+def failover_status(state_dir: Path | None, fmt: str) -> None:
     """Which variant of each service serves, since when and why."""
     from gpuguard.io.paths import state_dir_or_default
     from gpuguard.supervisor import state, state_view
 
     state_dir = state_dir_or_default(state_dir)
     try:
-        lines, unreadable = state_view.describe_all(state_dir)
+        if fmt == "json":
+            unreadable = _print_json(state_dir)
+        else:
+            lines, unreadable = state_view.describe_all(state_dir)
+            for line in lines:
+                click.echo(line)
+            from gpuguard.events.commands import last_transitions
+
+            for line in last_transitions(state_dir):
+                click.echo(line)
     except state.CannotAccess as exc:
         raise ConfigProblem(str(exc)) from exc
-    for line in lines:
-        click.echo(line)
-    from gpuguard.events.commands import last_transitions
-
-    for line in last_transitions(state_dir):
-        click.echo(line)
     if unreadable:
         raise ConfigProblem(f"{unreadable} state file(s) in {state_dir} could not be read")
+
+
+def _print_json(state_dir: Path) -> int:
+    """The document of `failover status --format json`; how many state files were
+    unreadable (the command then exits 3, as the text's does, after printing it)."""
+    from gpuguard.events.commands import recent_transitions
+    from gpuguard.supervisor import state_view
+
+    states, unreadable = state_view.read_all(state_dir)
+    found, problem = recent_transitions(state_dir)
+    emit_json({"schema": SCHEMA, "state_dir": str(state_dir),
+               "services": [state_view.as_json(name, st) for name, st in states],
+               "unreadable": [{"path": str(path), "reason": why} for path, why in unreadable],
+               "transitions": [e.to_json() for e in found], "event_store_problem": problem})
+    return len(unreadable)
 
 
 @failover.command("to")

@@ -91,6 +91,26 @@ def span_option(text: str, option: str) -> float:
     return seconds
 
 
+# The documents of --format json: docs/json-output.md; each is described by a JSON Schema
+# in gpuguard/outputs/schemas/ (the tests validate the commands' real output against it).
+JSON_DOC = "docs/json-output.md"
+
+
+def text_or_json_option() -> Callable[[Any], Any]:
+    """`--format text|json` of a command whose text is for people and whose JSON is one
+    document with a `schema` version (check, status and events keep their own choices)."""
+    return click.option("--format", "fmt", type=click.Choice(["text", "json"]),
+                        default="text", show_default=True,
+                        help=f"text, or one JSON document ({JSON_DOC}).")
+
+
+def emit_json(document: dict[str, Any]) -> None:
+    """One JSON document on stdout, as `check --format json` writes its own."""
+    import json
+
+    click.echo(json.dumps(document, indent=2))
+
+
 def paths_from(sysfs: Path | None, procfs: Path | None, rootfs: Path | None) -> Paths:
     from gpuguard.io.paths import Paths
 

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from gpuguard.assess.inputs import load_configuration
-from gpuguard.cli.options import ConfigProblem, rule_options
+from gpuguard.cli.options import ConfigProblem, emit_json, rule_options, text_or_json_option
+
+if TYPE_CHECKING:
+    from gpuguard.model.rule import Rule, RuleSet
+
+SCHEMA = 1  # of the JSON documents below (gpuguard/outputs/schemas/rules-*.schema.json)
 
 
 @click.group()
@@ -16,11 +22,17 @@ def rules() -> None:
 
 
 @rules.command("list")
+@text_or_json_option()
 @rule_options
-def rules_list(profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
+def rules_list(fmt: str, profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
     """List every rule with its scope, severity and whether it is enabled."""
     _, ruleset = load_configuration(profile_path, rules_dirs)
     rows = ruleset.ordered()
+    if fmt == "json":
+        emit_json({"schema": SCHEMA, "rules": [
+            {"id": r.id, "scope": r.scope, "severity": r.severity.value, "enabled": r.enabled,
+             "summary": r.summary, "tags": list(r.tags)} for r in rows]})
+        return
     width = max(len(r.id) for r in rows)
     click.echo(f"{'RULE':<{width}}  SCOPE  SEVERITY  ENABLED  SUMMARY")
     for r in rows:
@@ -30,13 +42,18 @@ def rules_list(profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
 
 @rules.command("explain")
 @click.argument("rule_id")
+@text_or_json_option()
 @rule_options
-def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
+def rules_explain(rule_id: str, fmt: str, profile_path: Path | None,
+                  rules_dirs: tuple[Path, ...]) -> None:
     """What RULE_ID checks, the thresholds in force, and what to do when it fails."""
     _, ruleset = load_configuration(profile_path, rules_dirs)
     rule = ruleset.rules.get(rule_id)
     if rule is None:
         raise ConfigProblem(f"no rule {rule_id!r}; see `gpuguard rules list`")
+    if fmt == "json":
+        emit_json({"schema": SCHEMA, "rule": explained(rule, ruleset)})
+        return
     click.echo(f"{rule.id}  ({rule.scope} rule, severity {rule.severity.value}, "
                f"{'enabled' if rule.enabled else 'disabled'})")
     click.echo(f"  checks:      {rule.summary}")
@@ -50,6 +67,21 @@ def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Pat
     for where in rule.overrides:
         click.echo(f"  changed at:  {where}")
     click.echo(f"  remediation: {rule.remediation or '-'}")
+    click.echo(f"  action:      {action_text(rule, ruleset)}")
+
+
+def explained(rule: Rule, ruleset: RuleSet) -> dict[str, Any]:
+    """`rules explain`'s lines as one object (the JSON document's `rule`)."""
+    return {"id": rule.id, "scope": rule.scope, "severity": rule.severity.value,
+            "enabled": rule.enabled, "summary": rule.summary,
+            "when": None if rule.when is None else rule.when.source,
+            "thresholds": dict(rule.thresholds), "tags": list(rule.tags),
+            "defined_at": rule.origin, "changed_at": list(rule.overrides),
+            "remediation": rule.remediation or None, "action": action_text(rule, ruleset)}
+
+
+def action_text(rule: Rule, ruleset: RuleSet) -> str:
+    """What the rule's failure suggests doing, and where a finding's own data decides."""
     from gpuguard.judge.actions import NO_RESET_HELPS, WRONG_DATA, suggest
     from gpuguard.model.results import Status
 
@@ -64,14 +96,19 @@ def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Pat
     whats = [f"{status.value} {action.value} ({why})" for status in
              (Status.CRITICAL, Status.WARNING)
              for action, why in [suggest(rule, status, {}, ruleset)]]
-    click.echo(f"  action:      {prefix}"
-               f"{source.get(rule.id, '') if rule.action is None else ''}" + "; ".join(whats))
+    return (f"{prefix}{source.get(rule.id, '') if rule.action is None else ''}"
+            + "; ".join(whats))
 
 
 @rules.command("fields")
-def rules_fields() -> None:
+@text_or_json_option()
+def rules_fields(fmt: str) -> None:
     """Names that a rule's `when:` condition can use."""
     from gpuguard.config.rule_files import GPU_CONDITION_NAMES, HOST_CONDITION_NAMES
 
+    if fmt == "json":
+        emit_json({"schema": SCHEMA, "gpu": list(GPU_CONDITION_NAMES),
+                   "host": list(HOST_CONDITION_NAMES)})
+        return
     click.echo("gpu scope:  " + ", ".join(GPU_CONDITION_NAMES))
     click.echo("host scope: " + ", ".join(HOST_CONDITION_NAMES))

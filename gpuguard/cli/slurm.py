@@ -12,7 +12,13 @@ from typing import Any
 
 import click
 
-from gpuguard.cli.options import path_options, rule_options, state_dir_option
+from gpuguard.cli.options import (
+    emit_json,
+    path_options,
+    rule_options,
+    state_dir_option,
+    text_or_json_option,
+)
 from gpuguard.cli.values import MAX_WAIT_S, FilePath, Finite
 
 
@@ -143,8 +149,9 @@ def slurm() -> None:
 @click.option("--probe-budget", type=Finite(min=0.5, max=50), default=3.0,
               show_default=True, help="Seconds for re-probing the GPUs a prolog failed on.")
 @qualify_options
+@text_or_json_option()
 def health(socket_path: str | None, no_daemon: bool, brake_jitter: float,
-           metrics_file: Path | None, probe_budget: float, **kw: Any) -> None:
+           metrics_file: Path | None, probe_budget: float, fmt: str, **kw: Any) -> None:
     """slurmd's HealthCheckProgram: drain on a critical hardware finding, resume when it is
     gone (after a drain for reset_gpu, reboot or inspect_hardware, once a qualification it
     starts detached has passed); exit 0, 2 when the fleet brake held, 3 when Slurm did not
@@ -162,7 +169,10 @@ def health(socket_path: str | None, no_daemon: bool, brake_jitter: float,
                     None if cold else socket_path or socket_client.default_socket(),
                     metrics_file, probe_budget, gate)
     code = run_health(run)
-    click.echo("\n".join(f"gpuguard slurm health: {line}" for line in run.lines))
+    if fmt == "json":
+        emit_json(run.to_json(code))
+    else:
+        click.echo("\n".join(f"gpuguard slurm health: {line}" for line in run.lines))
     for line in run.lost:  # slurmd logs a health program's stderr: the loss is seen there
         click.echo(f"gpuguard slurm health: {line}", err=True)
     sys.exit(code)

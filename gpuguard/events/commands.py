@@ -193,17 +193,9 @@ def _when(t: object) -> str:
 def last_transitions(state_dir: Path, limit: int = 10) -> list[str]:
     """`failover status`'s tail: the last failovers and rule transitions from the store
     (nothing when there is no store; one line saying so when it cannot be read)."""
-    path = eventstore.path_in(state_dir)
-    if not path.is_file():
-        return []
-    try:
-        conn = eventstore.open_reader(path)
-        try:
-            found = eventstore.query(conn, kinds=("supervisor", "rule"), limit=limit)
-        finally:
-            conn.close()
-    except (StoreUnreadable, sqlite3.Error) as exc:
-        return [f"(event store not readable: {exc})"]
+    found, problem = recent_transitions(state_dir, limit)
+    if problem is not None:
+        return [f"(event store not readable: {problem})"]
     if not found:
         return []
     lines = ["", f"last {len(found)} transition(s) (gpuguard events for more):"]
@@ -217,3 +209,19 @@ def last_transitions(state_dir: Path, limit: int = 10) -> list[str]:
                     f"(action {e.action or 'none'})")
         lines.append(f"  {_when(e.time)}  {what}")
     return lines
+
+
+def recent_transitions(state_dir: Path, limit: int = 10) -> tuple[list[Event], str | None]:
+    """The last failovers and rule transitions in the store, newest first (none when
+    there is no store), and why the store could not be read (None when it could)."""
+    path = eventstore.path_in(state_dir)
+    if not path.is_file():
+        return [], None
+    try:
+        conn = eventstore.open_reader(path)
+        try:
+            return eventstore.query(conn, kinds=("supervisor", "rule"), limit=limit), None
+        finally:
+            conn.close()
+    except (StoreUnreadable, sqlite3.Error) as exc:
+        return [], str(exc)

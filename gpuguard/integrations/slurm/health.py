@@ -90,7 +90,7 @@ def run_health(run: HealthRun) -> int:
 
 
 def _run_health(run: HealthRun) -> int:
-    found = verdict(run)
+    found = run.verdict = verdict(run)
     run.say(f"verdict: {found.source}")
     try:
         node = slurm_ctl.node(run.ctl, run.node)
@@ -113,6 +113,7 @@ def _run_health(run: HealthRun) -> int:
                       record, step)
     run.say(f"node {node.name} ({node.word}, reason {node.reason or 'none'}): "
             f"{plan.do}: {plan.why}")
+    run.plan = {"do": plan.do, "reason": plan.reason, "why": plan.why}
     findings = slurm.drain_worthy(results, failover_rules) or \
         (failure or {}).get("findings") or []
     try:

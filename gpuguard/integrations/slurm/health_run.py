@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from gpuguard.assess.once import Judgement
     from gpuguard.integrations.slurm import brake as slurm_brake
     from gpuguard.integrations.slurm import ctl as slurm_ctl
+    from gpuguard.model.results import Verdict
 
 
 @dataclass
@@ -34,6 +35,16 @@ class HealthRun:
     cold: Judgement | None = None  # this host collected, once per run (judgement())
     lost: list[str] = field(default_factory=list)  # what of the state dir was lost
     stateless: bool = False  # the state dir cannot be made: no record to read either
+    # what it decided on and what it decided, for `--format json` (None: not that far)
+    verdict: Verdict | None = None
+    plan: dict[str, Any] | None = None
+
+    def to_json(self, code: int) -> dict[str, Any]:
+        """The run as `slurm health --format json` prints it (docs/json-output.md): the
+        verdict part is Verdict.to_json's, as the daemon's socket serves it."""
+        return {"schema": 1, "node": self.node, "exit_code": code,
+                "verdict": None if self.verdict is None else self.verdict.to_json(),
+                "plan": self.plan, "lines": list(self.lines), "lost": list(self.lost)}
 
     def say(self, text: str) -> None:
         self.lines.append(text)
