@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
 """Write packaging/prometheus/gpuguard-alerts.yaml from the rule pack.
 
-One alerting rule per gpuguard rule, so that each alert carries that rule's own
-remediation as its runbook text; plus the alerts about the daemon and the supervisor.
+Two alerting rules per gpuguard rule (critical, warning), each with a short summary and
+description and a `runbook_url` to that rule's page (docs/runbooks/<rule id>.md, written by
+scripts/gen_runbooks.py: what it reads, its thresholds, how to confirm, what to do); plus
+the alerts about the daemon and the supervisor, whose pages are docs/runbooks/alerts/.
 
     python scripts/gen_alerts.py           # rewrite the file
     python scripts/gen_alerts.py --check   # exit 1 if it is out of date (the tests do this)
+    python scripts/gen_alerts.py --runbook-base https://wiki.example.com/gpuguard/
+                                           # a fleet's own copy of the pages (operations.md)
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,7 @@ from typing import Any
 import yaml
 
 from gpuguard.config.ruleset import load_ruleset
+from gpuguard.outputs.runbooks import RUNBOOK_BASE_URL, alert_page, rule_page, runbook_url
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "packaging" / "prometheus" / "gpuguard-alerts.yaml"
@@ -30,7 +36,7 @@ XID_WHERE = ("{{ if $labels.gpu }}GPU {{ $labels.gpu }} ({{ $labels.pci_bus_id }
              "{{ $labels.pci_bus_id }} (an address NVML does not list){{ end }}")
 
 
-def rule_alerts() -> list[dict[str, Any]]:
+def rule_alerts(base: str = RUNBOOK_BASE_URL) -> list[dict[str, Any]]:
     alerts = []
     for rule in load_ruleset().ordered():
         if rule.id == "xid.recent":
@@ -54,7 +60,8 @@ def rule_alerts() -> list[dict[str, Any]]:
                     "summary": f"{rule.id} {level} on {{{{ $labels.instance }}}} {GPU}: "
                                f"{rule.problem}",
                     "description": f"{problem} ({rule.id}, {level} for 3 cycles or more).",
-                    "runbook": rule.remediation,
+                    # The remediation is on the page (and in `gpuguard rules explain`).
+                    "runbook_url": runbook_url(rule_page(rule.id), base),
                 },
             })
     return alerts
@@ -74,11 +81,7 @@ DAEMON_ALERTS: list[dict[str, Any]] = [
      "annotations": {"summary": "Fatal Xid on {{ $labels.instance }} " + XID_WHERE,
                      "description": "The latest fatal Xid on it was {{ $value | "
                                     "humanizeDuration }} ago; xid.recent of this GPU names "
-                                    "the codes, most severe first, and what to do.",
-                     "runbook": "Read the GPU's xid.recent result (/status, or `gpuguard "
-                                "check`) and follow its action: reset the GPU, reboot the node "
-                                "or take the board out; `gpuguard events --kind xid` lists "
-                                "every line."}},
+                                    "the codes, most severe first, and what to do."}},
     # Issue 14. host.memory warns for a whole day after a host-wide OOM kill (its window),
     # through GPUGuardRuleWarning; this one says at once that a new one happened. A kill at
     # a cgroup's own limit is the container's or unit's size, not the host's memory: as
@@ -89,9 +92,10 @@ DAEMON_ALERTS: list[dict[str, Any]] = [
      "labels": {"severity": "warning"},
      "annotations": {"summary": "the host ran out of memory and the out-of-memory killer "
                                 "killed a process on {{ $labels.instance }}",
-                     "runbook": "host.memory in /status names the victim; `journalctl -k | "
-                                "grep -i -e 'out of memory' -e oom-kill`. See what holds the "
-                                "memory (`ps aux --sort=-rss | head`, `systemd-cgtop -m`)."}},
+                     "description": "host.memory in /status names the victim; `journalctl "
+                                    "-k | grep -i -e 'out of memory' -e oom-kill`. See what "
+                                    "holds the memory (`ps aux --sort=-rss | head`, "
+                                    "`systemd-cgtop -m`)."}},
     {"alert": "GPUGuardDiskFillingUp",
      # Before host.disk's 10 % line: at the rate of the last 6 h, full within a day.
      "expr": "predict_linear(gpuguard_disk_free_bytes[6h], 86400) < 0 and "
@@ -100,37 +104,40 @@ DAEMON_ALERTS: list[dict[str, Any]] = [
      "labels": {"severity": "warning"},
      "annotations": {"summary": "{{ $labels.path }} on {{ $labels.instance }} fills up within "
                                 "a day at its current rate",
-                     "runbook": "See what grows there: `docker system df` for Docker's data "
-                                "root, `du -sh <path>/*` for the model cache; prune old images "
-                                "and model revisions (host.disk's remediation)."}},
+                     "description": "See what grows there: `docker system df` for Docker's "
+                                    "data root, `du -sh <path>/*` for the model cache; prune "
+                                    "old images and model revisions (host.disk's "
+                                    "remediation)."}},
     {"alert": "GPUGuardFailoverActive",
      "expr": "gpuguard_failover_active == 1",
      "labels": {"severity": "warning"},
      "annotations": {"summary": "{{ $labels.service }} on {{ $labels.instance }} runs on CPU",
-                     "runbook": "The GPU failed three cycles in a row. Fix the GPU (see the "
-                                "critical rule alerts of this host); gpuguard moves the service "
-                                "back after healthy cycles, or run `gpuguard failover to gpu`."}},
+                     "description": "The GPU failed three cycles in a row. Fix the GPU (see "
+                                    "the critical rule alerts of this host); gpuguard moves the "
+                                    "service back after healthy cycles, or run `gpuguard "
+                                    "failover to gpu`."}},
     {"alert": "GPUGuardFailoverInProgress",
      "expr": "gpuguard_failover_in_progress == 1",
      "for": "2m",
      "labels": {"severity": "warning"},
      "annotations": {"summary": "{{ $labels.service }} on {{ $labels.instance }} has been "
                                 "moving between variants for 2 minutes",
-                     "runbook": "Check `gpuguard failover status` and the daemon's log "
-                                "(failover_step, failover_failed)."}},
+                     "description": "Check `gpuguard failover status` and the daemon's log "
+                                    "(failover_step, failover_failed)."}},
     {"alert": "GPUGuardFailoverErrors",
      "expr": "increase(gpuguard_failover_errors_total[15m]) > 0",
      "labels": {"severity": "warning"},
      "annotations": {"summary": "a failover of {{ $labels.service }} on {{ $labels.instance }} "
                                 "failed",
-                     "runbook": "The GPU variant was kept. Read failover_failed in the daemon's "
-                                "log: Docker down, image missing or the CPU variant never ready."}},
+                     "description": "The GPU variant was kept. Read failover_failed in the "
+                                    "daemon's log: Docker down, image missing or the CPU "
+                                    "variant never ready."}},
     {"alert": "GPUGuardDown",
      "expr": 'up{job=~"gpuguard.*"} == 0',
      "for": "1m",
      "labels": {"severity": "critical"},
      "annotations": {"summary": "gpuguard on {{ $labels.instance }} does not answer",
-                     "runbook": "systemctl status gpuguard; journalctl -u gpuguard."}},
+                     "description": "systemctl status gpuguard; journalctl -u gpuguard."}},
     {"alert": "GPUGuardSilent",
      # The daemon's own monotonic age, not time() minus its wall-clock stamp: a host
      # clock that disagrees with Prometheus's neither fires this nor hides it.
@@ -138,21 +145,21 @@ DAEMON_ALERTS: list[dict[str, Any]] = [
      "labels": {"severity": "critical"},
      "annotations": {"summary": "gpuguard on {{ $labels.instance }} has not finished a cycle "
                                 "for over a minute",
-                     "runbook": "The daemon answers but its cycles stopped: journalctl -u "
-                                "gpuguard (cycle_failed)."}},
+                     "description": "The daemon answers but its cycles stopped: journalctl -u "
+                                    "gpuguard (cycle_failed)."}},
     {"alert": "GPUGuardAbsent",
      "expr": 'absent(up{job=~"gpuguard.*"})',
      "for": "5m",
      "labels": {"severity": "critical"},
      "annotations": {"summary": "no gpuguard target is scraped",
-                     "runbook": "Check Prometheus' service discovery for the gpuguard job."}},
+                     "description": "Check Prometheus' service discovery for the gpuguard job."}},
     {"alert": "GPUGuardConfigReloadFailed",
      "expr": "gpuguard_config_last_reload_successful == 0",
      "labels": {"severity": "warning"},
      "annotations": {"summary": "gpuguard on {{ $labels.instance }} rejected its new "
                                 "configuration",
-                     "runbook": "The last good rules are in use. journalctl -u gpuguard shows "
-                                "config_reload_failed with the file and line."}},
+                     "description": "The last good rules are in use. journalctl -u gpuguard "
+                                    "shows config_reload_failed with the file and line."}},
     # Issue 20. The store (main file and WAL) is bounded at 64 MiB; it stays above only
     # while a reader holds a read transaction and pins the WAL, which gpuguard cannot end
     # (docs/events.md). Fifteen minutes: a long `gpuguard events` or a backup is not it.
@@ -162,44 +169,56 @@ DAEMON_ALERTS: list[dict[str, Any]] = [
      "labels": {"severity": "warning"},
      "annotations": {"summary": "the event store on {{ $labels.instance }} has stayed above "
                                 "its 64 MiB bound for 15 minutes",
-                     "runbook": "A reader holds a read transaction and pins the WAL, which "
-                                "gpuguard cannot checkpoint: find it with `fuser -v "
-                                "/var/lib/gpuguard/events.db*` (or lsof) and end it; the "
-                                "daemon truncates the WAL at its next flush. Meanwhile new "
-                                "events wait in memory (bounded; "
-                                "gpuguard_event_store_dropped_total counts what does not "
-                                "fit)."}},
+                     "description": "A reader holds a read transaction and pins the WAL, which "
+                                    "gpuguard cannot checkpoint: find it with `fuser -v "
+                                    "/var/lib/gpuguard/events.db*` (or lsof) and end it; the "
+                                    "daemon truncates the WAL at its next flush. Meanwhile new "
+                                    "events wait in memory (bounded; "
+                                    "gpuguard_event_store_dropped_total counts what does not "
+                                    "fit)."}},
     {"alert": "GPUGuardCheckDeadline",
      "expr": "increase(gpuguard_check_deadline_exceeded_total[5m]) > 0 or "
              "gpuguard_results_stale == 1",
      "labels": {"severity": "critical"},
      "annotations": {"summary": "NVML did not answer in time on {{ $labels.instance }}",
-                     "runbook": "A GPU or the driver is wedged: see driver.responsive, look for "
-                                "Xid 79/119/120, drain the node, reset the GPU or reboot."}},
+                     "description": "A GPU or the driver is wedged: see driver.responsive, "
+                                    "look for Xid 79/119/120, drain the node, reset the GPU or "
+                                    "reboot."}},
 ]
 
 
-def groups() -> list[dict[str, Any]]:
-    return [{"name": "gpuguard-rules", "rules": rule_alerts()},
-            {"name": "gpuguard-daemon", "rules": DAEMON_ALERTS}]
+def daemon_alerts(base: str = RUNBOOK_BASE_URL) -> list[dict[str, Any]]:
+    """DAEMON_ALERTS, each with the runbook_url of its own page (docs/runbooks/alerts/)."""
+    return [{**alert, "annotations": {**alert["annotations"], "runbook_url": runbook_url(
+        alert_page(alert["alert"]), base)}} for alert in DAEMON_ALERTS]
 
 
-def render() -> dict[Path, str]:
+def groups(base: str = RUNBOOK_BASE_URL) -> list[dict[str, Any]]:
+    return [{"name": "gpuguard-rules", "rules": rule_alerts(base)},
+            {"name": "gpuguard-daemon", "rules": daemon_alerts(base)}]
+
+
+def render(base: str = RUNBOOK_BASE_URL) -> dict[Path, str]:
     dump = {"sort_keys": False, "width": 100, "allow_unicode": True}
     k8s = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
            "metadata": {"name": "gpuguard", "namespace": "gpuguard",
                         "labels": {"app.kubernetes.io/name": "gpuguard"}},
-           "spec": {"groups": groups()}}
-    return {OUT: HEADER + yaml.safe_dump({"groups": groups()}, **dump),
+           "spec": {"groups": groups(base)}}
+    return {OUT: HEADER + yaml.safe_dump({"groups": groups(base)}, **dump),
             K8S: HEADER.replace("Prometheus alerting rules", "The same alerts as a "
                                 "prometheus-operator PrometheusRule")
             + yaml.safe_dump(k8s, **dump)}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if a file is stale")
+    parser.add_argument("--runbook-base", default=RUNBOOK_BASE_URL, metavar="URL",
+                        help="where the docs/runbooks/ pages are served (default: %(default)s)")
+    args = parser.parse_args(argv)
     stale = []
-    for path, text in render().items():
-        if "--check" in sys.argv:
+    for path, text in render(args.runbook_base).items():
+        if args.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(path)
         else:

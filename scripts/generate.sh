@@ -7,5 +7,6 @@ python=${PYTHON:-.venv/bin/python}
 "$python" scripts/gen_pack_cache.py    # rules/compiled.json
 "$python" scripts/gen_rules_doc.py     # docs/rules.md
 "$python" scripts/gen_alerts.py        # Prometheus and Kubernetes alert rules
+"$python" scripts/gen_runbooks.py      # docs/runbooks/: a page per rule, the alerts' runbook_url
 "$python" scripts/gen_dashboard.py     # the Grafana dashboard
 "$python" scripts/gen_samples.py       # the samples of the docs

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from gpuguard.config.ruleset import load_ruleset
+from gpuguard.outputs.runbooks import alert_page, rule_page, runbook_url
 from tests.conftest import REPO
 
 ALERTS = REPO / "packaging" / "prometheus" / "gpuguard-alerts.yaml"
@@ -42,7 +43,7 @@ def critical_alert(rule_id):
             "summary": f"{rule_id} critical on h1:9412 GPU 3 (0000:3b:00.0): {rule.problem}",
             "description": f"{rule.problem[0].upper()}{rule.problem[1:]} ({rule_id}, critical "
                            "for 3 cycles or more).",
-            "runbook": rule.remediation,
+            "runbook_url": runbook_url(rule_page(rule_id)),
         },
     }
 
@@ -176,15 +177,13 @@ G3_LABELS = {"gpu": "3", "uuid": "U3", "pci_bus_id": "0000:3b:00.0"}
 
 
 def fatal_xid_alert(where, age, gpu_labels):
-    runbook = next(r["annotations"]["runbook"] for r in _daemon_rules()
-                   if r["alert"] == "GPUGuardFatalXid")
     return {"exp_labels": {"severity": "critical", "instance": "h1:9412", "job": "gpuguard",
                            **gpu_labels},
             "exp_annotations": {
                 "summary": f"Fatal Xid on h1:9412 {where}",
                 "description": f"The latest fatal Xid on it was {age} ago; xid.recent of this "
                                "GPU names the codes, most severe first, and what to do.",
-                "runbook": runbook}}
+                "runbook_url": runbook_url(alert_page("GPUGuardFatalXid"))}}
 
 
 def test_one_fatal_xid_alert_per_gpu_whatever_codes_it_logged(tmp_path):

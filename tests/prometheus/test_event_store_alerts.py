@@ -3,6 +3,7 @@ gpuguard cannot stop) alerts once it stays there; a moment above does not."""
 
 from __future__ import annotations
 
+from gpuguard.outputs.runbooks import alert_page, runbook_url
 from tests.prometheus.test_alerts import H, run_promtool
 
 MIB = 2**20
@@ -12,11 +13,12 @@ ALERT = {
     "exp_annotations": {
         "summary": "the event store on h1:9412 has stayed above its 64 MiB bound for 15 "
                    "minutes",
-        "runbook": "A reader holds a read transaction and pins the WAL, which gpuguard "
-                   "cannot checkpoint: find it with `fuser -v /var/lib/gpuguard/events.db*` "
-                   "(or lsof) and end it; the daemon truncates the WAL at its next flush. "
-                   "Meanwhile new events wait in memory (bounded; "
-                   "gpuguard_event_store_dropped_total counts what does not fit).",
+        "description": "A reader holds a read transaction and pins the WAL, which gpuguard "
+                       "cannot checkpoint: find it with `fuser -v /var/lib/gpuguard/events.db*` "
+                       "(or lsof) and end it; the daemon truncates the WAL at its next flush. "
+                       "Meanwhile new events wait in memory (bounded; "
+                       "gpuguard_event_store_dropped_total counts what does not fit).",
+        "runbook_url": runbook_url(alert_page("GPUGuardEventStoreOverBound")),
     },
 }
 

@@ -5,6 +5,7 @@ remembered and whose disk is steady."""
 
 from __future__ import annotations
 
+from gpuguard.outputs.runbooks import alert_page, runbook_url
 from tests.prometheus.test_alerts import H, run_promtool, status, warning_alert
 
 HOST = 'gpu="",uuid="",pci_bus_id=""'
@@ -57,9 +58,11 @@ def test_a_new_host_oom_kill_alerts_at_once_and_an_old_one_does_not(tmp_path):
                 "exp_annotations": {
                     "summary": "the host ran out of memory and the out-of-memory killer "
                                "killed a process on h1:9412",
-                    "runbook": "host.memory in /status names the victim; `journalctl -k | "
-                               "grep -i -e 'out of memory' -e oom-kill`. See what holds the "
-                               "memory (`ps aux --sort=-rss | head`, `systemd-cgtop -m`)."}}]},
+                    "description": "host.memory in /status names the victim; `journalctl "
+                                   "-k | grep -i -e 'out of memory' -e oom-kill`. See what "
+                                   "holds the memory (`ps aux --sort=-rss | head`, "
+                                   "`systemd-cgtop -m`).",
+                    "runbook_url": runbook_url(alert_page("GPUGuardHostOomKill"))}}]},
             {"eval_time": "45m", "alertname": "GPUGuardHostOomKill", "exp_alerts": []},
         ]}])
 
@@ -102,7 +105,9 @@ def test_a_disk_filling_up_alerts_before_the_line_and_a_steady_one_does_not(tmp_
                                "path": "/models", "role": "profile"},
                 "exp_annotations": {
                     "summary": "/models on h1:9412 fills up within a day at its current rate",
-                    "runbook": "See what grows there: `docker system df` for Docker's data "
-                               "root, `du -sh <path>/*` for the model cache; prune old images "
-                               "and model revisions (host.disk's remediation)."}}]},
+                    "description": "See what grows there: `docker system df` for Docker's "
+                                   "data root, `du -sh <path>/*` for the model cache; prune "
+                                   "old images and model revisions (host.disk's "
+                                   "remediation).",
+                    "runbook_url": runbook_url(alert_page("GPUGuardDiskFillingUp"))}}]},
         ]}])

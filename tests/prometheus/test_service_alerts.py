@@ -2,6 +2,7 @@
 tested with promtool: host-level series (no GPU labels), as the daemon exports them."""
 
 from gpuguard.config.ruleset import load_ruleset
+from gpuguard.outputs.runbooks import rule_page, runbook_url
 from tests.prometheus.test_alerts import H, run_promtool
 
 
@@ -19,7 +20,7 @@ def _alert(rule_id, severity):
                 "summary": f"{rule_id} {severity} on h1:9412 host: {rule.problem}",
                 "description": f"{rule.problem[0].upper()}{rule.problem[1:]} ({rule_id}, "
                                f"{severity} for 3 cycles or more).",
-                "runbook": rule.remediation}}
+                "runbook_url": runbook_url(rule_page(rule_id))}}
 
 
 def test_failed_inference_and_a_leak_fire_on_the_host(tmp_path):
