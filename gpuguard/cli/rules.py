@@ -8,6 +8,7 @@ import click
 
 from gpuguard.assess.inputs import load_configuration
 from gpuguard.cli.options import ConfigProblem, rule_options
+from gpuguard.cli.rule_ids import complete_rule_id
 
 
 @click.group()
@@ -29,7 +30,7 @@ def rules_list(profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
 
 
 @rules.command("explain")
-@click.argument("rule_id")
+@click.argument("rule_id", shell_complete=complete_rule_id)
 @rule_options
 def rules_explain(rule_id: str, profile_path: Path | None, rules_dirs: tuple[Path, ...]) -> None:
     """What RULE_ID checks, the thresholds in force, and what to do when it fails."""
