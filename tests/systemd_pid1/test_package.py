@@ -30,8 +30,15 @@ def test_the_package_is_built_as_a_deb_and_an_rpm(gpuguard_deb: Path):
     assert sorted(gpuguard_deb.parent.glob("gpuguard-*.x86_64.rpm")), "no .rpm in dist/"
     listing = _host("dpkg-deb", "--contents", str(gpuguard_deb))
     for path in ("./usr/bin/gpuguard", "./lib/systemd/system/gpuguard.service",
-                 "./etc/gpuguard/profile.yaml", "./opt/gpuguard/wheels/"):
+                 "./etc/gpuguard/profile.yaml", "./opt/gpuguard/wheels/",
+                 # issue 34: completion where bash, Debian's zsh and fish look; man pages
+                 "./usr/share/bash-completion/completions/gpuguard",
+                 "./usr/share/zsh/vendor-completions/_gpuguard",
+                 "./usr/share/fish/vendor_completions.d/gpuguard.fish",
+                 *(f"./usr/share/man/man1/{page.name}"
+                   for page in sorted((REPO / "packaging" / "man").glob("*.1")))):
         assert path in listing, path
+    assert "/usr/share/zsh/site-functions/" not in listing  # the rpm's place for zsh
     conffiles = _host("dpkg-deb", "--info", str(gpuguard_deb), "conffiles")
     assert "/etc/gpuguard/profile.yaml" in conffiles  # an upgrade keeps the admin's copy
 
