@@ -67,11 +67,21 @@ def test_deb_installs_runs_and_removes(machine: Machine, gpuguard_deb: Path):
     # the rule pack travels inside the wheel
     explained = machine.ok("/usr/bin/gpuguard", "rules", "explain", "pcie.link_width")
     assert "/opt/gpuguard/venv/" in explained and "_rules/pcie.yaml" in explained
+    # issue 34: the installed completion script asks the installed gpuguard (sourced, as
+    # bash-completion loads it on the first TAB), and man reads the installed page
+    completed = machine.ok("bash", "--norc", "--noprofile", "-c",
+                           "source /usr/share/bash-completion/completions/gpuguard; "
+                           "COMP_WORDS=(gpuguard rules explain pcie.link_w); COMP_CWORD=3; "
+                           '_gpuguard_completion gpuguard; echo "${COMPREPLY[*]}"')
+    assert completed.split() == ["pcie.link_width"], completed
+    assert not _gone(machine, "/usr/share/man/man1/gpuguard-rules-explain.1")
     # the status socket's group (issue 22), made only where missing
     assert machine.run("getent", "group", "gpuguard").returncode == 0
 
     machine.ok("dpkg", "--purge", "gpuguard")
-    for path in ("/usr/bin/gpuguard", "/opt/gpuguard", "/lib/systemd/system/gpuguard.service"):
+    for path in ("/usr/bin/gpuguard", "/opt/gpuguard", "/lib/systemd/system/gpuguard.service",
+                 "/usr/share/bash-completion/completions/gpuguard",
+                 "/usr/share/man/man1/gpuguard.1"):
         assert _gone(machine, path), path
     # a group the package made goes with it...
     assert machine.run("getent", "group", "gpuguard").returncode != 0
