@@ -9,4 +9,6 @@ python=${PYTHON:-.venv/bin/python}
 "$python" scripts/gen_alerts.py        # Prometheus and Kubernetes alert rules
 "$python" scripts/gen_runbooks.py      # docs/runbooks/: a page per rule, the alerts' runbook_url
 "$python" scripts/gen_dashboard.py     # the Grafana dashboard
+"$python" scripts/gen_completion.py    # bash, zsh and fish completion (packaging/completion/)
+"$python" scripts/gen_manpages.py      # a man page per command (packaging/man/)
 "$python" scripts/gen_samples.py       # the samples of the docs

@@ -124,6 +124,13 @@ command -v sinfo >/dev/null 2>&1 || need_apt+=(slurm-client)
 command -v dash >/dev/null 2>&1 || need_apt+=(dash)                # the NPD plugin's shell
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)                   # tests/browser: the status page
 command -v npm >/dev/null 2>&1 || need_apt+=(npm)                  # axe-core for tests/browser
+# man pages and shell completion (issue 34): man --warnings -l and lexgrog read each page,
+# groff -ww checks it; real bash, zsh and fish complete with our scripts. man-db enables
+# man-db.timer at boot: restore_boot_state (below) turns it off again, as it does for the rest
+command -v man >/dev/null 2>&1 && command -v lexgrog >/dev/null 2>&1 || need_apt+=(man-db)
+command -v groff >/dev/null 2>&1 || need_apt+=(groff-base)
+command -v zsh >/dev/null 2>&1 || need_apt+=(zsh)
+command -v fish >/dev/null 2>&1 || need_apt+=(fish)
 [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import ensurepip' 2>/dev/null \
     || need_apt+=(python3-venv)                                    # the .deb's own venv
 

@@ -17,6 +17,7 @@ from gpuguard.cli.options import (
     span_option,
     state_dir_option,
 )
+from gpuguard.cli.rule_ids import complete_rule_id
 from gpuguard.cli.values import FilePath
 from gpuguard.events.kinds import KINDS
 
@@ -70,7 +71,8 @@ def _finite_span(text: str, option: str, most_s: float | None = None) -> float:
 @click.option("--since", default="24h", show_default=True, metavar="SPAN",
               help="Events of the last SPAN (90s, 15m, 24h, 30d).")
 @click.option("--gpu", metavar="N|UUID|SERIAL", help="Only this GPU (by index, UUID or serial).")
-@click.option("--rule", "rule_id", metavar="ID", help="Only this rule (xid.recent for Xids).")
+@click.option("--rule", "rule_id", metavar="ID", shell_complete=complete_rule_id,
+              help="Only this rule (xid.recent for Xids).")
 @click.option("--kind", "kinds", multiple=True,
               type=click.Choice(KINDS),
               help="Only these kinds (repeatable).")
@@ -96,7 +98,7 @@ def events_cmd(since: str, gpu: str | None, rule_id: str | None, kinds: tuple[st
 
 
 @click.command("ack")
-@click.argument("rule_id", metavar="RULE")
+@click.argument("rule_id", metavar="RULE", shell_complete=complete_rule_id)
 @click.option("--gpu", metavar="N|UUID|SERIAL",
               help="The GPU (required for a GPU rule: an ack names one board).")
 @click.option("--reason", required=True, help="Why, for `gpuguard events`.")

@@ -9,6 +9,7 @@ import click
 
 from gpuguard.assess.inputs import load_configuration
 from gpuguard.cli.options import ConfigProblem, emit_json, rule_options, text_or_json_option
+from gpuguard.cli.rule_ids import complete_rule_id
 
 if TYPE_CHECKING:
     from gpuguard.model.rule import Rule, RuleSet
@@ -41,7 +42,7 @@ def rules_list(fmt: str, profile_path: Path | None, rules_dirs: tuple[Path, ...]
 
 
 @rules.command("explain")
-@click.argument("rule_id")
+@click.argument("rule_id", shell_complete=complete_rule_id)
 @text_or_json_option()
 @rule_options
 def rules_explain(rule_id: str, fmt: str, profile_path: Path | None,

@@ -30,8 +30,15 @@ def test_the_package_is_built_as_a_deb_and_an_rpm(gpuguard_deb: Path):
     assert sorted(gpuguard_deb.parent.glob("gpuguard-*.x86_64.rpm")), "no .rpm in dist/"
     listing = _host("dpkg-deb", "--contents", str(gpuguard_deb))
     for path in ("./usr/bin/gpuguard", "./lib/systemd/system/gpuguard.service",
-                 "./etc/gpuguard/profile.yaml", "./opt/gpuguard/wheels/"):
+                 "./etc/gpuguard/profile.yaml", "./opt/gpuguard/wheels/",
+                 # issue 34: completion where bash, Debian's zsh and fish look; man pages
+                 "./usr/share/bash-completion/completions/gpuguard",
+                 "./usr/share/zsh/vendor-completions/_gpuguard",
+                 "./usr/share/fish/vendor_completions.d/gpuguard.fish",
+                 *(f"./usr/share/man/man1/{page.name}"
+                   for page in sorted((REPO / "packaging" / "man").glob("*.1")))):
         assert path in listing, path
+    assert "/usr/share/zsh/site-functions/" not in listing  # the rpm's place for zsh
     conffiles = _host("dpkg-deb", "--info", str(gpuguard_deb), "conffiles")
     assert "/etc/gpuguard/profile.yaml" in conffiles  # an upgrade keeps the admin's copy
 
@@ -60,11 +67,21 @@ def test_deb_installs_runs_and_removes(machine: Machine, gpuguard_deb: Path):
     # the rule pack travels inside the wheel
     explained = machine.ok("/usr/bin/gpuguard", "rules", "explain", "pcie.link_width")
     assert "/opt/gpuguard/venv/" in explained and "_rules/pcie.yaml" in explained
+    # issue 34: the installed completion script asks the installed gpuguard (sourced, as
+    # bash-completion loads it on the first TAB), and man reads the installed page
+    completed = machine.ok("bash", "--norc", "--noprofile", "-c",
+                           "source /usr/share/bash-completion/completions/gpuguard; "
+                           "COMP_WORDS=(gpuguard rules explain pcie.link_w); COMP_CWORD=3; "
+                           '_gpuguard_completion gpuguard; echo "${COMPREPLY[*]}"')
+    assert completed.split() == ["pcie.link_width"], completed
+    assert not _gone(machine, "/usr/share/man/man1/gpuguard-rules-explain.1")
     # the status socket's group (issue 22), made only where missing
     assert machine.run("getent", "group", "gpuguard").returncode == 0
 
     machine.ok("dpkg", "--purge", "gpuguard")
-    for path in ("/usr/bin/gpuguard", "/opt/gpuguard", "/lib/systemd/system/gpuguard.service"):
+    for path in ("/usr/bin/gpuguard", "/opt/gpuguard", "/lib/systemd/system/gpuguard.service",
+                 "/usr/share/bash-completion/completions/gpuguard",
+                 "/usr/share/man/man1/gpuguard.1"):
         assert _gone(machine, path), path
     # a group the package made goes with it...
     assert machine.run("getent", "group", "gpuguard").returncode != 0
