@@ -13,6 +13,9 @@ run (issue 32: the first check of a boot, or one after the kept answer was dropp
 wheel's console script: `EXE check`, no PYTHONPATH), the issue's "wheel installed".
 With --state-dir, each run's kept InfoROM line ("at seq" of the file after the run) is
 recorded too: a run whose "at" moved validated anew (a miss), one whose stayed reused it.
+--timing records each gpuguard run's GPUGUARD_TIMING line (where its time went), and
+--pin CPU runs every command, nvidia-smi too, on that CPU alone (taskset: a placement of
+our own processes, no setting of the host or the GPU).
 """
 
 from __future__ import annotations
@@ -27,11 +30,15 @@ import time
 from pathlib import Path
 
 
-def timed(cmd: list[str], env: dict[str, str], cwd: str) -> float:
+def timed(cmd: list[str], env: dict[str, str], cwd: str) -> tuple[float, str]:
+    """The run's wall ms, and its last "gpuguard timing:" line ("" without one)."""
     start = time.perf_counter()
-    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=cwd,
-                   check=False)
-    return (time.perf_counter() - start) * 1000
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                          cwd=cwd, check=False)
+    ms = (time.perf_counter() - start) * 1000
+    lines = [line for line in done.stderr.decode(errors="replace").splitlines()
+             if line.startswith("gpuguard timing:")]
+    return ms, lines[-1] if lines else ""
 
 
 def kept_line(state: Path) -> str:
@@ -54,7 +61,10 @@ def main() -> int:
     parser.add_argument("--miss", action="append", default=[], help="NAME=DIR")
     parser.add_argument("--command", action="append", default=[], help="NAME=EXE")
     parser.add_argument("--miss-command", action="append", default=[], help="NAME=EXE")
+    parser.add_argument("--timing", action="store_true")
+    parser.add_argument("--pin", help="a CPU number for taskset -c")
     args = parser.parse_args()
+    pin = ["taskset", "-c", args.pin] if args.pin else []
     trees = dict(t.split("=", 1) for t in args.tree + args.miss)
     commands = dict(t.split("=", 1) for t in args.command + args.miss_command)
     missing = {t.split("=", 1)[0] for t in args.miss + args.miss_command}
@@ -62,8 +72,9 @@ def main() -> int:
             **{n: ("command", e) for n, e in commands.items()}}
     times: dict[str, list[float]] = {"nvidia-smi": [], **{n: [] for n in runs}}
     kept: dict[str, list[str]] = {n: [] for n in runs}
+    timing: dict[str, list[str]] = {n: [] for n in runs}
     for i in range(args.warmup + args.runs):
-        row = {"nvidia-smi": timed(["nvidia-smi", "-q"], dict(os.environ), "/")}
+        row = {"nvidia-smi": timed([*pin, "nvidia-smi", "-q"], dict(os.environ), "/")[0]}
         for name, (kind, where) in runs.items():
             if kind == "tree":
                 env, folder = {**os.environ, "PYTHONPATH": where}, where
@@ -71,14 +82,19 @@ def main() -> int:
             else:
                 env, folder = dict(os.environ), "/"
                 cmd = [where, "check"]
+            cmd = [*pin, *cmd]
+            if args.timing:
+                env["GPUGUARD_TIMING"] = "1"
             if args.state_dir is not None:
                 state = args.state_dir / name
                 cmd += ["--state-dir", str(state)]
                 if name in missing:
                     (state / "inforom-valid").unlink(missing_ok=True)
-            row[name] = timed(cmd, env, folder)
+            row[name], line = timed(cmd, env, folder)
             if args.state_dir is not None and i >= args.warmup:
                 kept[name].append(kept_line(args.state_dir / name))
+            if i >= args.warmup:
+                timing[name].append(line)
         if i >= args.warmup:
             for name, ms in row.items():
                 times[name].append(ms)
@@ -89,7 +105,8 @@ def main() -> int:
                                                                              strict=True)), 3)
                             for n in runs},
            "times_ms": {n: [round(x, 1) for x in t] for n, t in times.items()},
-           "kept_at_seq": kept if args.state_dir is not None else None}
+           "kept_at_seq": kept if args.state_dir is not None else None,
+           "timing": timing if args.timing else None, "pinned_cpu": args.pin}
     text = json.dumps(out, indent=1)
     print(json.dumps({k: out[k] for k in ("median_ms", "ratio_median")}))
     if args.out:
