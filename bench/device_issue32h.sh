@@ -40,6 +40,6 @@ $tb "$repo/bench/check_trees.py" "${runs[@]}" --runs 21 --warmup 3 --out "$R/bes
 nvidia-smi --query-gpu=power.draw,utilization.gpu --format=csv,noheader | tee -a "$R/load-power.txt"
 kill $L 2>/dev/null; wait $L 2>/dev/null
 kill -TERM $D; wait $D; echo "daemon exit $?"; rm -rf "$state" "$ST"
-# the kernel log's last records, with their sequence numbers: what a kept answer saw
+# the kernel log's last records (dmesg -r: priority and time; it prints no sequence numbers)
 dmesg -r 2>/dev/null | tail -60 > "$R/kmsg-tail.txt"
 cd "$OUT" && tar czf issue32h.tgz issue32h && ls issue32h
