@@ -15,7 +15,9 @@ With --state-dir, each run's kept InfoROM line ("at seq" of the file after the r
 recorded too: a run whose "at" moved validated anew (a miss), one whose stayed reused it.
 --timing records each gpuguard run's GPUGUARD_TIMING line (where its time went), and
 --pin CPU runs every command, nvidia-smi too, on that CPU alone (taskset: a placement of
-our own processes, no setting of the host or the GPU).
+our own processes, no setting of the host or the GPU). --rotate starts each round's trees
+one further on; without it the order is fixed (nvidia-smi, then the trees as given: the
+runs recorded up to issue 32's run i).
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ def main() -> int:
     parser.add_argument("--miss-command", action="append", default=[], help="NAME=EXE")
     parser.add_argument("--timing", action="store_true")
     parser.add_argument("--pin", help="a CPU number for taskset -c")
+    parser.add_argument("--rotate", action="store_true",
+                        help="start each round's trees one further on (nvidia-smi stays "
+                             "first), so no tree always runs right after nvidia-smi")
     args = parser.parse_args()
     pin = ["taskset", "-c", args.pin] if args.pin else []
     trees = dict(t.split("=", 1) for t in args.tree + args.miss)
@@ -75,7 +80,10 @@ def main() -> int:
     timing: dict[str, list[str]] = {n: [] for n in runs}
     for i in range(args.warmup + args.runs):
         row = {"nvidia-smi": timed([*pin, "nvidia-smi", "-q"], dict(os.environ), "/")[0]}
-        for name, (kind, where) in runs.items():
+        order = list(runs.items())
+        if args.rotate:
+            order = order[i % len(order):] + order[:i % len(order)]
+        for name, (kind, where) in order:
             if kind == "tree":
                 env, folder = {**os.environ, "PYTHONPATH": where}, where
                 cmd = [sys.executable, "-m", "gpuguard", "check"]
