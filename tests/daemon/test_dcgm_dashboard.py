@@ -77,14 +77,43 @@ def variables(base: str) -> dict[str, str]:
     return out
 
 
+def unit(panel: dict[str, Any]) -> str | None:
+    """The panel's unit wherever the dashboard's schema keeps it: a graph panel on its left
+    y axis (`yaxes`), a gauge or stat panel in `options.fieldOptions.defaults` (Grafana 6)
+    or `fieldConfig.defaults` (Grafana 7 and later). Where more than one is set they must
+    agree, or the check below would read only one of them."""
+    found = {where: value for where, value in (
+        ("yaxes", (panel.get("yaxes") or [{}])[0].get("format")),
+        ("fieldOptions", panel.get("options", {}).get("fieldOptions", {})
+         .get("defaults", {}).get("unit")),
+        ("fieldConfig", panel.get("fieldConfig", {}).get("defaults", {}).get("unit")))
+        if value}
+    assert len(set(found.values())) <= 1, (panel["title"], found)
+    return next(iter(found.values()), None)
+
+
 def panels() -> list[tuple[str, str, str | None]]:
-    """(title, query, unit) of every panel target; graph panels carry their unit on the
-    left y axis."""
+    """(title, query, unit) of every panel target."""
     out = []
     for panel in DASHBOARD["panels"]:
-        unit = (panel.get("yaxes") or [{}])[0].get("format")
-        out.extend((panel["title"], target["expr"], unit) for target in panel["targets"])
+        out.extend((panel["title"], target["expr"], unit(panel))
+                   for target in panel["targets"])
     return out
+
+
+# Each panel's unit, as gpuguard's own series of the same field give it (the test below
+# checks each value against that series): the dashboard must say the same
+UNITS = {"GPU Temperature": "celsius", "GPU Avg. Temp": "celsius",  # _celsius
+         "GPU Power Usage": "watt", "GPU Power Total": "watt",  # _watts
+         "GPU SM Clocks": "hertz",  # the panel's MHz * 1e6
+         "GPU Utilization": "percent",  # _ratio * 100
+         "GPU Framebuffer Mem Used": "decmbytes",  # _bytes // MiB
+         "Tensor Core Utilization": "percentunit"}  # no data (NO_DATA): as the dashboard
+
+
+def test_every_panels_unit_is_read_and_is_gpuguards_units():
+    units = {title: unit for title, _, unit in panels()}
+    assert units == UNITS
 
 
 def test_every_panel_of_dcgm_exporters_dashboard_against_gpuguard(
@@ -118,11 +147,12 @@ def test_every_panel_of_dcgm_exporters_dashboard_against_gpuguard(
     temps, unit = results["GPU Temperature"]
     assert unit == "celsius" and by_gpu(temps) == own["gpuguard_gpu_temperature_celsius"]
     assert by_gpu(temps) == {str(i): 40.0 + i for i in range(8)}
-    [avg], _ = results["GPU Avg. Temp"]
-    assert float(avg["value"][1]) == sum(40 + i for i in range(8)) / 8
+    [avg], unit = results["GPU Avg. Temp"]
+    assert unit == "celsius" and float(avg["value"][1]) == sum(40 + i for i in range(8)) / 8
     power, unit = results["GPU Power Usage"]
     assert unit == "watt" and by_gpu(power) == own["gpuguard_gpu_power_draw_watts"]
-    [total], _ = results["GPU Power Total"]
+    [total], unit = results["GPU Power Total"]
+    assert unit == "watt"
     assert float(total["value"][1]) == pytest.approx(sum(300.5 + i for i in range(8)))
     clocks, unit = results["GPU SM Clocks"]  # the panel's MHz * 1e6: hertz
     assert unit == "hertz" and by_gpu(clocks) == {str(i): (1980 - i) * 1e6 for i in range(8)}
@@ -134,14 +164,25 @@ def test_every_panel_of_dcgm_exporters_dashboard_against_gpuguard(
         g: float(int(b) // MIB) for g, b in own["gpuguard_gpu_memory_used_bytes"].items()}
 
 
-# The faults, one GPU each, and the rules of the published set that should fire on them
-FAULTS = {3: {"temperature_c": 90}, 1: {"ecc_volatile_uncorrected": 2}}
+# The faults, one GPU each, and the rules of the published set that should fire on them.
+# Both branches of the two rules that have two: GPUMemoryErrorDetected on a volatile
+# double-bit count (GPU 1) and on an aggregate one that rose within 5 minutes (GPU 4; GPU 0's
+# aggregate count is old, held flat, and does not fire); NVLinkErrorsDetected on a recovery
+# error (GPU 2) and on more than 10 replays (GPU 6; GPU 7's 10 do not fire).
+FAULTS = {3: {"temperature_c": 90}, 1: {"ecc_volatile_uncorrected": 2},
+          0: {"ecc_aggregate_uncorrected": 2}, 4: {"ecc_aggregate_uncorrected": 3}}
 NVLINK_GPU, XID_GPU = 2, 5
-FIRES = {"GPUHighTemperature": ("DCGM_FI_DEV_GPU_TEMP", 3),
-         "GPUCriticalTemperature": ("DCGM_FI_DEV_GPU_TEMP", 3),
-         "GPUMemoryErrorDetected": ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 1),
-         "NVLinkErrorsDetected": ("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", NVLINK_GPU),
-         "GPUXidError": ("DCGM_FI_DEV_XID_ERRORS", XID_GPU)}
+REPLAYS = {6: 11, 7: 10}  # on link 0 of the GPU; the replayed host has none
+AGG_RISING_GPU = 4  # its count before the fault: the replayed host's, 0
+AGG = "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL"
+FIRES = {"GPUHighTemperature": (("DCGM_FI_DEV_GPU_TEMP", 3),),
+         "GPUCriticalTemperature": (("DCGM_FI_DEV_GPU_TEMP", 3),),
+         "GPUMemoryErrorDetected": (("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 1),
+                                    (AGG, AGG_RISING_GPU)),
+         "NVLinkErrorsDetected": (("DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+                                   NVLINK_GPU),
+                                  ("DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", 6)),
+         "GPUXidError": (("DCGM_FI_DEV_XID_ERRORS", XID_GPU),)}
 # the rules of the set whose field gpuguard does not read (or that are not DCGM's): they
 # evaluate, on no series
 SILENT = {"GPUPowerViolation": "DCGM_FI_DEV_POWER_VIOLATION is not read",
@@ -157,6 +198,8 @@ def fault_host(tmp_path: Path) -> tuple[Path, Path]:
     for index, changes in FAULTS.items():
         doc["gpus"][index].update(changes)
     doc["gpus"][NVLINK_GPU]["nvlink_links"][0]["recovery"] = 1
+    for index, replays in REPLAYS.items():
+        doc["gpus"][index]["nvlink_links"][0]["replay"] = replays
     write_snapshot(path, doc)
     log = tmp_path / "kmsg.log"
     log.write_text(f"4,100,1000000,-;NVRM: Xid (PCI:0000:{0x10 + XID_GPU:02x}:00): 79, "
@@ -186,18 +229,19 @@ def test_the_published_dcgm_alerts_fire_on_gpuguards_series_of_a_fault_replay(st
                            what="the compat series with the Xid")
     scraped = samples(text)
     series = [{"series": name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}",
-               "values": f"{value}+0x20"} for name, labels, value in scraped]
+               "values": history(name, labels, value)} for name, labels, value in scraped]
     rules = {r["alert"]: r for g in yaml.safe_load(ALERTS.read_text())["groups"]
              for r in g["rules"]}
     expected = []
-    for alert, (field, gpu) in FIRES.items():
-        [(labels, value)] = [(labels, value) for name, labels, value in scraped
-                             if name == field and labels["gpu"] == str(gpu)]
-        rule = rules[alert]
-        expected.append({"alertname": alert, "exp_alerts": [{
-            "exp_labels": {**labels, **rule["labels"]},
-            "exp_annotations": {k: expand(v, labels, value)
-                                for k, v in rule["annotations"].items()}}]})
+    for alert, fires in FIRES.items():
+        rule, alerts = rules[alert], []
+        for field, gpu in fires:
+            [(labels, value)] = [(labels, value) for name, labels, value in scraped
+                                 if name == field and labels["gpu"] == str(gpu)]
+            alerts.append({"exp_labels": {**labels, **rule["labels"]},
+                           "exp_annotations": {k: expand(v, labels, value)
+                                               for k, v in rule["annotations"].items()}})
+        expected.append({"alertname": alert, "exp_alerts": alerts})
     expected += [{"alertname": alert, "exp_alerts": []} for alert in SILENT]
     tests = tmp_path / "dcgm-alert-tests.yaml"
     tests.write_text(yaml.safe_dump({
@@ -208,10 +252,25 @@ def test_the_published_dcgm_alerts_fire_on_gpuguards_series_of_a_fault_replay(st
                          capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert set(rules) == set(FIRES) | set(SILENT)
+    # the faults as gpuguard exported them: what the two-branch rules were tested on
+    exported = {(name, labels["gpu"]): value for name, labels, value in scraped}
+    assert [exported[AGG, str(g)] for g in (0, AGG_RISING_GPU)] == ["2", "3"]
+    assert [exported["DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", str(g)]
+            for g in REPLAYS] == ["11", "10"]
     # what the page says: the last Xid's code, on the GPU's node
     [xid] = [e for e in expected if e["alertname"] == "GPUXidError"]
     assert xid["exp_alerts"][0]["exp_annotations"]["description"] == \
         f"GPU {XID_GPU} experienced XID error 79 on node node-a"
+
+
+def history(name: str, labels: dict[str, str], value: str) -> str:
+    """The series' samples a minute apart, as promtool reads them: the value gpuguard
+    exported, held; for the rising aggregate count, the replayed host's count before the
+    fault (0) for its first 8 minutes, then the exported one, so that at the 10th minute
+    it has risen within the rule's 5 minutes."""
+    if name == AGG and labels["gpu"] == str(AGG_RISING_GPU):
+        return f"0x7 {value}x20"
+    return f"{value}+0x20"
 
 
 def expand(template: str, labels: dict[str, str], value: str) -> str:
