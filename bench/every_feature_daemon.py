@@ -5,7 +5,8 @@ The set-up of the issue: 5 s fast cadence, the active probe every 30 s, the even
 host resources, NPD files and the status socket on, one exec service with a pid file, a
 POST inference probe and an engine page of vLLM V1 names with histograms
 (bench/vllm_v1_page.py, served by a plain http.server process the bench starts; the page's
-size is in the output); the status page off and DCGM compat off (no --metrics-compat: off by default).
+size is in the output); the status page off, and DCGM compat off (no --metrics-compat: its
+default).
 
 Measured over --span seconds after a --warmup: CPU (user + system, from /proc through
 psutil) of the daemon process and of its NVML worker, as % of one core: the issue's
