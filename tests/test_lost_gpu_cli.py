@@ -173,6 +173,8 @@ UNSUPPORTED_WORDS = ("not supported by the installed NVIDIA driver release",
 LATER_SHAPES: dict[str, tuple[set[Any], str, tuple[str, ...]]] = {
     "lost-unsupported.log": ({1}, "update_software", UNSUPPORTED_WORDS),
     "lost-unsupported-old.log": ({1}, "update_software", UNSUPPORTED_WORDS),
+    "lost-unsupported.kmsg": ({1}, "update_software", UNSUPPORTED_WORDS),
+    "lost-unsupported-gsp.log": ({1}, "update_software", UNSUPPORTED_WORDS),
     "lost-private-state-old.log": ({"host"}, "reboot", ("rm_init_private_state() failed!",)),
     # the Xid 79 line and the driver's "fallen off" line of one loss: one event, not x2
     "lost-xid-and-fallen.log": ({1}, "reboot", ("Xid 79 (GPU has fallen off the bus)",)),

@@ -40,8 +40,15 @@ def lost(name: str) -> list[tuple[int, str | None, str | None]]:
     ("lost-private-state-old.log", [(79, None, "rm_init_private_state() failed!")]),
     # a GPU the release does not support: tied to its bus id, graded apart (below)
     ("lost-unsupported.log",
-     [(79, "0000:11:00.0", "The NVIDIA GPU 0000:11:00.0 (PCI ID: 10de:2d04) installed in "
+     [(79, "0000:11:00.0", "The NVIDIA GPU 0000:11:00.0 (PCI ID: 10de:25a0) installed in "
                            "this system is not supported by the")]),
+    ("lost-unsupported.kmsg",
+     [(79, "0000:11:00.0", "The NVIDIA GPU 0000:11:00.0 (PCI ID: 10de:1b38) installed in "
+                           "this system is not supported by the")]),
+    # open nvidia.ko on a GPU without GSP
+    ("lost-unsupported-gsp.log",
+     [(79, "0000:11:00.0", "The NVIDIA GPU 0000:11:00.0 (PCI ID: 10de:2331) installed in "
+                           "this system is not supported by open")]),
     ("lost-unsupported-old.log",
      [(79, "0000:11:00.0", "The NVIDIA GPU 0000:11:00.0 (PCI ID: 10de:0fd3) installed in "
                            "this system is not supported by the 304.88")]),
