@@ -162,3 +162,39 @@ def test_a_handle_not_supported_is_no_lost_gpu(tmp_path, fake_env):
     assert lost[1]["status"] != "critical", lost[1]["message"]
     # the other GPU is still read whole (its P2P status with the peer of no handle too)
     assert by_gpu(proc, "p2p.status")[0]["status"] == "ok"
+
+
+# -- shapes the audit found (issue 36, item 1): their result by GPU, the action, and words
+# the message must hold (the reboot of Xid 79 where the GPU is lost; for a GPU the release
+# does not support, installing one that does, and never a reboot)
+
+UNSUPPORTED_WORDS = ("not supported by the installed NVIDIA driver release",
+                     "install an NVIDIA driver release that supports this GPU")
+LATER_SHAPES: dict[str, tuple[set[Any], str, tuple[str, ...]]] = {
+    "lost-unsupported.log": ({1}, "update_software", UNSUPPORTED_WORDS),
+    "lost-unsupported-old.log": ({1}, "update_software", UNSUPPORTED_WORDS),
+    "lost-unsupported.kmsg": ({1}, "update_software", UNSUPPORTED_WORDS),
+    "lost-unsupported-gsp.log": ({1}, "update_software", UNSUPPORTED_WORDS),
+    "lost-private-state-old.log": ({"host"}, "reboot", ("rm_init_private_state() failed!",)),
+    # the Xid 79 line and the driver's "fallen off" line of one loss: one event, not x2
+    "lost-xid-and-fallen.log": ({1}, "reboot", ("Xid 79 (GPU has fallen off the bus)",)),
+}
+
+
+def test_each_later_shape_is_critical_on_its_gpu_with_its_action(tmp_path, fake_env):
+    for name, (where, action, words) in LATER_SHAPES.items():
+        proc = check(tmp_path / name, fake_env(gpus=3), (K / name).read_text())
+        xids = by_gpu(proc, "xid.recent")
+        assert proc.returncode == 2, (name, proc.stderr)
+        assert set(xids) >= where, (name, set(xids))
+        for key, result in xids.items():
+            if key not in where:
+                assert result["status"] == "ok", (name, key, result["message"])
+                continue
+            assert (result["status"], result["action"]) == ("critical", action), \
+                (name, result["action"], result["message"])
+            for word in words:
+                assert word in result["message"], (name, result["message"])
+            assert " x2" not in result["message"], (name, result["message"])
+            if action == "update_software":
+                assert "reboot" not in result["message"].lower(), result["message"]

@@ -37,6 +37,18 @@ _RECOVERY_154 = (("node reboot required", ("critical", "reboot")),
 # i0 Link 00 (...)". NVIDIA's NVLink5 workflow resolves every Fatal item with RESET_GPU; a
 # Nonfatal one needs nothing unless the driver names an action in an Xid 154 of its own.
 _FATAL_WORD = re.compile(r"\b(nonfatal|non-fatal|fatal)\b")
+# The text of the event the driver's probe gives for a GPU its release does not support
+# ("The NVIDIA GPU ... installed in this system is not supported by the NVIDIA 555.58.02
+# driver release": sources/kmsg_lost.py). It rides the lost-GPU path (counted as Xid 79:
+# tied to the GPU by its bus id, acknowledged and windowed as the kernel log's other lost
+# GPUs, on every surface that grades Xids) because the GPU is as absent from NVML as one off
+# the bus; but what it needs is another driver release, not a reboot (which loads the same
+# release and prints the same message): update_software, whose repair is a driver reload
+# (REPAIRS), as installing a release that supports the GPU is.
+UNSUPPORTED = "GPU not supported by the installed NVIDIA driver release"
+_UNSUPPORTED_ACTION = ("install an NVIDIA driver release that supports this GPU (the release "
+                       "notes' list of supported GPUs; the open kernel module needs a GPU "
+                       "with GSP); the installed release cannot drive it")
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,9 @@ def grade(xid: int, text: str | None, catalog: dict[int, XidEntry],
                      "look it up in NVIDIA's Xid catalog and have the GPU inspected; "
                      "re-grade it in rules.d", "inspect_hardware",
                      f"Xid {xid} is not in the Xid catalog gpuguard ships{shipped}")
+    if xid == 79 and text == UNSUPPORTED and entry.severity != "ignore":
+        return Grade("critical", UNSUPPORTED, _UNSUPPORTED_ACTION, "update_software",
+                     "the driver's probe said its release does not support the GPU")
     if entry.severity != "ignore" and entry.actions[:1] == ("follow_text",):
         return by_line(f"Xid {xid}", entry, text)
     first = entry.actions[0] if entry.actions else "ignore"

@@ -152,13 +152,15 @@ class NvrmLines:
         if kind == "reset":
             self.driver.reset(record, self.n)
             return
-        event = xid_event(record) or self.lost.event(record)
+        xid = xid_event(record)
+        event = xid or self.lost.event(record, self.n)
         if event is not None:
-            event["n"] = self.n
-            self.xids.append(event)
+            if self.lost.once(event, xid is not None, self.n):
+                event["n"] = self.n
+                self.xids.append(event)
         elif self.gsp.add(record.text, record.seq, record.usec, self.n):
             pass
-        elif self.driver.add(record, self.n,
+        elif self.driver.add(record, self.lost.load_place(record, self.n),
                              after_lines=bool(self.xids.seen or self.gsp.kept.seen)):
             self.lost.loaded()
         else:

@@ -22,11 +22,20 @@ from public pastes of the proprietary module (tests/fixtures/kmsg/README.md):
 - nv.c, nv_start_device: `NVRM: GPU 0000:01:00.0: rm_init_adapter failed, device minor number
   %d`; before: `NVRM: rm_init_adapter failed for device bearing minor number %d`
 - kernel-open/nvidia/nv-pci.c, nv_pci_probe: `NVRM: GPU 0000:01:00.0: rm_init_private_state()
-  failed!`; nv_pci_pm / nv_pci_start: `NVRM: Device start failed for %04x:%02x:%02x.%x
+  failed!` (the older nv.c, nv_kern_probe: `NVRM: rm_init_private_state() failed!`, no GPU
+  named); nv_pci_pm / nv_pci_start: `NVRM: Device start failed for %04x:%02x:%02x.%x
   (ret=%d)`
+- osapi.c, rm_is_supported_device (print_unsupported), at probe time: `NVRM: The NVIDIA GPU
+  %04x:%02x:%02x.%x (PCI ID: %04x:%04x)` / `NVRM: installed in this system is not supported
+  by the` / `NVRM: NVIDIA %s driver release.` (the older nv.c: `... not supported by the
+  304.137` / `NVRM: NVIDIA Linux driver release.  Please see 'Appendix`): not a GPU off the
+  bus but one this release cannot drive, graded apart (judge/xids.py UNSUPPORTED: install a
+  release that supports it; a new boot of the same release gives the same message)
 
 The lines of one failed start (RmInitAdapter, then rm_init_adapter, a moment apart) are one
-event: the GPU failed to come up once.
+event: the GPU failed to come up once. So are the driver's Xid 79 line and its "GPU has
+fallen off the bus." line for the same GPU (osinit.c logs both for one loss, in either
+order): one loss, counted once.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from gpuguard.judge.xids import UNSUPPORTED
 from gpuguard.model.pci import normalise_pci
 from gpuguard.sources.kmsg_records import Record
 
@@ -51,17 +61,22 @@ FALLEN = re.compile(
 PROBE_GPU = re.compile(rf"^NVRM: The NVIDIA GPU (?P<pci>{_PCI})")
 PROBE_FALLEN = re.compile(r"^NVRM: (?:[^\[\]]{0,80}\s)?fallen off the bus and is not responding")
 PROBE_FAILED = re.compile(r"^NVRM: The NVIDIA probe routine failed for (?P<n>\d{1,4}) device")
+# the probe's second line for a GPU the release does not support (open nvidia.ko names the
+# missing GSP on it: "... not supported by open")
+PROBE_UNSUPPORTED = re.compile(r"^NVRM: installed in this system is not supported by\b")
 # a start of the GPU that failed; `pci` where the line names the GPU
 _GPU = rf"(?:GPU (?P<pci>{_PCI}): )?"
 INIT_FAILED = (
     re.compile(rf"^NVRM: {_GPU}RmInitAdapter failed! \([0-9a-fA-Fx:]{{1,40}}\)"),
     re.compile(rf"^NVRM: {_GPU}rm_init_adapter failed(?:, device minor number| for device "
                r"bearing minor number) \d{1,6}"),
-    re.compile(rf"^NVRM: GPU (?P<pci>{_PCI}): rm_init_private_state\(\) failed!"),
+    re.compile(rf"^NVRM: {_GPU}rm_init_private_state\(\) failed!"),
     re.compile(rf"^NVRM: Device start failed for (?P<pci>{_PCI}) \(ret=-?\d{{1,6}}\)"),
 )
 # the lines of one failed start come within this of each other
 SAME_START_US = 1_000_000
+# a driver's load line comes within this of its probe's lines (one GPU probed after another)
+SAME_LOAD_US = 10_000_000
 
 
 def address(pci: str | None) -> str | None:
@@ -86,49 +101,114 @@ class LostLines:
     """The driver's lost-GPU lines that carry no Xid, fed line by line in the log's order."""
 
     def __init__(self) -> None:
-        self.probe: tuple[str, int] | None = None  # a GPU probed: (its address, lines left)
-        self.named_in_probe = False  # a probe-time "fallen off" line since the last summary
+        # a GPU probed: (its address, its line, lines left)
+        self.probe: tuple[str, str, int] | None = None
+        self.named_in_probe = False  # a probe-time GPU line since the last summary
         self.last_start: dict[str, Any] | None = None  # the last failed start's event
+        # the last loss counted from an Xid 79 line ("xid") or a "fallen off" line ("fallen")
+        self.last_loss: tuple[str, dict[str, Any], int] | None = None
+        # the first probe-time line since the last load: (its place n, its record)
+        self.probe_start: tuple[int, Record] | None = None
 
-    def event(self, record: Record) -> dict[str, Any] | None:
-        """Xid 79 for the line, or None (a line of no loss, or of a loss already counted)."""
+    def event(self, record: Record, n: int = 0) -> dict[str, Any] | None:
+        """Xid 79 for the line (`n`: its place among the driver's lines), or None (a line of
+        no loss, or of a loss already counted)."""
         text = record.text
         if m := FALLEN.match(text):
             return fallen_off(record, m["pci"])
-        if found := self._probed(record):
+        if found := self._probed(record, n):
             return found
         if m := PROBE_FAILED.match(text):
+            self._probing(record, n)
             named, self.named_in_probe = self.named_in_probe, False
             return None if named else fallen_off(record, None, text.strip())
-        return self._start_failed(record)
+        return self._start_failed(record, n)
+
+    def once(self, event: dict[str, Any], from_xid_line: bool, n: int) -> bool:
+        """Whether a loss is counted (`n`: its line's place): the driver logs an Xid 79 line
+        and a "GPU has fallen off the bus." line for one loss (osinit.c, either first), so
+        the line of the other kind for the same GPU (or a line naming none) within a second,
+        or a few lines on in a log without times, is that loss again, not a second one. A
+        third line starts the next loss."""
+        if event["xid"] != 79 or event.get("line") is not None:
+            return True
+        kind = "xid" if from_xid_line else "fallen"
+        last = self.last_loss
+        self.last_loss = (kind, event, n)
+        if last is None or last[0] == kind:
+            return True
+        other, place = last[1], last[2]
+        if other["pci"] != event["pci"] and None not in (other["pci"], event["pci"]):
+            return True
+        if other["usec"] is not None and event["usec"] is not None:
+            near = abs(event["usec"] - other["usec"]) < SAME_START_US
+        elif other["seq"] is not None and event["seq"] is not None:
+            near = event["seq"] - other["seq"] <= 4
+        else:
+            near = n - place <= 4
+        if near:
+            self.last_loss = None
+        return not near
+
+    def load_place(self, record: Record, n: int) -> int:
+        """The place a load line's repair takes (a reload clears what came before it): the
+        first line of its own probe where that came just before it (the probe's lines,
+        written during the load, are not before the load), else the line's own place `n`."""
+        if self.probe_start is None:
+            return n
+        first, probed = self.probe_start
+        if probed.usec is not None and record.usec is not None:
+            same = 0 <= record.usec - probed.usec <= SAME_LOAD_US
+        elif probed.seq is not None and record.seq is not None:
+            same = record.seq - probed.seq <= 50
+        else:
+            same = True  # no clock, no numbers: the lines since the last load are its probe's
+        return first if same else n
 
     def loaded(self) -> None:
         """The driver's load line: a probe's lines are behind it."""
         self.named_in_probe = False
+        self.probe_start = None
 
-    def _probed(self, record: Record) -> dict[str, Any] | None:
+    def _probing(self, record: Record, n: int) -> None:
+        if self.probe_start is None:
+            self.probe_start = (n, record)
+
+    def _probed(self, record: Record, n: int) -> dict[str, Any] | None:
         """Xid 79 from the probe's three-line "fallen off the bus" record, its GPU named on
-        the first line (on a line of its own in dmesg -t: the next lines are looked at)."""
+        the first line (on a line of its own in dmesg -t: the next lines are looked at); the
+        unsupported GPU's record, graded apart (UNSUPPORTED)."""
         if m := PROBE_GPU.match(record.text):
-            self.probe = (m["pci"], 3)
+            self._probing(record, n)
+            self.probe = (m["pci"], record.text.strip(), 3)
             return None
         if self.probe is None:
             return None
-        pci, left = self.probe
-        self.probe = (pci, left - 1) if left > 1 else None
+        pci, first, left = self.probe
+        self.probe = (pci, first, left - 1) if left > 1 else None
         if PROBE_FALLEN.match(record.text):
             self.probe = None
             self.named_in_probe = True
             return fallen_off(record, pci)
+        if PROBE_UNSUPPORTED.match(record.text):
+            self.probe = None
+            self.named_in_probe = True
+            event = fallen_off(record, pci, f"{first} {record.text.strip().removeprefix('NVRM: ')}")
+            event["text"] = UNSUPPORTED
+            return event
         return None
 
-    def _start_failed(self, record: Record) -> dict[str, Any] | None:
+    def _start_failed(self, record: Record, n: int) -> dict[str, Any] | None:
         if "ailed" not in record.text:
             return None
         m = next((m for p in INIT_FAILED if (m := p.match(record.text))), None)
         if m is None:
             return None
         pci = address(m.groupdict().get("pci"))
+        if m.re is INIT_FAILED[2]:
+            # nv_pci_probe's (nv_kern_probe's): the probe failure after it sums it up
+            self._probing(record, n)
+            self.named_in_probe = True
         last = self.last_start
         if last is not None and last["pci"] == pci and _close(last, record):
             return None

@@ -34,7 +34,9 @@ EXPECTED = KMSG / "expected-verdicts.json"
 NEW_SHAPES = ("fallen-off-probe.log", "api-mismatch-575.log", "lost-single-line.log",
               "lost-short-form.log", "lost-multi-line.log", "lost-multi-line.kmsg",
               "lost-probe-failed.log", "lost-init-failed.log", "lost-init-failed-old.log",
-              "lost-start-failed.log")
+              "lost-start-failed.log", "lost-private-state-old.log", "lost-unsupported.log",
+              "lost-unsupported-old.log", "lost-xid-and-fallen.log", "lost-unsupported.kmsg",
+              "lost-unsupported-gsp.log")
 
 
 def fixtures() -> list[Path]:
