@@ -198,3 +198,6 @@ def test_each_later_shape_is_critical_on_its_gpu_with_its_action(tmp_path, fake_
             assert " x2" not in result["message"], (name, result["message"])
             if action == "update_software":
                 assert "reboot" not in result["message"].lower(), result["message"]
+                # not named as an Xid 79, which reads as a GPU off the bus
+                assert result["message"].startswith("Driver probe ("), result["message"]
+                assert "Xid 79" not in result["message"], result["message"]

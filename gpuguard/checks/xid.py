@@ -25,6 +25,7 @@ from gpuguard.judge.registry import (
     warning,
 )
 from gpuguard.judge.xids import (
+    UNSUPPORTED,
     Grade,
     Selection,
     by_gpu,
@@ -147,7 +148,10 @@ def _part(xid: int, events: list[dict[str, Any]], repeat_for_vendor: int,
     where = f"{_unlisted_where(events)}: " if unlisted else ""
     age = f", last {span(last['age_s'])} ago" if last["age_s"] is not None else ""
     times = f" x{len(events)}" if len(events) > 1 else ""
-    text = f"{where}Xid {xid}{times} ({last['meaning']}{_no_xid(last)}){age}: {last['action']}"
+    # a GPU the driver's release does not support rides Xid 79's path (judge/xids.py) but
+    # is no loss: "Xid 79" in front of it would read as a GPU off the bus
+    label = "Driver probe" if last["meaning"] == UNSUPPORTED else f"Xid {xid}"
+    text = f"{where}{label}{times} ({last['meaning']}{_no_xid(last)}){age}: {last['action']}"
     if last["severity"] == "critical" and len(events) >= repeat_for_vendor:
         text += "; it keeps coming back: contact NVIDIA support or the vendor"
     return text
