@@ -2,8 +2,9 @@
 bus holds whatever NVML lists, so gpu.count can name a GPU the driver failed to bring up
 without a profile's gpu_count or the daemon's memory of the GPUs.
 
-A GPU is a function of vendor 0x10de whose class is a display controller: 0x0300xx (VGA)
-or 0x0302xx (3D controller, the data-centre boards). NVSwitch bridges (0x0680xx) and the
+A GPU is a function of vendor 0x10de whose class is a display controller: 0x0300xx (VGA),
+0x0302xx (3D controller, the data-centre boards) or 0x0380xx ("Display controller", base
+class 03 subclass 80: some boards show so in lspci, tests/fixtures/sysfs-pci-display). NVSwitch bridges (0x0680xx) and the
 boards' HDMI audio functions (0x0403xx) are not GPUs. Each carries the driver bound to it
 (the basename of its `driver` link; None where none is): a GPU given to vfio-pci for
 passthrough, or left unbound, is not NVML's to list.
@@ -26,7 +27,7 @@ from typing import Any
 from gpuguard.model.snapshot import Reading
 
 NVIDIA_VENDOR = "0x10de"
-GPU_CLASSES = ("0x0300", "0x0302")
+GPU_CLASSES = ("0x0300", "0x0302", "0x0380")
 # a host has a few hundred PCI functions; far more is not a PCI bus read
 MAX_FUNCTIONS = 4096
 
