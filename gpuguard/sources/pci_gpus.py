@@ -4,10 +4,10 @@ without a profile's gpu_count or the daemon's memory of the GPUs.
 
 A GPU is a function of vendor 0x10de whose class is a display controller: 0x0300xx (VGA),
 0x0302xx (3D controller, the data-centre boards) or 0x0380xx ("Display controller", base
-class 03 subclass 80: some boards show so in lspci, tests/fixtures/sysfs-pci-display). NVSwitch bridges (0x0680xx) and the
-boards' HDMI audio functions (0x0403xx) are not GPUs. Each carries the driver bound to it
-(the basename of its `driver` link; None where none is): a GPU given to vfio-pci for
-passthrough, or left unbound, is not NVML's to list.
+class 03 subclass 80: some boards show so in lspci, tests/fixtures/sysfs-pci-display).
+NVSwitch bridges (0x0680xx) and the boards' HDMI audio functions (0x0403xx) are not GPUs.
+Each carries the driver bound to it (the basename of its `driver` link; None where none
+is): a GPU given to vfio-pci for passthrough, or left unbound, is not NVML's to list.
 
 Each also says whether the nvidia driver's procfs lists it (`/proc/driver/nvidia/gpus/
 <address>`, under --path.procfs), or None where that folder was not read. In a container
