@@ -102,3 +102,14 @@ def test_a_by_pci_lookup_that_hangs_is_named_by_the_deadline(tmp_path, fake_env)
     responsive = results(proc, "driver.responsive")["host"]
     assert responsive["status"] == "critical", responsive["message"]
     assert f"nvmlDeviceGetHandleByPciBusId_v2 ({MISSING})" in responsive["message"]
+
+
+def test_a_gpu_another_container_was_given_is_not_asked_for(tmp_path, fake_env):
+    """Bound to nvidia but not in this container's /proc/driver/nvidia/gpus: another
+    container's (gpu.count says so), not asked, not lost."""
+    (tmp_path / "proc" / "driver" / "nvidia" / "gpus" / "0000:10:00.0").mkdir(parents=True)
+    calls = tmp_path / "calls"
+    proc = check(tmp_path, fake_env(gpus=1, bus_handle_error=999, bus_calls=calls))
+    assert asked(calls) == []
+    assert set(results(proc, "gpu.lost")) == {0}
+    assert results(proc, "gpu.count")["host"]["status"] == "ok"
