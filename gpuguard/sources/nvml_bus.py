@@ -55,20 +55,25 @@ class Listing:
         self._emit(obj)
 
 
-def look_up(nv: Any, listing: Listing, progress: Progress, sysfs: str | None,
-            procfs: str) -> None:
-    """Ask NVML by bus id for each NVIDIA GPU on the bus, bound to the nvidia driver and
-    given to this host or container (the driver's procfs lists it), that the by-index list
-    lacks; one {"t": "bus", "pci_handles": [...]} line when any was asked. No sysfs (None,
-    or no PCI bus there: not supported) or nothing missing: no call at all."""
+def on_the_bus(sysfs: str | None, procfs: str) -> list[dict[str, Any]]:
+    """The bus's NVIDIA GPUs (sources/pci_gpus.py), read while the GPUs' threads sweep;
+    none where sysfs is not read (None), has no PCI bus (not supported) or cannot be read."""
     if sysfs is None:
-        return
+        return []
     from gpuguard.sources import pci_gpus
 
-    bus = pci_gpus.read(Path(sysfs), Path(procfs))
-    if not bus.is_ok:
-        return
-    wanted = [g["address"] for g in bus.get()
+    try:
+        return pci_gpus.scan(Path(sysfs), Path(procfs))
+    except pci_gpus.Unread:
+        return []
+
+
+def look_up(nv: Any, listing: Listing, progress: Progress, bus: list[dict[str, Any]]) -> None:
+    """Ask NVML by bus id for each NVIDIA GPU on the bus (on_the_bus), bound to the nvidia
+    driver and given to this host or container (the driver's procfs lists it), that the
+    by-index list lacks; one {"t": "bus", "pci_handles": [...]} line when any was asked.
+    Nothing missing (or no bus read): no call at all."""
+    wanted = [g["address"] for g in bus
               if g.get("driver") == "nvidia" and g.get("in_driver_procfs") is not False
               and key(g["address"]) not in listing.listed][:MAX_LOOKUPS]
     if not wanted:

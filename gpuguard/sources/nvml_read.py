@@ -110,9 +110,10 @@ def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
     ]
     for thread in threads:
         thread.start()
+    bus = nvml_bus.on_the_bus(sysfs, procfs)  # while the GPUs answer
     for thread in threads:
         thread.join()
-    nvml_bus.look_up(nv, listing, progress, sysfs, procfs)
+    nvml_bus.look_up(nv, listing, progress, bus)
 
 
 def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,

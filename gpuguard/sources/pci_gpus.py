@@ -24,7 +24,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpuguard.model.snapshot import Reading
+TYPE_CHECKING = False  # the NVML worker reads the bus too (nvml_bus.py): no model import
+if TYPE_CHECKING:
+    from gpuguard.model.snapshot import Reading
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302", "0x0380")
@@ -32,18 +34,36 @@ GPU_CLASSES = ("0x0300", "0x0302", "0x0380")
 MAX_FUNCTIONS = 4096
 
 
+class Unread(Exception):
+    """The bus could not be read; `supported` False: this sysfs has no PCI bus."""
+
+    def __init__(self, why: str, supported: bool = True) -> None:
+        super().__init__(why)
+        self.supported = supported
+
+
 def read(sysfs: Path, procfs: Path | None = None) -> Reading[list[dict[str, Any]]]:
     """[{"address", "class", "device", "driver", "in_driver_procfs"}] of each NVIDIA GPU
     function, by address; `procfs` None: the driver's procfs is not read (a replay)."""
+    from gpuguard.model.snapshot import Reading
+
+    try:
+        return Reading.ok(scan(sysfs, procfs))
+    except Unread as exc:
+        return Reading.failed(str(exc)) if exc.supported else Reading.not_supported(str(exc))
+
+
+def scan(sysfs: Path, procfs: Path | None = None) -> list[dict[str, Any]]:
+    """read()'s list, or Unread saying why not."""
     devices = sysfs / "bus" / "pci" / "devices"
     try:
         names = sorted(os.listdir(devices))
     except FileNotFoundError:
-        return Reading.not_supported(f"{devices} does not exist (no PCI bus in this sysfs)")
+        raise Unread(f"{devices} does not exist (no PCI bus in this sysfs)", False) from None
     except OSError as exc:
-        return Reading.failed(f"cannot list {devices}: {exc.strerror or exc}")
+        raise Unread(f"cannot list {devices}: {exc.strerror or exc}") from None
     if len(names) > MAX_FUNCTIONS:
-        return Reading.failed(f"{devices}: more than {MAX_FUNCTIONS} functions, not a PCI bus")
+        raise Unread(f"{devices}: more than {MAX_FUNCTIONS} functions, not a PCI bus")
     attached = driver_procfs_gpus(procfs) if procfs is not None else None
     gpus = []
     for name in names:
@@ -56,7 +76,7 @@ def read(sysfs: Path, procfs: Path | None = None) -> Reading[list[dict[str, Any]
         gpus.append({"address": name, "class": cls, "device": _attribute(node, "device"),
                      "driver": _driver(node),
                      "in_driver_procfs": None if attached is None else _short(name) in attached})
-    return Reading.ok(gpus)
+    return gpus
 
 
 def _attribute(node: Path, name: str) -> str | None:
