@@ -7,7 +7,15 @@ from collections import defaultdict
 from typing import Any
 
 from gpuguard.checks import not_probed
-from gpuguard.judge.registry import CheckContext, Finding, gpu_check, host_check, ok, unknown
+from gpuguard.judge.registry import (
+    CheckContext,
+    Finding,
+    gpu_check,
+    host_check,
+    host_part,
+    ok,
+    unknown,
+)
 from gpuguard.model.derived import missing_gpu_name
 from gpuguard.model.pci import normalise_pci
 from gpuguard.model.snapshot import GpuSnapshot
@@ -68,13 +76,24 @@ def on_the_bus(ctx: CheckContext) -> Finding | tuple[str, dict[str, Any]]:
         return ctx.fail(f"{len(missing)} NVIDIA GPU(s) on the PCI bus, bound to the nvidia "
                         f"driver, are not in NVML's list: {', '.join(missing)} (failed to "
                         "initialise or fell off the bus: see xid.recent and "
-                        "`dmesg | grep NVRM`)", gpu_count=len(ctx.snapshot.gpus), **bus)
+                        f"`dmesg | grep NVRM`){reached_by_bus_id(ctx, missing)}",
+                        gpu_count=len(ctx.snapshot.gpus), **bus)
     others, elsewhere = bus["other_driver"], bus["not_this_container"]
     note = f"; not the nvidia driver's, not counted: {', '.join(others)}" if others else ""
     if elsewhere:
         note += (f"; not given to this container (not in /proc/driver/nvidia/gpus), not "
                  f"counted: {', '.join(elsewhere)}")
     return note, bus
+
+
+def reached_by_bus_id(ctx: CheckContext, missing: list[str]) -> str:
+    """The missing GPUs NVML gives a handle for when asked by bus id (sources/nvml_bus.py):
+    reachable, yet not counted, which is a fault of its own."""
+    handles = ctx.snapshot.host.pci_handles
+    wanted = {normalise_pci(address) for address in missing}
+    found = [h["address"] for h in handles.get_or([]) if h.get("state") == "found"
+             and normalise_pci(str(h.get("address"))) in wanted]
+    return f"; NVML reachable by bus id but not counted: {', '.join(found)}" if found else ""
 
 
 def bus_against_nvml(on_bus: list[dict[str, Any]], listed: set[str]) -> dict[str, Any]:
@@ -124,6 +143,24 @@ def lost(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
         return ctx.fail("NVML says this GPU is lost: it has fallen off the bus (as Xid 79) "
                         "and answers no call", gpu_lost=True)
     return ok("the GPU answers NVML", gpu_lost=False)
+
+
+@host_part("gpu.lost")
+def lost_on_the_bus(ctx: CheckContext) -> Finding | None:
+    """The GPUs on the PCI bus that NVML's list lacks, asked for by bus id (sources/
+    nvml_bus.py): an error other than not found or not supported is NVML's answer that the
+    GPU is there and cannot be reached, as a by-index handle error is (issue 36, item 3).
+    One host result naming each bus id; none where no such answer came."""
+    failed = [h for h in ctx.snapshot.host.pci_handles.get_or([])
+              if h.get("state") == "error"]
+    if not failed:
+        return None
+    names = [f"{h.get('address')} ({h.get('error')})" for h in failed]
+    return ctx.fail(f"NVML cannot give the handle of {len(failed)} GPU(s) on the PCI bus "
+                    f"that it does not list: {'; '.join(names)} (failed to initialise or "
+                    "fell off the bus; see xid.recent and `dmesg | grep NVRM`)",
+                    pci_bus_ids=[h.get("address") for h in failed],
+                    handle_errors=[h.get("error") for h in failed], gpu_lost=True)
 
 
 @host_check("gpu.identity")

@@ -37,10 +37,11 @@ def _start_worker_early(args: list[str]) -> None:
 
     try:
         procfs = _option(args, "--path.procfs") or host_default_text("procfs")
+        sysfs = _option(args, "--path.sysfs") or host_default_text("sysfs")
     except HostPathForbidden:
         return  # the command says so, naming the option (exit 4)
 
-    nvml.start_early(procfs, nvml.deadline_for(timeout), _inforom_keep(args))
+    nvml.start_early(procfs, nvml.deadline_for(timeout), _inforom_keep(args), sysfs)
 
 
 def _inforom_keep(args: list[str]) -> tuple[str, str, str] | None:

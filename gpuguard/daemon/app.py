@@ -356,7 +356,9 @@ class Daemon:
         with self.stats.lock:
             self.stats.last_reload_time = time.time()
         if self.cfg.input_path is None:
-            self.sampler = NvmlSampler(procfs, self.on_nvml_xid, self.cfg.slow_interval)
+            src = self.cfg.sources
+            self.sampler = NvmlSampler(procfs, self.on_nvml_xid, self.cfg.slow_interval,
+                                       str(src.paths.sysfs) if src.sysfs else None)
         self.gpus_seen = SeenGpus(state_dir, boot, log)
         active.HOST_LOCK["state_dir"] = state_dir
         self._fit_freshness("start")

@@ -35,11 +35,13 @@ log = structlog.get_logger("gpuguard.nvml")
 
 class _Worker:
     def __init__(self, progress_path: str, procfs: str,
-                 on_xid: Callable[[dict[str, Any]], None], inforom_every_s: float) -> None:
+                 on_xid: Callable[[dict[str, Any]], None], inforom_every_s: float,
+                 sysfs: str | None = None) -> None:
         self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuguard.sources.nvml_worker", progress_path, procfs,
-             f"--inforom-every={inforom_every_s:g}"],
+             f"--inforom-every={inforom_every_s:g}",
+             *([f"--sysfs={sysfs}"] if sysfs is not None else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
             start_new_session=True,  # a ^C to the daemon is the daemon's to handle
         )
@@ -83,8 +85,9 @@ class _Worker:
 
 class NvmlSampler:
     def __init__(self, procfs: str, on_xid: Callable[[dict[str, Any]], None],
-                 inforom_every_s: float = 60.0) -> None:
+                 inforom_every_s: float = 60.0, sysfs: str | None = None) -> None:
         self.procfs = procfs
+        self.sysfs = sysfs  # the PCI bus, for the by-PCI lookups (sources/nvml_bus.py)
         self.inforom_every_s = inforom_every_s  # the slow interval (sources/nvml_inforom.py)
         self.on_xid = on_xid
         fd, self.progress_path = tempfile.mkstemp(prefix="gpuguard-nvml-progress-")
@@ -105,7 +108,7 @@ class NvmlSampler:
         if self._worker is None or not self._worker.alive():
             self._progress.buf[:] = bytes(len(self._progress.buf))
             self._worker = _Worker(self.progress_path, self.procfs, self.on_xid,
-                                   self.inforom_every_s)
+                                   self.inforom_every_s, self.sysfs)
         worker = self._worker
         if not worker.send("sweep"):
             self._worker = None

@@ -47,7 +47,23 @@ def evaluate(
         else:
             for gpu in snapshot.gpus:
                 results.extend(_run(rule, ctx, gpu))
+            results.extend(_host_part(rule, ctx))
     return results
+
+
+def _host_part(rule: Rule, ctx: CheckContext) -> list[Result]:
+    """A GPU-scope rule's host result, where its check has a host part that says something
+    (registry.HOST_PARTS); a disabled or `when:` rule has none."""
+    part = registry.HOST_PARTS.get(rule.id)
+    if part is None or not rule.enabled or rule.when is not None:
+        return []
+    try:
+        finding = part(ctx)
+    except Unavailable:
+        return []  # what it reads was not read: the GPUs' results say what is known
+    except Exception as exc:  # a broken check is a result, never a crash of the run
+        finding = Finding(Status.UNKNOWN, f"check failed: {type(exc).__name__}: {exc}")
+    return [] if finding is None else [_result(rule, ctx, None, finding)]
 
 
 def _run(rule: Rule, ctx: CheckContext, gpu: GpuSnapshot | None) -> list[Result]:

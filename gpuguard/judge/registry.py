@@ -92,8 +92,14 @@ def unknown(reason: str, **observed: Any) -> Finding:
 HostCheck = Callable[[CheckContext], "Finding | PerGpu"]
 GpuCheck = Callable[["GpuSnapshot", CheckContext], Finding]
 
+HostPart = Callable[[CheckContext], "Finding | None"]
+
 HOST_CHECKS: dict[str, HostCheck] = {}
 GPU_CHECKS: dict[str, GpuCheck] = {}
+# A GPU-scope rule's finding about a GPU the snapshot does not list (gpu.lost of a GPU on
+# the PCI bus that NVML reaches by bus id only to fail): one host result beside the GPUs',
+# None where there is nothing to say (no result: the rule's results are as without it).
+HOST_PARTS: dict[str, HostPart] = {}
 # The threshold names each check reads: their values and defaults live once, in the rule
 # file; the loader refuses a pack whose file does not declare exactly these
 # (tests/test_ruleset.py proves each list is what the check's code reads).
@@ -115,6 +121,15 @@ def gpu_check(rule_id: str, thresholds: tuple[str, ...] = ()
     def register(fn: GpuCheck) -> GpuCheck:
         GPU_CHECKS[rule_id] = fn
         THRESHOLDS[rule_id] = thresholds
+        return fn
+
+    return register
+
+
+def host_part(rule_id: str) -> Callable[[HostPart], HostPart]:
+    """Register a GPU-scope rule's host part (HOST_PARTS)."""
+    def register(fn: HostPart) -> HostPart:
+        HOST_PARTS[rule_id] = fn
         return fn
 
     return register

@@ -196,6 +196,10 @@ class HostInfo(Validated):
     # sysfs: the NVIDIA GPU functions on the PCI bus, whatever NVML lists (sources/pci_gpus.py):
     # [{"address", "class", "device", "driver" (the driver bound, or null)}]
     pci_gpus: Reading[list[dict[str, Any]]] = reading_field(readings.pci_gpus)
+    # NVML asked by bus id for each of them bound to nvidia that its list lacks (the NVML
+    # worker, sources/nvml_bus.py): [{"address", "state": found | not_found |
+    # not_supported | error, "error"}]; absent when none was asked
+    pci_handles: Reading[list[dict[str, Any]]] = reading_field(readings.mapping_list)
     persistenced_running: Reading[bool] = reading_field(readings.flag)
     # Container toolkit (sources/toolkit.py): CDI specs, nvidia-container-cli, nvidia-ctk, docker.
     cdi_specs: Reading[list[dict[str, Any]]] = reading_field(readings.mapping_list)

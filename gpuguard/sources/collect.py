@@ -34,7 +34,7 @@ class Collection:
             if inforom_kept and opts.kernel_log else None
         self.sweep = None if input_path is not None else \
             nvml.start_sweep(str(opts.paths.procfs), nvml.deadline_for(timeout), link_counters,
-                             keep)
+                             keep, str(opts.paths.sysfs) if opts.sysfs else None)
         # beside the NVML worker; with `profile_later`, before the profile is loaded (tell())
         self.host = host_sources.ForkedHostFacts(opts, profile_later)
 

@@ -44,13 +44,13 @@ class NvmlSweep:
     within the deadline."""
 
     def __init__(self, procfs: str, deadline_s: float, link_counters: bool = True,
-                 keep: tuple[str, str, str] | None = None) -> None:
+                 keep: tuple[str, str, str] | None = None, sysfs: str | None = None) -> None:
         self.deadline_s = deadline_s
         self.started = time.monotonic()
         self._progress = Progress()
         # on exception the worker exits 1: the parent reports a worker without a result
         self.worker = forked.Worker(
-            lambda out: _child_main(out, self._progress, procfs, link_counters, keep))
+            lambda out: _child_main(out, self._progress, procfs, link_counters, keep, sysfs))
         self.pid = self.worker.pid
 
     def result(self) -> Snapshot:
@@ -117,14 +117,15 @@ _early: tuple[NvmlSweep, tuple[object, ...]] | None = None
 
 
 def start_early(procfs: str, deadline_s: float,
-                keep: tuple[str, str, str] | None = None) -> None:
+                keep: tuple[str, str, str] | None = None, sysfs: str | None = None) -> None:
     """Fork `gpuguard check`'s worker before the CLI framework loads (gpuguard/cli/entry.py);
     without the NVLink error counters (check reports them never; they cost 2-3 ms a call,
     72 calls per NVLink GPU on an H200). `keep`: where the InfoROM's validity is kept
-    (sources/nvml_inforom_kept.py), or None to validate every time."""
+    (sources/nvml_inforom_kept.py), or None to validate every time. `sysfs`: where the
+    worker reads the PCI bus to ask NVML by bus id for a GPU it does not list (nvml_bus.py)."""
     global _early
-    _early = (NvmlSweep(procfs, deadline_s, link_counters=False, keep=keep),
-              (procfs, deadline_s, keep))
+    _early = (NvmlSweep(procfs, deadline_s, link_counters=False, keep=keep, sysfs=sysfs),
+              (procfs, deadline_s, keep, sysfs))
 
 
 def keep_place(state_dir: str | None, kmsg: str, boot_id_file: str,
@@ -147,16 +148,17 @@ def abandon_early() -> None:
 
 
 def start_sweep(procfs: str, deadline_s: float, link_counters: bool = True,
-                keep: tuple[str, str, str] | None = None) -> NvmlSweep:
+                keep: tuple[str, str, str] | None = None,
+                sysfs: str | None = None) -> NvmlSweep:
     """The early worker if it was started with these settings, else a new one."""
     global _early
     early, _early = _early, None
     if early is not None:
         started, settings = early
-        if settings == (procfs, deadline_s, keep) and not link_counters:
+        if settings == (procfs, deadline_s, keep, sysfs) and not link_counters:
             return started
         started.abandon()
-    return NvmlSweep(procfs, deadline_s, link_counters, keep)
+    return NvmlSweep(procfs, deadline_s, link_counters, keep, sysfs)
 
 
 def assemble(messages: list[dict[str, Any]]) -> Snapshot:
@@ -177,6 +179,9 @@ def assemble(messages: list[dict[str, Any]]) -> Snapshot:
                                                  "source": "nvml"})
         elif kind == "gpu":
             snapshot.gpus.append(from_json(GpuSnapshot, msg))
+        elif kind == "bus":  # NVML asked by bus id (sources/nvml_bus.py), after "host"
+            snapshot.host.pci_handles = from_json(HostInfo, {
+                "hostname": "", "collected_at": 0, **msg}).pci_handles
         elif kind == "init_error":
             snapshot.nvml.init_error = msg.get("error")
             snapshot.nvml.init_error_kind = msg.get("kind")
@@ -224,7 +229,7 @@ def fill_unanswered(snapshot: Snapshot, known: list[Any] | None = None) -> None:
 
 
 def _child_main(out: Any, progress: Progress, procfs: str, link_counters: bool,
-                keep: tuple[str, str, str] | None = None) -> None:
+                keep: tuple[str, str, str] | None = None, sysfs: str | None = None) -> None:
     # First the InfoROM validation (70 ms on an H200), through ctypes in a process of its
     # own, so that it overlaps pynvml's import and the rest of the sweep (nvml_early.py).
     from gpuguard.sources.nvml_early import EarlyInforom, WithEarlyInforom
@@ -245,7 +250,7 @@ def _child_main(out: Any, progress: Progress, procfs: str, link_counters: bool,
         return
     try:
         nvml_read.sweep(WithEarlyInforom(pynvml, early), emit, progress, procfs,
-                        link_counters)
+                        link_counters, sysfs=sysfs)
         emit({"t": "done"})
     except Exception as exc:  # a result, never a crash of the parent
         emit({"t": "fatal", "kind": type(exc).__name__, "error": str(exc)})

@@ -11,7 +11,7 @@ import os
 import threading
 
 from gpuguard.model.cuda_compat import NVML_BRANDS
-from gpuguard.sources import nvml_fake, nvml_multi
+from gpuguard.sources import nvml_bus, nvml_fake, nvml_multi
 from gpuguard.sources.nvml_inforom import InforomValidity
 from gpuguard.sources.nvml_p2p_kept import P2PKept, SweepPairs
 from gpuguard.sources.nvml_progress import Progress
@@ -21,16 +21,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-RECOVERY_ACTIONS = {
-    0: "none",
-    1: "gpu_reset",
-    2: "node_reboot",
-    3: "drain_p2p",
-    4: "drain_and_reset",
-    5: "recover_imex_domain",
-    6: "bus_reset",
-    7: "system_reboot",
-}
+RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
+                    4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
+                    7: "system_reboot"}
 
 
 def line_writer(out: Any) -> Callable[[dict[str, Any]], None]:
@@ -71,13 +64,15 @@ def text(value: Any) -> str:
 
 
 def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
-          procfs: str, link_counters: bool = True,
-          inforom: InforomValidity | None = None, p2p_kept: P2PKept | None = None) -> None:
+          procfs: str, link_counters: bool = True, inforom: InforomValidity | None = None,
+          p2p_kept: P2PKept | None = None, sysfs: str | None = None) -> None:
     """Every reading of every GPU. Without `link_counters` the NVLink error counters are
     left out (None): `gpuguard check` never judges them, and they are most of an NVLink
     GPU's sweep (2-3 ms a call on an H200, four per link). `inforom`: the daemon's
     worker keeps each board's InfoROM validity for a slow interval (nvml_inforom.py);
-    `p2p_kept`: and each pair's P2P status while its wiring holds (nvml_p2p_kept.py)."""
+    `p2p_kept`: and each pair's P2P status while its wiring holds (nvml_p2p_kept.py);
+    `sysfs`: the bus's GPUs the list lacks are asked for by bus id (nvml_bus.py)."""
+    emit = listing = nvml_bus.Listing(emit)
     read = _reader(nv, progress, 0)
     fake = nvml_fake.fake_library(nv)
     if fake is not None:
@@ -115,8 +110,10 @@ def sweep(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,
     ]
     for thread in threads:
         thread.start()
+    bus = nvml_bus.on_the_bus(sysfs, procfs)  # while the GPUs answer
     for thread in threads:
         thread.join()
+    nvml_bus.look_up(nv, listing, progress, bus)
 
 
 def _sweep_gpu(nv: Any, emit: Callable[[dict[str, Any]], None], progress: Progress,

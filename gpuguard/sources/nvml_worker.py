@@ -24,7 +24,8 @@ from gpuguard.sources.pynvml_import import import_pynvml
 
 
 def serve(commands: Any, out: Any, progress_path: str, procfs: str,
-          xid_events: bool = True, inforom_every_s: float = 60.0) -> None:
+          xid_events: bool = True, inforom_every_s: float = 60.0,
+          sysfs: str | None = None) -> None:
     """Answer `sweep` lines with the same JSON lines as the forked worker, ended by
     {"t": "end"}; keep NVML initialised between sweeps; retry nvmlInit while it fails
     (the driver may be loaded later). With xid_events, a thread waits for NVML Xid
@@ -63,7 +64,8 @@ def serve(commands: Any, out: Any, progress_path: str, procfs: str,
                 threading.Thread(target=_xid_events, args=(pynvml, emit), daemon=True).start()
         if initialised:
             try:
-                sweep(pynvml, emit, progress, procfs, inforom=inforom, p2p_kept=p2p)
+                sweep(pynvml, emit, progress, procfs, inforom=inforom, p2p_kept=p2p,
+                      sysfs=sysfs)
                 emit({"t": "done"})
             except Exception as exc:
                 emit({"t": "fatal", "kind": type(exc).__name__, "error": str(exc)})
@@ -105,8 +107,10 @@ def main() -> None:
     progress, procfs = sys.argv[1], sys.argv[2]
     every = next((float(a.split("=", 1)[1]) for a in sys.argv[3:]
                   if a.startswith("--inforom-every=")), 60.0)
+    # where it reads the PCI bus for the by-PCI lookups (nvml_bus.py); none: no lookups
+    sysfs = next((a.split("=", 1)[1] for a in sys.argv[3:] if a.startswith("--sysfs=")), None)
     serve(sys.stdin, sys.stdout, progress, procfs, xid_events="--no-xid-events" not in sys.argv,
-          inforom_every_s=every)
+          inforom_every_s=every, sysfs=sysfs)
 
 
 if __name__ == "__main__":

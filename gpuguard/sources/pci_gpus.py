@@ -2,11 +2,12 @@
 bus holds whatever NVML lists, so gpu.count can name a GPU the driver failed to bring up
 without a profile's gpu_count or the daemon's memory of the GPUs.
 
-A GPU is a function of vendor 0x10de whose class is a display controller: 0x0300xx (VGA)
-or 0x0302xx (3D controller, the data-centre boards). NVSwitch bridges (0x0680xx) and the
-boards' HDMI audio functions (0x0403xx) are not GPUs. Each carries the driver bound to it
-(the basename of its `driver` link; None where none is): a GPU given to vfio-pci for
-passthrough, or left unbound, is not NVML's to list.
+A GPU is a function of vendor 0x10de whose class is a display controller: 0x0300xx (VGA),
+0x0302xx (3D controller, the data-centre boards) or 0x0380xx ("Display controller", base
+class 03 subclass 80: some boards show so in lspci, tests/fixtures/sysfs-pci-display).
+NVSwitch bridges (0x0680xx) and the boards' HDMI audio functions (0x0403xx) are not GPUs.
+Each carries the driver bound to it (the basename of its `driver` link; None where none
+is): a GPU given to vfio-pci for passthrough, or left unbound, is not NVML's to list.
 
 Each also says whether the nvidia driver's procfs lists it (`/proc/driver/nvidia/gpus/
 <address>`, under --path.procfs), or None where that folder was not read. In a container
@@ -23,26 +24,46 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpuguard.model.snapshot import Reading
+TYPE_CHECKING = False  # the NVML worker reads the bus too (nvml_bus.py): no model import
+if TYPE_CHECKING:
+    from gpuguard.model.snapshot import Reading
 
 NVIDIA_VENDOR = "0x10de"
-GPU_CLASSES = ("0x0300", "0x0302")
+GPU_CLASSES = ("0x0300", "0x0302", "0x0380")
 # a host has a few hundred PCI functions; far more is not a PCI bus read
 MAX_FUNCTIONS = 4096
+
+
+class Unread(Exception):
+    """The bus could not be read; `supported` False: this sysfs has no PCI bus."""
+
+    def __init__(self, why: str, supported: bool = True) -> None:
+        super().__init__(why)
+        self.supported = supported
 
 
 def read(sysfs: Path, procfs: Path | None = None) -> Reading[list[dict[str, Any]]]:
     """[{"address", "class", "device", "driver", "in_driver_procfs"}] of each NVIDIA GPU
     function, by address; `procfs` None: the driver's procfs is not read (a replay)."""
+    from gpuguard.model.snapshot import Reading
+
+    try:
+        return Reading.ok(scan(sysfs, procfs))
+    except Unread as exc:
+        return Reading.failed(str(exc)) if exc.supported else Reading.not_supported(str(exc))
+
+
+def scan(sysfs: Path, procfs: Path | None = None) -> list[dict[str, Any]]:
+    """read()'s list, or Unread saying why not."""
     devices = sysfs / "bus" / "pci" / "devices"
     try:
         names = sorted(os.listdir(devices))
     except FileNotFoundError:
-        return Reading.not_supported(f"{devices} does not exist (no PCI bus in this sysfs)")
+        raise Unread(f"{devices} does not exist (no PCI bus in this sysfs)", False) from None
     except OSError as exc:
-        return Reading.failed(f"cannot list {devices}: {exc.strerror or exc}")
+        raise Unread(f"cannot list {devices}: {exc.strerror or exc}") from None
     if len(names) > MAX_FUNCTIONS:
-        return Reading.failed(f"{devices}: more than {MAX_FUNCTIONS} functions, not a PCI bus")
+        raise Unread(f"{devices}: more than {MAX_FUNCTIONS} functions, not a PCI bus")
     attached = driver_procfs_gpus(procfs) if procfs is not None else None
     gpus = []
     for name in names:
@@ -55,7 +76,7 @@ def read(sysfs: Path, procfs: Path | None = None) -> Reading[list[dict[str, Any]
         gpus.append({"address": name, "class": cls, "device": _attribute(node, "device"),
                      "driver": _driver(node),
                      "in_driver_procfs": None if attached is None else _short(name) in attached})
-    return Reading.ok(gpus)
+    return gpus
 
 
 def _attribute(node: Path, name: str) -> str | None:

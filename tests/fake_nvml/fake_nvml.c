@@ -19,6 +19,18 @@
  *                              (999: "Unknown Error", as `nvidia-smi` shows it for a GPU
  *                              that failed to initialise; 3: not supported)
  *   FAKE_NVML_HANDLE_ERROR_GPU=i ... only for GPU i (default: every GPU)
+ *   FAKE_NVML_BUS_HANDLE_ERROR=code  nvmlDeviceGetHandleByPciBusId(_v2) answers this NVML
+ *                              error code (999: "Unknown Error", as `nvidia-smi` shows it
+ *                              for a GPU on the bus it cannot reach; 6: not found)
+ *   FAKE_NVML_BUS_HANDLE_ERROR_BUS=id ... only for this bus id (any PCI domain width,
+ *                              any case; default: every bus id). Otherwise a bus id is
+ *                              found when it is a fake GPU's (GPU i at 0000:1i:00.0, of
+ *                              those FAKE_NVML_GPUS counts), else NVML_ERROR_NOT_FOUND (6)
+ *   FAKE_NVML_BUS_UNCOUNTED=1  ... a fake GPU's bus id beyond FAKE_NVML_GPUS is found too (a
+ *                              GPU NVML reaches by bus id but does not count)
+ *   FAKE_NVML_BUS_CALLS=path   each by-PCI lookup appends the bus id it was asked to this file
+ *   (FAKE_NVML_HANG / _CRASH=nvmlDeviceGetHandleByPciBusId_v2 wedge the lookup; _GPU is the
+ *   slot of the bus id asked, GPU i at 0000:1i:00.0)
  *   FAKE_NVML_TEMP=C           GPU temperature (default 40)
  *   FAKE_NVML_WIDTH=N          current PCIe link width (default 16; max is 16)
  *   FAKE_NVML_UTIL=P           GPU utilization percent (default 0)
@@ -224,6 +236,41 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *dev
     devices[index].index = (int)index;
     *dev = &devices[index];
     return NVML_SUCCESS;
+}
+
+/* "0000:11:00.0", "00000000:11:00.0", any case: domain, bus, device, function; -1 unparsable */
+static int parse_bus_id(const char *id, unsigned *domain, unsigned *bus, unsigned *dev,
+                        unsigned *fn) {
+    if (!id || sscanf(id, "%x:%x:%x.%x", domain, bus, dev, fn) != 4) return -1;
+    return 0;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *id, nvmlDevice_t *dev) {
+    unsigned d, b, s, f, od, ob, os, of;
+    const char *calls = getenv("FAKE_NVML_BUS_CALLS");
+    if (calls && *calls) {
+        FILE *out = fopen(calls, "a");
+        if (out) { fprintf(out, "%s\n", id ? id : "(null)"); fclose(out); }
+    }
+    if (parse_bus_id(id, &d, &b, &s, &f) != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    maybe_hang("nvmlDeviceGetHandleByPciBusId_v2", (int)b - 0x10);
+    int failing = env_int("FAKE_NVML_BUS_HANDLE_ERROR", NVML_SUCCESS);
+    const char *only = getenv("FAKE_NVML_BUS_HANDLE_ERROR_BUS");
+    int chosen = !(only && *only) ||
+        (parse_bus_id(only, &od, &ob, &os, &of) == 0 && od == d && ob == b && os == s && of == f);
+    if (failing != NVML_SUCCESS && chosen) return failing;
+    unsigned int count = 0;
+    nvmlDeviceGetCount_v2(&count);
+    if (env_int("FAKE_NVML_BUS_UNCOUNTED", 0)) count = 64;
+    if (d != 0 || s != 0 || f != 0 || b < 0x10 || b - 0x10 >= count || b - 0x10 >= 64)
+        return 6; /* NVML_ERROR_NOT_FOUND */
+    devices[b - 0x10].index = (int)(b - 0x10);
+    *dev = &devices[b - 0x10];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *id, nvmlDevice_t *dev) {
+    return nvmlDeviceGetHandleByPciBusId_v2(id, dev);
 }
 
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *v, unsigned int len) {

@@ -1,0 +1,115 @@
+"""Issue 36, items 2 and 3 through the command line: NVML asked by bus id for a GPU on the
+PCI bus that its list lacks (sources/nvml_bus.py). tests/fixtures/sysfs-pci-display
+(its README): 10:00.0, the fake's GPU 0, and 11:00.0 (class 0x0380) bound to nvidia,
+absent where the fake counts one GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import FIXTURES, gpuguard, own_host
+
+SYSFS = FIXTURES / "sysfs-pci-display"
+MISSING = "0000:11:00.0"
+
+
+def results(proc: Any, rule: str) -> dict[Any, dict[str, Any]]:
+    """A rule's results by GPU index, `host` for the host's."""
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return {"host" if r["gpu"] is None else r["gpu"]["index"]: r
+            for r in json.loads(proc.stdout)["results"] if r["rule"] == rule}
+
+
+def check(root: Path, env: dict[str, str], sysfs: Path | None = SYSFS, *extra: str) -> Any:
+    where = ("--path.sysfs", str(sysfs)) if sysfs is not None else ()
+    return gpuguard("check", "--format", "json", *own_host(root), *where, *extra, env=env)
+
+
+def asked(calls: Path) -> list[str]:
+    return calls.read_text().split() if calls.exists() else []
+
+
+def test_a_gpu_nvml_does_not_list_whose_bus_id_lookup_fails_is_gpu_lost(tmp_path, fake_env):
+    """nvidia-smi's "Unable to determine the device handle for GPU ...: Unknown Error": the
+    by-PCI lookup's Unknown Error is gpu.lost critical on that bus id; gpu.count still
+    names it missing; only the GPU the list lacks is asked."""
+    calls = tmp_path / "calls"
+    proc = check(tmp_path, fake_env(gpus=1, bus_handle_error=999,
+                                    bus_handle_error_bus=MISSING, bus_calls=calls))
+    lost = results(proc, "gpu.lost")
+    assert lost["host"]["status"] == "critical", lost["host"]["message"]
+    assert "nvmlDeviceGetHandleByPciBusId_v2: Unknown Error" in lost["host"]["message"]
+    assert MISSING in lost["host"]["message"]
+    assert lost["host"]["observed"]["pci_bus_ids"] == [MISSING]
+    assert lost[0]["status"] == "ok", lost[0]["message"]
+    count = results(proc, "gpu.count")["host"]
+    assert count["status"] == "critical" and MISSING in count["message"], count["message"]
+    assert asked(calls) == [MISSING]
+    assert proc.returncode == 2
+
+
+def test_gpu_is_lost_from_the_lookup_is_gpu_lost_too(tmp_path, fake_env):
+    proc = check(tmp_path, fake_env(gpus=1, bus_handle_error=15))
+    lost = results(proc, "gpu.lost")["host"]
+    assert lost["status"] == "critical", lost["message"]
+    assert "GPU is lost" in lost["message"] and MISSING in lost["message"]
+
+
+def test_not_found_by_bus_id_leaves_it_to_gpu_count_as_today(tmp_path, fake_env):
+    calls = tmp_path / "calls"
+    proc = check(tmp_path, fake_env(gpus=1, bus_calls=calls))  # the fake: not found
+    count = results(proc, "gpu.count")["host"]
+    assert count["status"] == "critical", count["message"]
+    assert f"not in NVML's list: {MISSING} " in count["message"]
+    assert "reachable by bus id" not in count["message"]
+    assert set(results(proc, "gpu.lost")) == {0}  # no host result: nothing to say
+    assert asked(calls) == [MISSING]
+
+
+def test_not_supported_by_bus_id_is_no_lost_gpu(tmp_path, fake_env):
+    proc = check(tmp_path, fake_env(gpus=1, bus_handle_error=3))
+    assert set(results(proc, "gpu.lost")) == {0}
+    assert results(proc, "gpu.count")["host"]["status"] == "critical"
+
+
+def test_a_handle_nvml_gives_by_bus_id_for_a_gpu_it_does_not_count_is_named(tmp_path,
+                                                                           fake_env):
+    proc = check(tmp_path, fake_env(gpus=1, bus_uncounted=1))
+    count = results(proc, "gpu.count")["host"]
+    assert count["status"] == "critical", count["message"]
+    assert count["message"].endswith(f"NVML reachable by bus id but not counted: {MISSING}")
+    assert set(results(proc, "gpu.lost")) == {0}
+
+
+def test_a_healthy_bus_and_a_host_without_a_pci_bus_ask_nothing(tmp_path, fake_env):
+    """Every GPU on the bus listed, or no PCI bus in sysfs (not supported): no lookup, and
+    the results are those of before."""
+    for name, gpus, sysfs in (("listed", 2, SYSFS), ("no-bus", 1, None)):
+        calls = tmp_path / f"{name}.calls"
+        proc = check(tmp_path / name, fake_env(gpus=gpus, bus_handle_error=999,
+                                               bus_calls=calls), sysfs)
+        assert asked(calls) == [], name
+        assert set(results(proc, "gpu.lost")) == set(range(gpus)), name
+        assert results(proc, "gpu.count")["host"]["status"] == "ok", name
+
+
+def test_a_by_pci_lookup_that_hangs_is_named_by_the_deadline(tmp_path, fake_env):
+    """The lookup runs under the worker's deadline and is named on its progress board."""
+    proc = check(tmp_path, fake_env(gpus=1, hang="nvmlDeviceGetHandleByPciBusId_v2"),
+                 SYSFS, "--timeout", "1.5")
+    responsive = results(proc, "driver.responsive")["host"]
+    assert responsive["status"] == "critical", responsive["message"]
+    assert f"nvmlDeviceGetHandleByPciBusId_v2 ({MISSING})" in responsive["message"]
+
+
+def test_a_gpu_another_container_was_given_is_not_asked_for(tmp_path, fake_env):
+    """Bound to nvidia but not in this container's /proc/driver/nvidia/gpus: another
+    container's (gpu.count says so), not asked, not lost."""
+    (tmp_path / "proc" / "driver" / "nvidia" / "gpus" / "0000:10:00.0").mkdir(parents=True)
+    calls = tmp_path / "calls"
+    proc = check(tmp_path, fake_env(gpus=1, bus_handle_error=999, bus_calls=calls))
+    assert asked(calls) == []
+    assert set(results(proc, "gpu.lost")) == {0}
+    assert results(proc, "gpu.count")["host"]["status"] == "ok"
