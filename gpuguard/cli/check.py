@@ -181,11 +181,17 @@ def _print_timing(started: float, configured: float, waiting: float, gathered: f
     """Where `check`'s time went (GPUGUARD_TIMING=1; docs/benchmarks.md): ms since main()
     when click had called the command, when the sources were started and the rules
     loaded, when the parent was ready to wait, when the sources were in, when it was done."""
+    from gpuguard.sources import nvml
+
     ms = timing.ms_since_start
+    # "collected" is when the parent had the worker's answer; "answered", when the worker
+    # had it ready (its own clock): the earlier of the two paths shows only in the second
+    answered = nvml.LAST_ANSWER["answered_s"]
+    ready = f", answered {answered:.4f} s" if answered is not None else ""
     click.echo(f"gpuguard timing: command {ms(started)} ms, configured {ms(configured)} ms, "
                f"parent ready {ms(waiting)} ms, sources in {ms(gathered)} ms, "
                f"done {ms(time.monotonic())} ms; NVML worker {snapshot.nvml.elapsed_s} s "
-               "from its fork", err=True)
+               f"from its fork{ready}", err=True)
 
 
 def _early_probe(procfs: Path) -> EarlyStart:

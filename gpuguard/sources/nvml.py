@@ -47,6 +47,7 @@ class NvmlSweep:
                  keep: tuple[str, str, str] | None = None, sysfs: str | None = None) -> None:
         self.deadline_s = deadline_s
         self.started = time.monotonic()
+        self.answered_s: float | None = None
         self._progress = Progress()
         # on exception the worker exits 1: the parent reports a worker without a result
         self.worker = forked.Worker(
@@ -65,6 +66,11 @@ class NvmlSweep:
             # on its own, and init reaps it if we are gone first.
             self.worker.reap()
         elapsed = time.monotonic() - self.started
+        done_at = next((m.get("at") for m in messages if m.get("t") == "done"), None)
+        # when the worker's answer was ready, from its fork (None: no answer); `elapsed`
+        # is when the parent collected it, which is later when the parent was the slower
+        self.answered_s = done_at - self.started if isinstance(done_at, float) else None
+        LAST_ANSWER["answered_s"] = self.answered_s
         snapshot = assemble(messages)
         snapshot.nvml.deadline_s = self.deadline_s
         snapshot.nvml.elapsed_s = round(elapsed, 4)
@@ -114,6 +120,8 @@ def deadline_for(timeout: float) -> float:
 
 
 _early: tuple[NvmlSweep, tuple[object, ...]] | None = None
+# the last collected sweep's answered_s, for `check`'s GPUGUARD_TIMING line (cli/check.py)
+LAST_ANSWER: dict[str, float | None] = {"answered_s": None}
 
 
 def start_early(procfs: str, deadline_s: float,
@@ -251,7 +259,9 @@ def _child_main(out: Any, progress: Progress, procfs: str, link_counters: bool,
     try:
         nvml_read.sweep(WithEarlyInforom(pynvml, early), emit, progress, procfs,
                         link_counters, sysfs=sysfs)
-        emit({"t": "done"})
+        # its own clock (CLOCK_MONOTONIC is one clock for every process): when the answer
+        # was ready, which the parent's collection time cannot show (GPUGUARD_TIMING)
+        emit({"t": "done", "at": time.monotonic()})
     except Exception as exc:  # a result, never a crash of the parent
         emit({"t": "fatal", "kind": type(exc).__name__, "error": str(exc)})
     # Hand the result over before shutting NVML down: the parent stops waiting at EOF.
