@@ -47,7 +47,12 @@ nvidia-smi --query-gpu=power.draw,utilization.gpu --format=csv,noheader | tee "$
 $tb "$repo/bench/check_trees.py" "${runs[@]}" --runs 21 --warmup 3 --out "$R/beside_load.json" | tail -2
 nvidia-smi --query-gpu=power.draw,utilization.gpu --format=csv,noheader | tee -a "$R/load-power.txt"
 kill $L 2>/dev/null; wait $L 2>/dev/null
-kill -TERM $D; wait $D; echo "daemon exit $?"; rm -rf "$state" "$ST"
+kill -TERM $D; wait $D; echo "daemon exit $?"
+# one kept run's import tree (the parent's and the worker's lines both; the worker's start
+# at its fork) and three timing lines, idle, after the load
+for n in 1 2 3; do GPUGUARD_TIMING=1 $A check --state-dir "$ST/after" > /dev/null 2>> "$R/timing-hit.txt"; done
+PYTHONPROFILEIMPORTTIME=1 $A check --state-dir "$ST/after" > /dev/null 2> "$R/importtime-hit.txt"
+rm -rf "$state" "$ST"
 grep MHz /proc/cpuinfo | sort | uniq -c | sort -rn | head -20 > "$R/mhz-after.txt"
 dmesg -r 2>/dev/null | tail -60 > "$R/kmsg-tail.txt"
 cd "$OUT" && tar czf issue32i.tgz issue32i && ls issue32i
