@@ -113,3 +113,53 @@ def test_a_gpu_another_container_was_given_is_not_asked_for(tmp_path, fake_env):
     assert asked(calls) == []
     assert set(results(proc, "gpu.lost")) == {0}
     assert results(proc, "gpu.count")["host"]["status"] == "ok"
+
+
+# -- no false alarm (the review of issue 36): a handle refused for permission, and a GPU
+# the driver excludes on purpose
+
+def test_a_handle_refused_for_permission_is_unknown_not_a_lost_gpu(tmp_path, fake_env):
+    """NVML_ERROR_NO_PERMISSION (4): this process may not open the GPU (a device cgroup, a
+    file mode, a Slurm step's ConstrainDevices), which says nothing of the GPU: unknown,
+    by index and by bus id; any other error stays critical (the tests above)."""
+    by_index = check(tmp_path / "index", fake_env(gpus=2, handle_error=4,
+                                                  handle_error_gpu=1), None)
+    lost = results(by_index, "gpu.lost")
+    assert lost[1]["status"] == "unknown", lost[1]["message"]
+    assert "Insufficient Permissions" in lost[1]["message"]
+    assert lost[0]["status"] == "ok"
+    by_bus = check(tmp_path / "bus", fake_env(gpus=1, bus_handle_error=4))
+    host = results(by_bus, "gpu.lost")["host"]
+    assert host["status"] == "unknown", host["message"]
+    assert MISSING in host["message"] and "Insufficient Permissions" in host["message"]
+
+
+def excluded_procfs(root: Path, excluded: str) -> None:
+    """The driver's procfs as own_host's tree lacks it: both GPUs listed, 11:00.0 with
+    `GPU Excluded:` `excluded` (the driver's own spacing: a tab, then a space)."""
+    for address, value in (("0000:10:00.0", "No"), (MISSING, excluded)):
+        folder = root / "proc" / "driver" / "nvidia" / "gpus" / address
+        folder.mkdir(parents=True)
+        (folder / "information").write_text(
+            f"Model: \t\t NVIDIA H200\nBus Location: \t {address}\nDevice Minor: \t 0\n"
+            f"GPU Excluded:\t {value}\n")
+
+
+def test_a_gpu_the_driver_excludes_is_named_not_missing_and_not_asked(tmp_path, fake_env):
+    """NVreg_ExcludedGpus: the GPU is bound to nvidia and in the driver's procfs, which says
+    "GPU Excluded: Yes", and NVML leaves it out on purpose: named, not counted, not asked
+    for by bus id. The same GPU with "No" is missing, as before."""
+    for excluded, status in (("Yes", "ok"), ("No", "critical")):
+        root = tmp_path / excluded
+        own_host(root)
+        excluded_procfs(root, excluded)
+        calls = root / "calls"
+        proc = check(root, fake_env(gpus=1, bus_calls=calls))
+        count = results(proc, "gpu.count")["host"]
+        assert count["status"] == status, (excluded, count["message"])
+        if excluded == "Yes":
+            assert f"excluded by the driver (NVreg_ExcludedGpus), not counted: {MISSING}" \
+                in count["message"]
+            assert asked(calls) == []
+        else:
+            assert asked(calls) == [MISSING]

@@ -24,8 +24,9 @@ from gpuguard.model.snapshot import GpuSnapshot
 @host_check("gpu.count")
 def count(ctx: CheckContext) -> Finding:
     missing = ctx.snapshot.host.gpus_missing
-    if missing.is_ok and missing.get():
-        return _gone(ctx, missing.get())
+    gone = moved_off_nvidia(ctx, missing.get()) if missing.is_ok else ([], [])
+    if gone[0]:
+        return _gone(ctx, gone[0], gone[1])
     seen = ctx.snapshot.host.gpu_count.get()
     if missing.state == "error" and ctx.profile.gpu_count is None:
         # the daemon's memory of the GPUs is lost (daemon/gpus_seen.py): fewer GPUs than
@@ -80,6 +81,9 @@ def on_the_bus(ctx: CheckContext) -> Finding | tuple[str, dict[str, Any]]:
                         gpu_count=len(ctx.snapshot.gpus), **bus)
     others, elsewhere = bus["other_driver"], bus["not_this_container"]
     note = f"; not the nvidia driver's, not counted: {', '.join(others)}" if others else ""
+    if bus["excluded"]:
+        note += (f"; excluded by the driver (NVreg_ExcludedGpus), not counted: "
+                 f"{', '.join(bus['excluded'])}")
     if elsewhere:
         note += (f"; not given to this container (not in /proc/driver/nvidia/gpus), not "
                  f"counted: {', '.join(elsewhere)}")
@@ -103,16 +107,44 @@ def bus_against_nvml(on_bus: list[dict[str, Any]], listed: set[str]) -> dict[str
     stays listed there)."""
     unlisted = [g for g in on_bus
                 if g.get("driver") == "nvidia" and normalise_pci(g["address"]) not in listed]
+    # NVreg_ExcludedGpus: bound to nvidia, in its procfs, and left out of NVML on purpose
+    excluded = [g for g in unlisted if g.get("excluded") is True]
+    unlisted = [g for g in unlisted if g.get("excluded") is not True]
     return {"on_bus": [g["address"] for g in on_bus],
             "not_listed": [g["address"] for g in unlisted
                            if g.get("in_driver_procfs") is not False],
+            "excluded": [g["address"] for g in excluded],
             "other_driver": [f"{g['address']} ({g['driver'] or 'no driver'})" for g in on_bus
                              if g.get("driver") != "nvidia"],
             "not_this_container": [g["address"] for g in unlisted
                                    if g.get("in_driver_procfs") is False]}
 
 
-def _gone(ctx: CheckContext, missing: list[dict[str, Any]]) -> Finding:
+def moved_off_nvidia(ctx: CheckContext, missing: list[dict[str, Any]],
+                     ) -> tuple[list[dict[str, Any]], list[str]]:
+    """The GPUs the daemon saw that are gone, less those now on the bus bound to another
+    driver or excluded by the driver (a GPU handed to vfio-pci for a VM after boot, as
+    libvirt's managed passthrough does: given away, not lost), which are named apart."""
+    pci = ctx.snapshot.host.pci_gpus
+    if not missing or not pci.is_ok:
+        return missing, []
+    away = {normalise_pci(g["address"]): g for g in pci.get()
+            if g.get("driver") != "nvidia" or g.get("excluded") is True}
+    still, moved = [], []
+    for gpu in missing:
+        address = gpu.get("pci_bus_id")
+        found = away.get(normalise_pci(address)) if isinstance(address, str) else None
+        if found is None:
+            still.append(gpu)
+        else:
+            now = "excluded" if found.get("excluded") is True else \
+                found.get("driver") or "no driver"
+            moved.append(f"{missing_gpu_name(gpu)} now {now}")
+    return still, moved
+
+
+def _gone(ctx: CheckContext, missing: list[dict[str, Any]],
+          moved: list[str] | None = None) -> Finding:
     """GPUs the daemon saw since boot that NVML no longer lists (daemon/gpus_seen.py):
     fallen off the bus, unbound or taken away. Named, and the indexes they had, so that
     the supervisor moves only the services pinned to them."""
@@ -123,8 +155,9 @@ def _gone(ctx: CheckContext, missing: list[dict[str, Any]]) -> Finding:
         if expected is not None and expected != seen else ""
     when = "in an earlier boot" if any(g.get("earlier_boot") for g in missing) else \
         "since boot"
+    given = f"; given to another driver, not counted: {'; '.join(moved)}" if moved else ""
     return ctx.fail(f"{len(missing)} GPU(s) seen {when} are gone: {'; '.join(names)}"
-                    f"{against}", missing=missing, names=names, gpus=indexes,
+                    f"{against}{given}", missing=missing, names=names, gpus=indexes,
                     gpu_count=seen, expected=expected)
 
 
@@ -132,6 +165,11 @@ def _gone(ctx: CheckContext, missing: list[dict[str, Any]]) -> Finding:
 def lost(gpu: GpuSnapshot, ctx: CheckContext) -> Finding:
     # NVML's "GPU is lost" is an answer, not a failure to get one: the driver knows the
     # GPU fell off the bus. Its other rules are unknown; this one says what is known.
+    if gpu.handle_error.is_ok and refused_to_this_process(gpu.handle_error.get()):
+        return unknown(f"NVML refuses this process the GPU's handle "
+                       f"({gpu.handle_error.get()}): whether it is reachable cannot be told "
+                       "from here (run as root, or where /dev/nvidia* may be opened)",
+                       handle_error=gpu.handle_error.get())
     if gpu.handle_error.is_ok:
         # NVML counts the GPU but gives no handle for it, with an error that is not "not
         # supported" (issue 36, item 3): nothing of it can be read, which is the finding
@@ -151,16 +189,28 @@ def lost_on_the_bus(ctx: CheckContext) -> Finding | None:
     nvml_bus.py): an error other than not found or not supported is NVML's answer that the
     GPU is there and cannot be reached, as a by-index handle error is (issue 36, item 3).
     One host result naming each bus id; none where no such answer came."""
-    failed = [h for h in ctx.snapshot.host.pci_handles.get_or([])
+    errors = [h for h in ctx.snapshot.host.pci_handles.get_or([])
               if h.get("state") == "error"]
+    failed = [h for h in errors if not refused_to_this_process(str(h.get("error")))]
     if not failed:
-        return None
+        refused = [f"{h.get('address')} ({h.get('error')})" for h in errors]
+        return unknown(f"NVML refuses this process the handle of GPU(s) on the PCI bus "
+                       f"that it does not list: {'; '.join(refused)}") if refused else None
     names = [f"{h.get('address')} ({h.get('error')})" for h in failed]
     return ctx.fail(f"NVML cannot give the handle of {len(failed)} GPU(s) on the PCI bus "
                     f"that it does not list: {'; '.join(names)} (failed to initialise or "
                     "fell off the bus; see xid.recent and `dmesg | grep NVRM`)",
                     pci_bus_ids=[h.get("address") for h in failed],
                     handle_errors=[h.get("error") for h in failed], gpu_lost=True)
+
+
+# NVML's answers that say this process may not ask (a /dev/nvidiaN it may not open: a
+# device cgroup, a file mode, a Slurm step's ConstrainDevices), not that the GPU is gone
+REFUSALS = ("insufficient permissions", "no permission")
+
+
+def refused_to_this_process(error: str) -> bool:
+    return any(word in error.lower() for word in REFUSALS)
 
 
 @host_check("gpu.identity")

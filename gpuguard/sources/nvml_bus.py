@@ -75,6 +75,7 @@ def look_up(nv: Any, listing: Listing, progress: Progress, bus: list[dict[str, A
     Nothing missing (or no bus read): no call at all."""
     wanted = [g["address"] for g in bus
               if g.get("driver") == "nvidia" and g.get("in_driver_procfs") is not False
+              and g.get("excluded") is not True  # the driver left it out on purpose
               and key(g["address"]) not in listing.listed][:MAX_LOOKUPS]
     if not wanted:
         return

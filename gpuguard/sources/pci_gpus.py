@@ -16,6 +16,10 @@ the given GPUs' entries (NVIDIA/libnvidia-container src/nvc_mount.c at ef9042c:
 mount_procfs, mount_procfs_gpu), while /sys shows the host's whole bus: a GPU bound to
 nvidia that the driver's procfs does not list is another container's, not a lost one. On
 a host every GPU the driver probed is there (nv_pci_probe adds it), lost or not.
+
+A GPU the driver was told to leave out (the NVreg_ExcludedGpus module parameter) is bound
+to nvidia and in its procfs, whose `information` says "GPU Excluded: Yes", and NVML does
+not list it: `excluded` says so (None where that file was not read or does not say).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302", "0x0380")
 # a host has a few hundred PCI functions; far more is not a PCI bus read
 MAX_FUNCTIONS = 4096
+# the driver's `information` file is a dozen short lines
+MAX_INFORMATION_BYTES = 4096
 
 
 class Unread(Exception):
@@ -73,9 +79,11 @@ def scan(sysfs: Path, procfs: Path | None = None) -> list[dict[str, Any]]:
         cls = _attribute(node, "class") or ""
         if not cls.startswith(GPU_CLASSES):
             continue
+        listed = None if attached is None else attached.get(_short(name))
         gpus.append({"address": name, "class": cls, "device": _attribute(node, "device"),
                      "driver": _driver(node),
-                     "in_driver_procfs": None if attached is None else _short(name) in attached})
+                     "in_driver_procfs": None if attached is None else listed is not None,
+                     "excluded": None if listed is None else _excluded(procfs, listed)})
     return gpus
 
 
@@ -93,15 +101,34 @@ def _driver(node: Path) -> str | None:
         return None
 
 
-def driver_procfs_gpus(procfs: Path) -> set[str] | None:
-    """The addresses the nvidia driver's procfs lists (four-digit domain, lower case), or
-    None where it cannot be read (no driver loaded, no procfs)."""
+def driver_procfs_gpus(procfs: Path) -> dict[str, str] | None:
+    """The addresses the nvidia driver's procfs lists (four-digit domain, lower case), each
+    to its folder's own name, or None where it cannot be read (no driver loaded, no
+    procfs)."""
     folder = procfs / "driver" / "nvidia" / "gpus"
     try:
         names = os.listdir(folder)
     except OSError:
         return None
-    return {_short(name) for name in names[:MAX_FUNCTIONS]}
+    return {_short(name): name for name in names[:MAX_FUNCTIONS]}
+
+
+def _excluded(procfs: Path | None, name: str) -> bool | None:
+    """Whether the driver left the GPU out on purpose (the NVreg_ExcludedGpus module
+    parameter): its procfs `information` says "GPU Excluded: Yes", and NVML does not list
+    it. None where the file cannot be read or does not say (older drivers)."""
+    if procfs is None:
+        return None
+    try:
+        with open(procfs / "driver" / "nvidia" / "gpus" / name / "information", "rb") as f:
+            text = f.read(MAX_INFORMATION_BYTES).decode(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() == "gpu excluded":
+            return value.strip().lower() == "yes"
+    return None
 
 
 def _short(address: str) -> str:

@@ -210,3 +210,41 @@ def test_an_unread_inforom_is_unknown_and_a_missing_one_skipped(h200, run_rule):
     # a value of the wrong shape is an error reading, never judged
     [result] = run_rule("gpu.inforom", set_gpu(h200, inforom={"valid": "no"}))
     assert result.status is Status.UNKNOWN
+
+
+def test_a_seen_gpu_handed_to_another_driver_is_named_not_gone(h200, run_rule):
+    """A GPU the daemon saw, now on the bus bound to vfio-pci (libvirt's managed passthrough
+    hands it to a VM after boot) or excluded by the driver, was given away, not lost: named,
+    not critical (the review of issue 36). Still bound to nvidia, or with the bus unread, it
+    is gone as before."""
+    listed = h200.gpus[0].pci_bus_id.get()
+    gone = {"uuid": "GPU-1", "pci_bus_id": "00000000:28:00.0", "index": 1, "name": "H200"}
+    h200.host.gpus_missing = Reading.ok([gone])
+
+    def bus(driver: str | None, excluded: bool | None = None) -> None:
+        h200.host.pci_gpus = Reading.ok([
+            {"address": listed.lower()[4:], "driver": "nvidia", "in_driver_procfs": None,
+             "excluded": None},
+            {"address": "0000:28:00.0", "driver": driver, "in_driver_procfs": None,
+             "excluded": excluded}])
+
+    bus("vfio-pci")
+    [result] = run_rule("gpu.count", h200)
+    assert result.status is Status.OK, result.message
+    assert "0000:28:00.0 (vfio-pci)" in result.message
+    bus("nvidia", excluded=True)
+    [result] = run_rule("gpu.count", h200)
+    assert result.status is Status.OK, result.message
+    assert "excluded by the driver" in result.message
+    bus("nvidia")
+    assert run_rule("gpu.count", h200)[0].status is Status.CRITICAL
+    h200.host.pci_gpus = Reading.not_supported("no sysfs")
+    assert run_rule("gpu.count", h200)[0].status is Status.CRITICAL
+
+
+def test_a_handle_refused_for_permission_is_unknown(h200, run_rule):
+    h200.gpus[0].handle_error = Reading.ok(
+        "nvmlDeviceGetHandleByIndex: Insufficient Permissions")
+    assert run_rule("gpu.lost", h200)[0].status is Status.UNKNOWN
+    h200.gpus[0].handle_error = Reading.ok("nvmlDeviceGetHandleByIndex: Unknown Error")
+    assert run_rule("gpu.lost", h200)[0].status is Status.CRITICAL
