@@ -105,11 +105,7 @@ def bus_against_nvml(on_bus: list[dict[str, Any]], listed: set[str]) -> dict[str
     every address, the nvidia driver's missing from the list, those of another driver or
     none, and those the driver's procfs does not show (another container's: a lost GPU
     stays listed there)."""
-    unlisted = [g for g in on_bus
-                if g.get("driver") == "nvidia" and normalise_pci(g["address"]) not in listed]
-    # NVreg_ExcludedGpus: bound to nvidia, in its procfs, and left out of NVML on purpose
-    excluded = [g for g in unlisted if g.get("excluded") is True]
-    unlisted = [g for g in unlisted if g.get("excluded") is not True]
+    unlisted, excluded = _unlisted(on_bus, listed)
     return {"on_bus": [g["address"] for g in on_bus],
             "not_listed": [g["address"] for g in unlisted
                            if g.get("in_driver_procfs") is not False],
@@ -141,6 +137,16 @@ def moved_off_nvidia(ctx: CheckContext, missing: list[dict[str, Any]],
                 found.get("driver") or "no driver"
             moved.append(f"{missing_gpu_name(gpu)} now {now}")
     return still, moved
+
+
+def _unlisted(on_bus: list[dict[str, Any]], listed: set[str],
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The bus's GPUs bound to nvidia that NVML does not list, and apart from them those
+    the driver excludes (NVreg_ExcludedGpus: in its procfs, left out of NVML on purpose)."""
+    unlisted = [g for g in on_bus
+                if g.get("driver") == "nvidia" and normalise_pci(g["address"]) not in listed]
+    return ([g for g in unlisted if g.get("excluded") is not True],
+            [g for g in unlisted if g.get("excluded") is True])
 
 
 def _gone(ctx: CheckContext, missing: list[dict[str, Any]],
