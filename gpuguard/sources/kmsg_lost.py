@@ -61,6 +61,11 @@ FALLEN = re.compile(
 PROBE_GPU = re.compile(rf"^NVRM: The NVIDIA GPU (?P<pci>{_PCI})")
 PROBE_FALLEN = re.compile(r"^NVRM: (?:[^\[\]]{0,80}\s)?fallen off the bus and is not responding")
 PROBE_FAILED = re.compile(r"^NVRM: The NVIDIA probe routine failed for (?P<n>\d{1,4}) device")
+# nv.c, nv_drivers_init: no GPU came up, so the load fails here and never prints its load
+# line (it does after "probe routine failed" alone: some GPUs did come up); the older nv.c,
+# nvidia_init_module: "None of the NVIDIA graphics adapters were initialized!"
+LOAD_FAILED = re.compile(r"^NVRM: (?:None of the NVIDIA (?:devices|graphics adapters) were "
+                         r"initialized|No NVIDIA devices probed)")
 # the probe's second line for a GPU the release does not support (open nvidia.ko names the
 # missing GSP on it: "... not supported by open")
 PROBE_UNSUPPORTED = re.compile(r"^NVRM: installed in this system is not supported by\b")
@@ -122,6 +127,11 @@ class LostLines:
             self._probing(record, n)
             named, self.named_in_probe = self.named_in_probe, False
             return None if named else fallen_off(record, None, text.strip())
+        if LOAD_FAILED.match(text):
+            # this load ended here: its probe's lines are no later load's (a stale
+            # initramfs's old release failing, then the new one loading seconds after)
+            self.probe_start = None
+            return None
         return self._start_failed(record, n)
 
     def once(self, event: dict[str, Any], from_xid_line: bool, n: int) -> bool:

@@ -36,7 +36,8 @@ NEW_SHAPES = ("fallen-off-probe.log", "api-mismatch-575.log", "lost-single-line.
               "lost-probe-failed.log", "lost-init-failed.log", "lost-init-failed-old.log",
               "lost-start-failed.log", "lost-private-state-old.log", "lost-unsupported.log",
               "lost-unsupported-old.log", "lost-xid-and-fallen.log", "lost-unsupported.kmsg",
-              "lost-unsupported-gsp.log")
+              "lost-unsupported-gsp.log", "lost-unsupported-upgrade.log",
+              "lost-unsupported-upgrade-notime.log")
 
 
 def fixtures() -> list[Path]:

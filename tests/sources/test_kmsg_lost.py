@@ -166,3 +166,26 @@ def test_the_xid_79_line_and_the_fallen_off_line_of_one_loss_are_one(tmp_path, l
     # three lines: the third is the next loss
     third = text + f"[ 5120.200000] {lines[0]}\n"
     assert len(events(tmp_path, third)) == 2
+
+
+@pytest.mark.parametrize("name", ["lost-unsupported-upgrade.log",
+                                  "lost-unsupported-upgrade-notime.log"])
+def test_a_failed_loads_probe_is_not_the_next_loads(name):
+    """A load whose probe left no GPU up ("None of the NVIDIA devices were initialized")
+    prints no load line: the next load (a new release, seconds later, or in a log without
+    a clock) is not that probe's, so its reload comes after the unsupported event and
+    clears it (README.md: a stale initramfs's old release, then the new one)."""
+    log = kmsg.read_file(K / name).get()
+    [event], [reload] = log["xids"], log["repairs"]
+    assert event["text"] == UNSUPPORTED
+    assert reload["n"] > event["n"]
+
+
+def test_a_load_long_after_a_failed_one_is_after_it(tmp_path):
+    """The control: the new release loaded at 500 s comes after the failed probe."""
+    path = tmp_path / "k.log"
+    path.write_text((K / "lost-unsupported-upgrade.log").read_text().replace(
+        "[    8.2", "[  500.2"))
+    log = kmsg.read_file(path).get()
+    [event], [reload] = log["xids"], log["repairs"]
+    assert reload["n"] > event["n"]
