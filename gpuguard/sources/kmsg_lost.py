@@ -150,12 +150,8 @@ class LostLines:
         other, place = last[1], last[2]
         if other["pci"] != event["pci"] and None not in (other["pci"], event["pci"]):
             return True
-        if other["usec"] is not None and event["usec"] is not None:
-            near = abs(event["usec"] - other["usec"]) < SAME_START_US
-        elif other["seq"] is not None and event["seq"] is not None:
-            near = event["seq"] - other["seq"] <= 4
-        else:
-            near = n - place <= 4
+        moment = _same_moment(other["usec"], other["seq"], event["usec"], event["seq"])
+        near = n - place <= 4 if moment is None else moment
         if near:
             self.last_loss = None
         return not near
@@ -229,8 +225,17 @@ class LostLines:
 def _close(last: dict[str, Any], record: Record) -> bool:
     """Whether the line is of the same failed start as the last one: within a second, or
     (a log without times) at most four records later, or next to it (no numbers either)."""
-    usec: int | None = last["usec"]
-    seq: int | None = last["seq"]
-    if usec is not None and record.usec is not None:
-        return abs(record.usec - usec) < SAME_START_US
-    return seq is None or record.seq is None or record.seq - seq <= 4
+    moment = _same_moment(last["usec"], last["seq"], record.usec, record.seq)
+    return True if moment is None else moment
+
+
+def _same_moment(usec: int | None, seq: int | None, later_usec: int | None,
+                 later_seq: int | None) -> bool | None:
+    """Whether two of the driver's lines are of one moment (one failed start, one loss):
+    within a second by the log's clock, else at most four records apart by its sequence
+    numbers; None where the log carries neither (the caller's place decides)."""
+    if usec is not None and later_usec is not None:
+        return abs(later_usec - usec) < SAME_START_US
+    if seq is not None and later_seq is not None:
+        return later_seq - seq <= 4
+    return None
