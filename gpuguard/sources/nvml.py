@@ -47,7 +47,6 @@ class NvmlSweep:
                  keep: tuple[str, str, str] | None = None, sysfs: str | None = None) -> None:
         self.deadline_s = deadline_s
         self.started = time.monotonic()
-        self.answered_s: float | None = None
         self._progress = Progress()
         # on exception the worker exits 1: the parent reports a worker without a result
         self.worker = forked.Worker(
@@ -69,8 +68,8 @@ class NvmlSweep:
         done_at = next((m.get("at") for m in messages if m.get("t") == "done"), None)
         # when the worker's answer was ready, from its fork (None: no answer); `elapsed`
         # is when the parent collected it, which is later when the parent was the slower
-        self.answered_s = done_at - self.started if isinstance(done_at, float) else None
-        LAST_ANSWER["answered_s"] = self.answered_s
+        LAST_ANSWER["answered_s"] = done_at - self.started \
+            if isinstance(done_at, float) else None
         snapshot = assemble(messages)
         snapshot.nvml.deadline_s = self.deadline_s
         snapshot.nvml.elapsed_s = round(elapsed, 4)
@@ -120,7 +119,8 @@ def deadline_for(timeout: float) -> float:
 
 
 _early: tuple[NvmlSweep, tuple[object, ...]] | None = None
-# the last collected sweep's answered_s, for `check`'s GPUGUARD_TIMING line (cli/check.py)
+# when the last collected sweep's worker had its answer ready, from its fork, for `check`'s
+# GPUGUARD_TIMING line (cli/check.py)
 LAST_ANSWER: dict[str, float | None] = {"answered_s": None}
 
 
