@@ -24,9 +24,9 @@ from gpuguard.model.snapshot import GpuSnapshot
 @host_check("gpu.count")
 def count(ctx: CheckContext) -> Finding:
     missing = ctx.snapshot.host.gpus_missing
-    gone = moved_off_nvidia(ctx, missing.get()) if missing.is_ok else ([], [])
-    if gone[0]:
-        return _gone(ctx, gone[0], gone[1])
+    gone, moved = moved_off_nvidia(ctx, missing.get()) if missing.is_ok else ([], [])
+    if gone:
+        return _gone(ctx, gone, moved)
     seen = ctx.snapshot.host.gpu_count.get()
     if missing.state == "error" and ctx.profile.gpu_count is None:
         # the daemon's memory of the GPUs is lost (daemon/gpus_seen.py): fewer GPUs than
