@@ -5,21 +5,14 @@ absent where the fake counts one GPU."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from tests.conftest import FIXTURES, gpuguard, own_host
+from tests.test_lost_gpu_cli import by_gpu
 
 SYSFS = FIXTURES / "sysfs-pci-display"
 MISSING = "0000:11:00.0"
-
-
-def results(proc: Any, rule: str) -> dict[Any, dict[str, Any]]:
-    """A rule's results by GPU index, `host` for the host's."""
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return {"host" if r["gpu"] is None else r["gpu"]["index"]: r
-            for r in json.loads(proc.stdout)["results"] if r["rule"] == rule}
 
 
 def check(root: Path, env: dict[str, str], sysfs: Path | None = SYSFS, *extra: str) -> Any:
@@ -38,13 +31,13 @@ def test_a_gpu_nvml_does_not_list_whose_bus_id_lookup_fails_is_gpu_lost(tmp_path
     calls = tmp_path / "calls"
     proc = check(tmp_path, fake_env(gpus=1, bus_handle_error=999,
                                     bus_handle_error_bus=MISSING, bus_calls=calls))
-    lost = results(proc, "gpu.lost")
+    lost = by_gpu(proc, "gpu.lost")
     assert lost["host"]["status"] == "critical", lost["host"]["message"]
     assert "nvmlDeviceGetHandleByPciBusId_v2: Unknown Error" in lost["host"]["message"]
     assert MISSING in lost["host"]["message"]
     assert lost["host"]["observed"]["pci_bus_ids"] == [MISSING]
     assert lost[0]["status"] == "ok", lost[0]["message"]
-    count = results(proc, "gpu.count")["host"]
+    count = by_gpu(proc, "gpu.count")["host"]
     assert count["status"] == "critical" and MISSING in count["message"], count["message"]
     assert asked(calls) == [MISSING]
     assert proc.returncode == 2
@@ -52,7 +45,7 @@ def test_a_gpu_nvml_does_not_list_whose_bus_id_lookup_fails_is_gpu_lost(tmp_path
 
 def test_gpu_is_lost_from_the_lookup_is_gpu_lost_too(tmp_path, fake_env):
     proc = check(tmp_path, fake_env(gpus=1, bus_handle_error=15))
-    lost = results(proc, "gpu.lost")["host"]
+    lost = by_gpu(proc, "gpu.lost")["host"]
     assert lost["status"] == "critical", lost["message"]
     assert "GPU is lost" in lost["message"] and MISSING in lost["message"]
 
@@ -60,27 +53,27 @@ def test_gpu_is_lost_from_the_lookup_is_gpu_lost_too(tmp_path, fake_env):
 def test_not_found_by_bus_id_leaves_it_to_gpu_count_as_today(tmp_path, fake_env):
     calls = tmp_path / "calls"
     proc = check(tmp_path, fake_env(gpus=1, bus_calls=calls))  # the fake: not found
-    count = results(proc, "gpu.count")["host"]
+    count = by_gpu(proc, "gpu.count")["host"]
     assert count["status"] == "critical", count["message"]
     assert f"not in NVML's list: {MISSING} " in count["message"]
     assert "reachable by bus id" not in count["message"]
-    assert set(results(proc, "gpu.lost")) == {0}  # no host result: nothing to say
+    assert set(by_gpu(proc, "gpu.lost")) == {0}  # no host result: nothing to say
     assert asked(calls) == [MISSING]
 
 
 def test_not_supported_by_bus_id_is_no_lost_gpu(tmp_path, fake_env):
     proc = check(tmp_path, fake_env(gpus=1, bus_handle_error=3))
-    assert set(results(proc, "gpu.lost")) == {0}
-    assert results(proc, "gpu.count")["host"]["status"] == "critical"
+    assert set(by_gpu(proc, "gpu.lost")) == {0}
+    assert by_gpu(proc, "gpu.count")["host"]["status"] == "critical"
 
 
 def test_a_handle_nvml_gives_by_bus_id_for_a_gpu_it_does_not_count_is_named(tmp_path,
                                                                            fake_env):
     proc = check(tmp_path, fake_env(gpus=1, bus_uncounted=1))
-    count = results(proc, "gpu.count")["host"]
+    count = by_gpu(proc, "gpu.count")["host"]
     assert count["status"] == "critical", count["message"]
     assert count["message"].endswith(f"NVML reachable by bus id but not counted: {MISSING}")
-    assert set(results(proc, "gpu.lost")) == {0}
+    assert set(by_gpu(proc, "gpu.lost")) == {0}
 
 
 def test_a_healthy_bus_and_a_host_without_a_pci_bus_ask_nothing(tmp_path, fake_env):
@@ -91,15 +84,15 @@ def test_a_healthy_bus_and_a_host_without_a_pci_bus_ask_nothing(tmp_path, fake_e
         proc = check(tmp_path / name, fake_env(gpus=gpus, bus_handle_error=999,
                                                bus_calls=calls), sysfs)
         assert asked(calls) == [], name
-        assert set(results(proc, "gpu.lost")) == set(range(gpus)), name
-        assert results(proc, "gpu.count")["host"]["status"] == "ok", name
+        assert set(by_gpu(proc, "gpu.lost")) == set(range(gpus)), name
+        assert by_gpu(proc, "gpu.count")["host"]["status"] == "ok", name
 
 
 def test_a_by_pci_lookup_that_hangs_is_named_by_the_deadline(tmp_path, fake_env):
     """The lookup runs under the worker's deadline and is named on its progress board."""
     proc = check(tmp_path, fake_env(gpus=1, hang="nvmlDeviceGetHandleByPciBusId_v2"),
                  SYSFS, "--timeout", "1.5")
-    responsive = results(proc, "driver.responsive")["host"]
+    responsive = by_gpu(proc, "driver.responsive")["host"]
     assert responsive["status"] == "critical", responsive["message"]
     assert f"nvmlDeviceGetHandleByPciBusId_v2 ({MISSING})" in responsive["message"]
 
@@ -111,8 +104,8 @@ def test_a_gpu_another_container_was_given_is_not_asked_for(tmp_path, fake_env):
     calls = tmp_path / "calls"
     proc = check(tmp_path, fake_env(gpus=1, bus_handle_error=999, bus_calls=calls))
     assert asked(calls) == []
-    assert set(results(proc, "gpu.lost")) == {0}
-    assert results(proc, "gpu.count")["host"]["status"] == "ok"
+    assert set(by_gpu(proc, "gpu.lost")) == {0}
+    assert by_gpu(proc, "gpu.count")["host"]["status"] == "ok"
 
 
 # -- no false alarm (the review of issue 36): a handle refused for permission, and a GPU
@@ -124,12 +117,12 @@ def test_a_handle_refused_for_permission_is_unknown_not_a_lost_gpu(tmp_path, fak
     by index and by bus id; any other error stays critical (the tests above)."""
     by_index = check(tmp_path / "index", fake_env(gpus=2, handle_error=4,
                                                   handle_error_gpu=1), None)
-    lost = results(by_index, "gpu.lost")
+    lost = by_gpu(by_index, "gpu.lost")
     assert lost[1]["status"] == "unknown", lost[1]["message"]
     assert "Insufficient Permissions" in lost[1]["message"]
     assert lost[0]["status"] == "ok"
     by_bus = check(tmp_path / "bus", fake_env(gpus=1, bus_handle_error=4))
-    host = results(by_bus, "gpu.lost")["host"]
+    host = by_gpu(by_bus, "gpu.lost")["host"]
     assert host["status"] == "unknown", host["message"]
     assert MISSING in host["message"] and "Insufficient Permissions" in host["message"]
 
@@ -155,7 +148,7 @@ def test_a_gpu_the_driver_excludes_is_named_not_missing_and_not_asked(tmp_path, 
         excluded_procfs(root, excluded)
         calls = root / "calls"
         proc = check(root, fake_env(gpus=1, bus_calls=calls))
-        count = results(proc, "gpu.count")["host"]
+        count = by_gpu(proc, "gpu.count")["host"]
         assert count["status"] == status, (excluded, count["message"])
         if excluded == "Yes":
             assert f"excluded by the driver (NVreg_ExcludedGpus), not counted: {MISSING}" \
