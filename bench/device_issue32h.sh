@@ -13,12 +13,8 @@ set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-./out}; R=$OUT/issue32h; rm -rf "$R"; mkdir -p "$R"
 repo=$(cd "$(dirname "$0")/.." && pwd)
-deps="nvidia-ml-py psutil pyudev prometheus-client click pyyaml structlog docker simpleeval msgspec"
-for who in before after; do
-    python3 -m venv /tmp/gv32h-$who && /tmp/gv32h-$who/bin/pip install -q --no-index \
-        --find-links "$repo/.device/wheels" --find-links "$repo/.device/gg-$who" $deps gpuguard \
-        || { echo "the $who wheel did not install"; exit 1; }
-done
+. "$repo/bench/device_venvs.sh"
+wheel_venvs 32h || exit 1
 B=/tmp/gv32h-before/bin/gpuguard; A=/tmp/gv32h-after/bin/gpuguard
 nvidia-smi --query-gpu=name,driver_version,inforom.img,power.draw --format=csv | tee "$R/gpu.csv"
 ST=$(mktemp -d)

@@ -11,12 +11,8 @@ set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 OUT=${OUT:-./out}; R=$OUT/issue32i; rm -rf "$R"; mkdir -p "$R"
 repo=$(cd "$(dirname "$0")/.." && pwd)
-deps="nvidia-ml-py psutil pyudev prometheus-client click pyyaml structlog docker simpleeval msgspec"
-for who in before after; do
-    python3 -m venv /tmp/gv32i-$who && /tmp/gv32i-$who/bin/pip install -q --no-index \
-        --find-links "$repo/.device/wheels" --find-links "$repo/.device/gg-$who" $deps gpuguard \
-        || { echo "the $who wheel did not install"; exit 1; }
-done
+. "$repo/bench/device_venvs.sh"
+wheel_venvs 32i || exit 1
 B=/tmp/gv32i-before/bin/gpuguard; A=/tmp/gv32i-after/bin/gpuguard
 nvidia-smi --query-gpu=name,driver_version,inforom.img,power.draw --format=csv | tee "$R/gpu.csv"
 nvidia-smi topo -m > "$R/topo.txt" 2>&1

@@ -7,9 +7,8 @@
 set -u
 OUT=${OUT:-./out}; mkdir -p "$OUT"
 repo=$(cd "$(dirname "$0")/.." && pwd)
-deps="nvidia-ml-py psutil pyudev prometheus-client click pyyaml structlog docker simpleeval msgspec"
-python3 -m venv /tmp/gv36 && /tmp/gv36/bin/pip install -q --no-index \
-    --find-links "$repo/.device/wheels" $deps || { echo "deps did not install"; exit 1; }
+. "$repo/bench/device_venvs.sh"
+deps_venv /tmp/gv36 || exit 1
 export PYTHONPATH=$repo
 P=/tmp/gv36/bin/python
 {
